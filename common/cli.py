@@ -1,0 +1,65 @@
+"""``epu``: the one command for operators and services.
+
+Subcommands come from small modules so a reader finds each where its service lives:
+``common.cli_core`` (run, demo, tap, config, status) and ``services.<name>.cli``
+(sensor, policy, instances, ctx). Each module exposes ``register(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = (
+    "common.cli_core",
+    "services.sensor.cli",
+    "services.decision.cli",
+    "services.provisioner.cli",
+    "services.ctxbroker.cli",
+)
+
+DESCRIPTION = """\
+EPU — an elastic manager for batch clusters.
+
+Sensors on batch head nodes (Torque, Slurm, HTCondor) publish queue and node state over
+AMQP; a decision engine runs a policy per domain; a libcloud provisioner launches and
+terminates instances; a context broker keeps every node's view of the cluster current.
+"""
+
+EPILOG = """\
+Configuration: one TOML file (-c FILE), overridden by EPU_<SECTION>__<KEY> variables.
+Exit status: 0 success, 1 runtime failure, 2 bad usage or bad configuration.
+Docs: README.md, docs/messages.md (the wire contract), docs/ for each service.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epu", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that service has no CLI yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

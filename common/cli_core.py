@@ -1,0 +1,179 @@
+"""Core subcommands: ``run``, ``demo``, ``tap``, ``config check``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+from common.config import ConfigError, EpuConfig, load_config
+from common.logs import setup_logging
+
+#: service name → "module:function" building it from an EpuConfig (see common.runtime.Runnable)
+SERVICES = {
+    "sensor": "services.sensor.app:build_service",
+    "decision": "services.decision.app:build_service",
+    "provisioner": "services.provisioner.app:build_service",
+    "ctxbroker": "services.ctxbroker.app:build_service",
+}
+
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+def add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", metavar="FILE",
+                   help="TOML config file (default: built-in defaults; EPU_* variables override)")
+
+
+def load_or_exit(path: str | None) -> EpuConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"epu: bad configuration:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _builder(service: str) -> Any:
+    module, func = SERVICES[service].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+# ---------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_or_exit(args.config)
+    setup_logging(config.logging.level, config.logging.json_format or args.json_logs)
+    service = _builder(args.service)(config)
+    service.install_signal_handlers()
+    service.run()
+    return 0
+
+
+# ---------------------------------------------------------------- tap
+def format_event(envelope: Any, message: Any, routing_key: str) -> str:
+    ts = time.strftime("%H:%M:%S", time.localtime(envelope.timestamp))
+    body = message.model_dump(mode="json")
+    short = {k: v for k, v in body.items() if v not in (None, "", [], {}) and k not in ("jobs", "nodes")}
+    if "jobs" in body:
+        short["queued"] = sum(j["count"] for j in body["jobs"] if j["state"] == "queued")
+        short["nodes"] = len(body["nodes"])
+    text = " ".join(f"{k}={json.dumps(v, separators=(',', ':')) if isinstance(v, dict | list) else v}"
+                    for k, v in short.items())
+    return f"{ts} {routing_key:<40} {envelope.source:<12} {text}"
+
+
+def cmd_tap(args: argparse.Namespace) -> int:
+    from common.codec import decode
+    from common.messages import DecodeError
+
+    config = load_or_exit(args.config)
+    broker = config.broker_obj()
+    topo = broker.topology
+    queue = topo.tap_queue(args.pattern, name=topo.n(f"epu.tap.{uuid.uuid4().hex[:12]}"))
+    seen = 0
+    deadline = time.monotonic() + args.seconds if args.seconds else None
+    with broker.connection() as conn:
+        channel = conn.channel()
+        topo.events_exchange(channel).declare()
+
+        def on_message(message: Any) -> None:
+            nonlocal seen
+            rk = (message.delivery_info or {}).get("routing_key", "")
+            try:
+                envelope, msg = decode(message.body)
+            except DecodeError as exc:
+                line = (json.dumps({"routing_key": rk, "error": str(exc)}) if args.json
+                        else f"{rk}: undecodable: {exc}")
+            else:
+                if args.json:
+                    line = json.dumps({"routing_key": rk, **envelope.model_dump(mode="json")}, default=str)
+                else:
+                    line = format_event(envelope, msg, rk)
+            print(line, flush=True)
+            message.ack()
+            seen += 1
+
+        from kombu import Consumer
+
+        with Consumer(channel, queues=[queue], on_message=on_message, no_ack=False):
+            print(f"# tapping {topo.events_exchange.name} with pattern {args.pattern!r} "
+                  f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
+
+            try:
+                while True:
+                    if deadline and time.monotonic() > deadline:
+                        break
+                    if args.count and seen >= args.count:
+                        break
+                    try:
+                        conn.drain_events(timeout=0.5)
+                    except TimeoutError:
+                        pass
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+# ---------------------------------------------------------------- config
+def cmd_config_check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if args.json:
+        doc = config.model_dump(mode="json", by_alias=True)
+        from common.logs import redact
+
+        print(json.dumps(redact(doc), indent=2))
+    else:
+        print(f"{args.file}: OK — {len(config.domains)} domain(s), {len(config.sites)} site(s), "
+              f"broker {config.broker_obj().redacted_url()}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="run one service", formatter_class=RAW,
+        description="Run one EPU service in the foreground until SIGTERM/SIGINT.\n\n"
+                    "On SIGTERM the message in hand is finished and acknowledged, then the service\n"
+                    "closes its broker connection and exits 0. Broker loss is survived: the service\n"
+                    "reconnects with backoff and resumes.",
+        epilog="Example: epu run decision -c /etc/epu/epu.toml")
+    p.add_argument("service", choices=sorted(SERVICES), help="which service to run")
+    add_config_arg(p)
+    p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "tap", help="print every event on the bus, live", formatter_class=RAW,
+        description="Bind an exclusive, auto-deleted queue to the events exchange and print every\n"
+                    "decoded message as it passes. PATTERN is an AMQP topic pattern over routing keys\n"
+                    "such as sensor.snapshot.DOMAIN, instance.state.DOMAIN.STATE, decision.record.DOMAIN,\n"
+                    "policy.outcome.DOMAIN, node.result.DOMAIN, context.member.CONTEXT.",
+        epilog="Examples:\n  epu tap                       # everything\n"
+               "  epu tap 'instance.state.#'      # instance life cycles\n"
+               "  epu tap 'decision.record.alpha' --json | jq .body.actions")
+    p.add_argument("pattern", nargs="?", default="#", help="topic pattern (default: #, everything)")
+    p.add_argument("--json", action="store_true", help="one JSON object per message (envelope + routing_key)")
+    p.add_argument("--count", type=int, default=0, help="exit after N messages")
+    p.add_argument("--seconds", type=float, default=0, help="exit after S seconds")
+    add_config_arg(p)
+    p.set_defaults(func=cmd_tap)
+
+    p = sub.add_parser("config", help="validate a configuration file")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION")
+    c = csub.add_parser("check", help="validate FILE; errors name the key and what was expected",
+                        description="Load FILE with environment overrides and validate every section.\n"
+                                    "Exit 0 when valid, 2 with one line per problem otherwise.",
+                        formatter_class=RAW)
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--json", action="store_true", help="print the effective config (secrets redacted)")
+    c.set_defaults(func=cmd_config_check)
+
+    from common import demo
+
+    demo.register(sub)

@@ -1,0 +1,85 @@
+"""Per-service Prometheus metrics and a health endpoint on one small HTTP server.
+
+Each service owns a ``CollectorRegistry`` (so several services in one process — the demo —
+do not collide) and serves ``/metrics`` (Prometheus text) and ``/healthz`` (JSON; 200 when
+healthy, 503 otherwise) on a configurable port. Port 0 picks a free one; ``None`` disables.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+
+class ServiceMetrics:
+    """The counters every service has; services add their own on ``registry``."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.consumed = Counter("epu_messages_consumed_total", "Messages handled, by queue and outcome",
+                                ["queue", "outcome"], registry=r)
+        self.published = Counter("epu_messages_published_total", "Messages published, by type",
+                                 ["type"], registry=r)
+        self.dead_lettered = Counter("epu_messages_dead_lettered_total", "Messages sent to the dead-letter queue",
+                                     ["queue"], registry=r)
+        self.handler_seconds = Histogram("epu_handler_seconds", "Time spent in message handlers",
+                                         ["queue"], registry=r)
+        self.reconnects = Counter("epu_broker_reconnects_total", "Broker reconnections", registry=r)
+        self.connected = Gauge("epu_broker_connected", "1 while connected to the broker", registry=r)
+        self.timer_runs = Counter("epu_timer_runs_total", "Periodic task runs, by task and outcome",
+                                  ["task", "outcome"], registry=r)
+
+
+class HealthServer:
+    """Serves /metrics and /healthz in a daemon thread."""
+
+    def __init__(self, metrics: ServiceMetrics, health: Callable[[], dict[str, Any]],
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        registry = metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                if self.path.split("?")[0] == "/metrics":
+                    body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
+                elif self.path.split("?")[0] in ("/healthz", "/health"):
+                    doc = health()
+                    body = json.dumps(doc).encode()
+                    status, ctype = (200 if doc.get("healthy") else 503), "application/json"
+                else:
+                    body, status, ctype = b'{"error": "not found: try /metrics or /healthz"}', 404, "application/json"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"health-{metrics.service}",
+                                        daemon=True)
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

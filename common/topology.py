@@ -1,0 +1,198 @@
+"""The AMQP topology, declared once.
+
+Everything a service or an operator needs to know about exchanges, queues, routing keys and
+dead-lettering is here, as data. Services ask for queue specs by role; deploy/rabbitmq's
+definitions are generated from the same declaration (``rabbitmq_definitions``), and
+docs/messages.md documents it, so the three cannot drift.
+
+Layout:
+
+* ``epu.events`` (topic): everything observable. Routing key ``<type>.<domain>[.<detail>]``.
+  A tap bound with ``#`` sees the whole system.
+* ``epu.commands`` (direct): commands to the one service that must act —
+  ``sensor.<domain>`` → ``epu.sensor.<domain>``; ``provisioner`` → ``epu.provisioner``
+  (competing consumers); ``decision.control`` → ``epu.decision.control``.
+* ``epu.decision.input``: the engine's view of events (snapshots, command results,
+  instance states), single-active-consumer so a standby engine takes over on failure.
+* ``epu.ctxbroker.instances``: terminated/failed instances, so the broker removes nodes
+  whose agent never said goodbye.
+* ``epu.dlx`` (fanout) → ``epu.dead``: every rejected message, with ``x-epu-reason``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Exchange, Queue
+
+from common.messages import NAME_PATTERN, Message
+
+EVENTS_EXCHANGE = "epu.events"
+COMMANDS_EXCHANGE = "epu.commands"
+DEAD_LETTER_EXCHANGE = "epu.dlx"
+DEAD_LETTER_QUEUE = "epu.dead"
+
+PROVISIONER_QUEUE = "epu.provisioner"
+DECISION_CONTROL_QUEUE = "epu.decision.control"
+DECISION_INPUT_QUEUE = "epu.decision.input"
+CTXBROKER_QUEUE = "epu.ctxbroker.instances"
+
+#: Message types that are commands (go to ``epu.commands``); all others are events.
+COMMAND_TYPES = frozenset({"node.command", "instance.launch", "instance.terminate", "policy.change"})
+
+#: Headers the runtime sets on a dead-lettered message.
+REASON_HEADER = "x-epu-reason"
+ORIGINAL_QUEUE_HEADER = "x-epu-original-queue"
+ORIGINAL_EXCHANGE_HEADER = "x-epu-original-exchange"
+ORIGINAL_ROUTING_KEY_HEADER = "x-epu-original-routing-key"
+ATTEMPTS_HEADER = "x-epu-attempts"
+
+#: Broker-side guard against poison messages on quorum queues (redelivered this often → DLX).
+DELIVERY_LIMIT = 20
+
+
+def check_name(name: str, what: str = "domain") -> str:
+    if not re.match(NAME_PATTERN, name):
+        raise ValueError(f"invalid {what} name {name!r}: expected {NAME_PATTERN}")
+    return name
+
+
+def sensor_queue_name(domain: str) -> str:
+    return f"epu.sensor.{check_name(domain)}"
+
+
+def sensor_routing_key(domain: str) -> str:
+    return f"sensor.{check_name(domain)}"
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A queue, what feeds it, and how it behaves. Pure data, turned into kombu objects late."""
+
+    name: str
+    exchange: str
+    routing_keys: tuple[str, ...]
+    single_active_consumer: bool = False
+    purpose: str = ""
+    extra_arguments: dict[str, Any] = field(default_factory=dict)
+
+    def arguments(self, quorum: bool) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE}
+        if quorum:
+            args["x-queue-type"] = "quorum"
+            args["x-delivery-limit"] = DELIVERY_LIMIT
+        if self.single_active_consumer:
+            args["x-single-active-consumer"] = True
+        args.update(self.extra_arguments)
+        return args
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The exchanges and queues of one EPU deployment.
+
+    ``prefix`` is empty in production; tests use a unique prefix (or a unique vhost) so runs
+    never see each other. ``quorum`` selects quorum queues (RabbitMQ ≥ 3.8); the in-memory
+    transport ignores queue arguments.
+    """
+
+    prefix: str = ""
+    quorum: bool = True
+
+    # ---- names
+    def n(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    @property
+    def events_exchange(self) -> Exchange:
+        return Exchange(self.n(EVENTS_EXCHANGE), type="topic", durable=True)
+
+    @property
+    def commands_exchange(self) -> Exchange:
+        return Exchange(self.n(COMMANDS_EXCHANGE), type="direct", durable=True)
+
+    @property
+    def dead_letter_exchange(self) -> Exchange:
+        return Exchange(self.n(DEAD_LETTER_EXCHANGE), type="fanout", durable=True)
+
+    def exchange_for(self, message: Message | str) -> Exchange:
+        type_ = message if isinstance(message, str) else message.TYPE
+        return self.commands_exchange if type_ in COMMAND_TYPES else self.events_exchange
+
+    # ---- queue specs by role
+    def dead_letter_spec(self) -> QueueSpec:
+        return QueueSpec(DEAD_LETTER_QUEUE, DEAD_LETTER_EXCHANGE, ("#",),
+                         purpose="every rejected message, with its reason in x-epu-reason")
+
+    def sensor_spec(self, domain: str) -> QueueSpec:
+        return QueueSpec(sensor_queue_name(domain), COMMANDS_EXCHANGE, (sensor_routing_key(domain),),
+                         purpose=f"node commands for the sensor of domain {domain}")
+
+    def provisioner_spec(self) -> QueueSpec:
+        return QueueSpec(PROVISIONER_QUEUE, COMMANDS_EXCHANGE, ("provisioner",),
+                         purpose="launch and terminate requests (competing provisioners)")
+
+    def decision_control_spec(self) -> QueueSpec:
+        return QueueSpec(DECISION_CONTROL_QUEUE, COMMANDS_EXCHANGE, ("decision.control",),
+                         single_active_consumer=True, purpose="operator policy changes")
+
+    def decision_input_spec(self) -> QueueSpec:
+        return QueueSpec(
+            DECISION_INPUT_QUEUE, EVENTS_EXCHANGE,
+            ("sensor.snapshot.*", "node.result.*", "instance.state.#"),
+            single_active_consumer=True,
+            purpose="what the decision engine sees: snapshots, command results, instance states",
+        )
+
+    def ctxbroker_spec(self) -> QueueSpec:
+        return QueueSpec(CTXBROKER_QUEUE, EVENTS_EXCHANGE,
+                         ("instance.state.*.terminated", "instance.state.*.failed"),
+                         purpose="instances gone, so their nodes leave their context")
+
+    def service_specs(self, domains: list[str] | tuple[str, ...] = ()) -> list[QueueSpec]:
+        """Every durable queue of a deployment with these domains."""
+        specs = [self.dead_letter_spec(), self.provisioner_spec(), self.decision_control_spec(),
+                 self.decision_input_spec(), self.ctxbroker_spec()]
+        specs += [self.sensor_spec(d) for d in domains]
+        return specs
+
+    # ---- kombu objects
+    def exchange_by_name(self, name: str) -> Exchange:
+        return {
+            EVENTS_EXCHANGE: self.events_exchange,
+            COMMANDS_EXCHANGE: self.commands_exchange,
+            DEAD_LETTER_EXCHANGE: self.dead_letter_exchange,
+        }[name]
+
+    def kombu_queues(self, spec: QueueSpec) -> list[Queue]:
+        """One kombu Queue per binding (kombu binds one routing key per Queue object)."""
+        exchange = self.exchange_by_name(spec.exchange)
+        # the dead-letter queue itself must not dead-letter into its own exchange (a loop)
+        if spec.name == DEAD_LETTER_QUEUE:
+            args = {"x-queue-type": "quorum"} if self.quorum else {}
+        else:
+            args = spec.arguments(self.quorum)
+            args["x-dead-letter-exchange"] = self.n(DEAD_LETTER_EXCHANGE)
+        return [
+            Queue(self.n(spec.name), exchange=exchange, routing_key=key, durable=True,
+                  queue_arguments=args)
+            for key in spec.routing_keys
+        ]
+
+    def declare(self, channel: Any, specs: list[QueueSpec] | None = None) -> None:
+        """Declare exchanges, the dead-letter queue and the given queues (idempotent)."""
+        for exchange in (self.events_exchange, self.commands_exchange, self.dead_letter_exchange):
+            exchange(channel).declare()
+        for spec in [self.dead_letter_spec(), *(specs or [])]:
+            for queue in self.kombu_queues(spec):
+                queue(channel).declare()
+
+    def tap_queue(self, pattern: str = "#", name: str | None = None) -> Queue:
+        """An exclusive, auto-deleted queue on the events exchange: an operator's window."""
+        return Queue(name or "", exchange=self.events_exchange, routing_key=pattern,
+                     exclusive=True, auto_delete=True, durable=False)
+
+
+DEFAULT_TOPOLOGY = Topology()

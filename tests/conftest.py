@@ -1,0 +1,80 @@
+"""Shared fixtures: isolated RabbitMQ vhost and names, PostgreSQL database, temp dirs.
+
+Isolation: one vhost per test session (created with rabbitmqctl, deleted at the end), and a
+unique name prefix per test inside it, so tests run in parallel (pytest-xdist) without
+seeing each other. Nothing is skipped when a service is missing: ``make test`` provides
+the services (scripts/ensure-services.sh), and a missing one is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from common.broker import Broker
+from common.topology import Topology
+
+RABBIT_HOST = os.environ.get("EPU_TEST_RABBIT_HOST", "127.0.0.1:5672")
+RABBIT_ADMIN = os.environ.get("EPU_TEST_RABBIT_ADMIN", "guest:guest")
+PG_BASE_URL = os.environ.get("EPU_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
+
+
+def rabbitmqctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60, check=check)
+
+
+@pytest.fixture(scope="session")
+def rabbit_vhost() -> Iterator[str]:
+    """A fresh vhost for this test session (per xdist worker), with guest allowed in."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    vhost = f"epu-test-{worker}-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", vhost)
+    user = RABBIT_ADMIN.split(":")[0]
+    rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    yield vhost
+    rabbitmqctl("delete_vhost", vhost, check=False)
+
+
+@pytest.fixture(scope="session")
+def rabbit_url(rabbit_vhost: str) -> str:
+    return f"amqp://{RABBIT_ADMIN}@{RABBIT_HOST}/{rabbit_vhost}"
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def broker(rabbit_url: str, prefix: str) -> Broker:
+    """A Broker on the real RabbitMQ, with names unique to this test."""
+    return Broker(rabbit_url, Topology(prefix=prefix, quorum=True))
+
+
+@pytest.fixture
+def memory_broker(prefix: str) -> Broker:
+    return Broker("memory://", Topology(prefix=prefix, quorum=False))
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test, dropped afterwards."""
+    import psycopg
+
+    name = f"epu_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(f"{PG_BASE_URL}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql+psycopg://{PG_BASE_URL.split('://', 1)[1]}/{name}"
+    with psycopg.connect(f"{PG_BASE_URL}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'epu.db'}"
