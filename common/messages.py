@@ -31,6 +31,8 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 HOSTNAME_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 Hostname = Annotated[str, StringConstraints(max_length=253, pattern=HOSTNAME_PATTERN)]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+#: Ids that appear as a word of a routing key (no dots).
+KeyId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 NodeState = Literal["free", "busy", "offline", "down", "unknown"]
@@ -301,6 +303,8 @@ class PolicyChange(Message):
     sites: list[str] | None = None
     paused: bool | None = None
     operator: str = ""
+    placement: str | None = None
+    """Site selection strategy (rank, cheapest, spread); ``None`` leaves it unchanged."""
 
     def routing_key(self) -> str:
         return "decision.control"
@@ -328,7 +332,7 @@ class PolicyOutcome(Message):
 @register
 class ContextMembership(Message):
     TYPE: ClassVar[str] = "context.member"
-    context_id: Id
+    context_id: KeyId
     entry_id: Annotated[int, Field(ge=1)]
     kind: Literal["join", "leave"]
     hostname: str

@@ -269,8 +269,6 @@ class Service:
                 try:
                     timer.fn()
                     self.metrics.timer_runs.labels(timer.name, "ok").inc()
-                except (*self._connection_errors(),) :
-                    raise
                 except Exception:
                     self.metrics.timer_runs.labels(timer.name, "error").inc()
                     self.log.exception("periodic task failed", extra={"task": timer.name})
@@ -300,15 +298,13 @@ class Service:
         attempts = 0
         while True:
             attempts += 1
+            # Whatever the handler raises is the handler's failure (an OSError from its
+            # database is not broker loss); only the ack below may raise connection errors.
             try:
                 c.handler(msg, envelope)
-                message.ack()
-                return "ok"
             except Reject as exc:
                 self.dead_letter(message, queue_name, f"rejected by {self.name}: {exc}", attempts)
                 return "dead-lettered"
-            except (*self._connection_errors(),):
-                raise
             except Exception as exc:
                 if attempts >= self.settings.max_attempts:
                     self.log.exception("handler failed, dead-lettering",
@@ -323,6 +319,9 @@ class Service:
                 if self._stop.wait(self.settings.retry_base_seconds * 2 ** (attempts - 1)):
                     message.requeue()  # shutting down: leave it for the next consumer
                     return "requeued"
+            else:
+                message.ack()
+                return "ok"
 
     def dead_letter(self, message: Any, queue_name: str, reason: str, attempts: int = 1) -> None:
         """Keep the message, with why, in the dead-letter queue; then ack it off its queue."""

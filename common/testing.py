@@ -46,15 +46,25 @@ def get_raw(broker: Broker, queue_name: str, timeout: float = 5.0) -> Any:
             time.sleep(0.02)
 
 
-def drain(broker: Broker, queue_name: str) -> list[Any]:
-    """Every message currently in the queue, decoded where possible (raw kombu messages otherwise)."""
+def drain(broker: Broker, queue_name: str, raw: bool = False) -> list[Any]:
+    """Every message currently in the queue: (envelope, message) pairs where decodable, kombu
+    messages otherwise (or always, with ``raw=True``)."""
     out = []
     with broker.connection() as conn:
         q = Queue(queue_name, no_declare=True)(conn.channel())
         while (msg := q.get(no_ack=False, accept=None)) is not None:
             msg.ack()
+            if raw:
+                out.append(msg)
+                continue
             try:
                 out.append(decode(msg.body))
             except Exception:
                 out.append(msg)
     return out
+
+
+def queue_depth(broker: Broker, queue_name: str) -> int:
+    """Messages ready in a queue (passive declare; works where basic.get does not, e.g. SAC queues)."""
+    with broker.connection() as conn:
+        return conn.channel().queue_declare(queue=queue_name, passive=True).message_count

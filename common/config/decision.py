@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,6 +14,14 @@ class DecisionConfig(ServiceCommon):
     store_url: str = "sqlite:///epu-decision.db"
     resend_seconds: float = Field(30.0, gt=0)
     """Re-send an action whose outcome has not been seen after this long."""
+    active_window_seconds: float = Field(180.0, gt=0)
+    """The engine acts on a domain only while it holds a snapshot younger than this. Snapshots
+    reach only the active consumer of the single-active-consumer input queue, so a standby
+    engine never acts; it should exceed the sensor's poll period (default 60 s)."""
+    backoff_initial_seconds: float = Field(300.0, ge=0)
+    """First pause of a failing site (doubles per consecutive failure)."""
+    backoff_max_seconds: float = Field(1800.0, ge=0)
+    """Longest pause of a failing site."""
 
 
 class DomainConfig(Section):
@@ -24,7 +32,8 @@ class DomainConfig(Section):
     min_nodes: int = Field(0, ge=0)
     max_nodes: int = Field(10, ge=0)
     sites: list[str] = Field(default_factory=list)
-    placement: str = "rank"
+    """Sites in rank order (empty: every configured site, in file order)."""
+    placement: Literal["rank", "cheapest", "spread"] = "rank"
     cores_per_node: int = Field(1, ge=1)
     paused: bool = False
 

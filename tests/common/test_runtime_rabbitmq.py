@@ -1,0 +1,298 @@
+"""The service runtime against the real RabbitMQ: confirms, acks, dead-lettering, retries,
+broker loss and graceful shutdown. Every test uses names unique to it (``broker`` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from common.broker import Broker, Publisher
+from common.messages import Envelope, PolicyChange, SensorSnapshot
+from common.runtime import Reject, RuntimeSettings, Service, run_in_thread
+from common.testing import drain, queue_depth, wait_for
+from common.topology import REASON_HEADER
+from tests.conftest import rabbitmqctl
+
+pytestmark = pytest.mark.rabbitmq
+
+
+def change(i: int, domain: str = "alpha") -> PolicyChange:
+    return PolicyChange(change_id=f"c{i}", domain=domain, min_nodes=i)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.items: list[PolicyChange] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: PolicyChange, env: Envelope) -> None:
+        with self.lock:
+            self.items.append(msg)
+
+    def ids(self) -> set[str]:
+        with self.lock:
+            return {m.change_id for m in self.items}
+
+
+def start(service: Service) -> threading.Thread:
+    thread = run_in_thread(service)
+    assert service.wait_ready(15), "service did not connect"
+    return thread
+
+
+def stop(service: Service, thread: threading.Thread) -> None:
+    service.stop()
+    thread.join(15)
+    assert not thread.is_alive()
+
+
+def test_publish_with_confirms_consume_and_ack(broker: Broker) -> None:
+    rec = Recorder()
+    svc = Service("decision", broker)
+    svc.consume(broker.topology.decision_control_spec(), rec, types={"policy.change"})
+    t = start(svc)
+    try:
+        for i in range(100):
+            svc.publish(change(i))
+        wait_for(lambda: len(rec.ids()) == 100, 15, message="100 messages handled")
+        assert [m.min_nodes for m in rec.items] == list(range(100)), "order kept on one queue"
+    finally:
+        stop(svc, t)
+    # everything was acked: nothing left on the queue
+    assert queue_depth(broker, broker.topology.n("epu.decision.control")) == 0
+
+
+def _raw_publish(pub: Publisher, broker: Broker, body: bytes | dict, routing_key: str = "decision.control") -> None:
+    pub.publish_raw(body, exchange=broker.topology.commands_exchange.name, routing_key=routing_key,
+                    content_type="application/x-msgpack")
+
+
+def test_bad_messages_are_dead_lettered_with_a_reason_and_the_consumer_keeps_serving(broker: Broker) -> None:
+    rec = Recorder()
+    svc = Service("decision", broker)
+    svc.consume(broker.topology.decision_control_spec(), rec, types={"policy.change"})
+    t = start(svc)
+    good = Envelope.wrap(change(1), "test").model_dump()
+    wrong_type = Envelope.wrap(SensorSnapshot(domain="alpha", backend="x", taken_at=1.0), "test").model_dump()
+    missing = {**good, "body": {"domain": "alpha"}}
+    future = {**good, "schema_version": "9.0"}
+    pub = Publisher(broker, "test")
+    try:
+        _raw_publish(pub, broker, b"\xc1 this is not msgpack")
+        _raw_publish(pub, broker, msgpack.packb(wrong_type))
+        _raw_publish(pub, broker, msgpack.packb(future))
+        _raw_publish(pub, broker, msgpack.packb(missing))
+        svc.publish(change(2))
+        wait_for(lambda: rec.ids() == {"c2"}, 10, message="the good message after the bad ones")
+        dead = wait_for(lambda: _dead(broker, 4), 10, message="4 dead-lettered messages")
+    finally:
+        stop(svc, t)
+        pub.close()
+    reasons = sorted(m.headers[REASON_HEADER] for m in dead)
+    assert any("not msgpack" in r for r in reasons)
+    assert any("unexpected message type 'sensor.snapshot'" in r for r in reasons)
+    assert any("unsupported schema major version 9.0" in r for r in reasons)
+    assert any("change_id: Field required" in r for r in reasons)
+    assert all(m.headers["x-epu-original-queue"].endswith("epu.decision.control") for m in dead)
+    # the dead-lettered bodies are kept byte for byte
+    assert any(m.body == b"\xc1 this is not msgpack" for m in dead)
+
+
+_dead_seen: dict[str, list] = {}
+
+
+def _dead(broker: Broker, n: int) -> list | None:
+    key = broker.topology.prefix
+    _dead_seen.setdefault(key, []).extend(drain(broker, broker.topology.n("epu.dead"), raw=True))
+    got = _dead_seen[key]
+    return got if len(got) >= n else None
+
+
+def test_reject_dead_letters_at_once_and_transient_errors_retry_then_dead_letter(broker: Broker) -> None:
+    calls: dict[str, int] = {}
+
+    def handler(msg: PolicyChange, env: Envelope) -> None:
+        calls[msg.change_id] = calls.get(msg.change_id, 0) + 1
+        if msg.change_id == "reject":
+            raise Reject("policy 'nope' does not exist")
+        if msg.change_id == "flaky" and calls["flaky"] < 3:
+            raise ConnectionResetError("database went away")
+        if msg.change_id == "broken":
+            raise RuntimeError("always fails")
+
+    svc = Service("decision", broker, settings=RuntimeSettings(max_attempts=3, retry_base_seconds=0.01))
+    svc.consume(broker.topology.decision_control_spec(), handler)
+    t = start(svc)
+    try:
+        for cid in ("reject", "flaky", "broken", "fine"):
+            svc.publish(PolicyChange(change_id=cid, domain="alpha"))
+        wait_for(lambda: calls.get("fine") == 1, 10, message="last message handled")
+        dead = wait_for(lambda: _dead(broker, 2), 10, message="2 dead-lettered")
+    finally:
+        stop(svc, t)
+    assert calls == {"reject": 1, "flaky": 3, "broken": 3, "fine": 1}
+    reasons = {msgpack.unpackb(m.body)["body"]["change_id"]: m.headers[REASON_HEADER] for m in dead}
+    assert reasons["reject"] == "rejected by decision: policy 'nope' does not exist"
+    assert reasons["broken"].startswith("handler failed after 3 attempts: RuntimeError: always fails")
+    assert svc.metrics.dead_lettered.labels(broker.topology.n("epu.decision.control"))._value.get() == 2
+
+
+def _close_connections(vhost: str) -> int:
+    out = rabbitmqctl("list_connections", "-q", "--no-table-headers", "pid", "vhost").stdout
+    pids = [line.split()[0] for line in out.splitlines() if line.strip().endswith(vhost)]
+    for pid in pids:
+        rabbitmqctl("close_connection", pid, "test: forced close", check=False)
+    return len(pids)
+
+
+def test_broker_connection_force_closed_mid_stream_loses_nothing(broker: Broker, rabbit_vhost: str) -> None:
+    rec = Recorder()
+    svc = Service("decision", broker, settings=RuntimeSettings(reconnect_initial=0.2, reconnect_max=1.0))
+    svc.consume(broker.topology.decision_control_spec(), rec, prefetch=5)
+    t = start(svc)
+    pub = Publisher(broker, "test-publisher")
+    confirmed: list[str] = []
+    total = 400
+    try:
+        def producer() -> None:
+            for i in range(total):
+                pub.publish(change(i))  # returns only once the broker confirmed it
+                confirmed.append(f"c{i}")
+
+        p = threading.Thread(target=producer)
+        p.start()
+        wait_for(lambda: len(rec.ids()) > 50, 20, message="consumption under way")
+        closed = _close_connections(rabbit_vhost)
+        assert closed >= 2, "consumer and publisher connections were force-closed"
+        p.join(60)
+        assert not p.is_alive()
+        wait_for(lambda: set(confirmed) <= rec.ids(), 30,
+                 message="every confirmed message consumed after reconnect")
+        assert svc.metrics.reconnects._value.get() >= 1
+    finally:
+        stop(svc, t)
+        pub.close()
+    assert len(confirmed) == total
+
+
+SHUTDOWN_SCRIPT = r"""
+import sys, time, json
+from common.broker import Broker
+from common.topology import Topology
+from common.runtime import Service
+url, prefix, out = sys.argv[1:4]
+broker = Broker(url, Topology(prefix=prefix))
+svc = Service("decision", broker)
+def handler(msg, env):
+    with open(out, "a") as f:
+        f.write(json.dumps({"start": msg.change_id}) + "\n")
+    time.sleep(0.6)  # the message in hand when SIGTERM arrives
+    with open(out, "a") as f:
+        f.write(json.dumps({"done": msg.change_id}) + "\n")
+svc.consume(broker.topology.decision_control_spec(), handler, prefetch=10)
+svc.install_signal_handlers()
+svc.on_start.append(lambda: open(out + ".ready", "w").close())
+svc.run()
+"""
+
+
+def test_graceful_shutdown_finishes_the_message_in_hand_and_loses_nothing(broker: Broker, rabbit_url: str,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "handled.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    pub = Publisher(broker, "test")
+    # declare the queue first so the published messages wait there
+    declarer = Service("declarer", broker)
+    declarer.declare(broker.topology.decision_control_spec())
+    t = start(declarer)
+    stop(declarer, t)
+    for i in range(10):
+        pub.publish(change(i))
+    proc = subprocess.Popen([sys.executable, "-c", SHUTDOWN_SCRIPT, rabbit_url, broker.topology.prefix, str(out)],
+                            env=env)
+    try:
+        wait_for(lambda: out.exists() and '"start"' in out.read_text(), 20, message="first message in hand")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    started = [e["start"] for e in events if "start" in e]
+    done = [e["done"] for e in events if "done" in e]
+    assert started == done, "every message started was finished before exit"
+    # the rest are still in the queue, none lost: a new consumer gets exactly the remainder
+    rec = Recorder()
+    svc = Service("decision", broker)
+    svc.consume(broker.topology.decision_control_spec(), rec)
+    t = start(svc)
+    try:
+        wait_for(lambda: rec.ids() | set(done) == {f"c{i}" for i in range(10)}, 15,
+                 message="remaining messages delivered to the next consumer")
+    finally:
+        stop(svc, t)
+        pub.close()
+    assert not rec.ids() & set(done), "acked messages are not redelivered"
+
+
+def test_metrics_and_health_endpoint(broker: Broker) -> None:
+    svc = Service("decision", broker, settings=RuntimeSettings(metrics_port=0))
+    rec = Recorder()
+    svc.consume(broker.topology.decision_control_spec(), rec)
+    t = start(svc)
+    try:
+        port = svc._health_server.port
+        svc.publish(change(1))
+        wait_for(lambda: rec.ids(), 10)
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+        assert health["healthy"] is True and health["connected"] is True
+        assert "guest:***@" in health["broker"]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'epu_messages_consumed_total{outcome="ok"' in metrics or "epu_messages_consumed_total{" in metrics
+        assert "epu_broker_connected 1.0" in metrics
+    finally:
+        stop(svc, t)
+
+
+def test_periodic_timers_fire_between_deliveries(broker: Broker) -> None:
+    ticks: list[float] = []
+    svc = Service("sensor", broker)
+    svc.every(0.05, lambda: ticks.append(time.monotonic()), name="tick")
+    t = start(svc)
+    try:
+        wait_for(lambda: len(ticks) >= 5, 5, message="5 timer runs")
+    finally:
+        stop(svc, t)
+
+
+def test_single_active_consumer_delivers_to_one_engine_only(broker: Broker) -> None:
+    a, b = Recorder(), Recorder()
+    sa, sb = Service("decision-a", broker), Service("decision-b", broker)
+    sa.consume(broker.topology.decision_control_spec(), a)
+    sb.consume(broker.topology.decision_control_spec(), b)
+    ta = start(sa)
+    tb = start(sb)
+    try:
+        for i in range(20):
+            sa.publish(change(i))
+        wait_for(lambda: len(a.ids()) + len(b.ids()) == 20, 10)
+        assert (len(a.ids()), len(b.ids())) in ((20, 0), (0, 20)), "only the active consumer receives"
+        active, standby, s_active = (a, b, sa) if a.ids() else (b, a, sb)
+        stop(s_active, ta if s_active is sa else tb)
+        for i in range(20, 25):
+            (sb if s_active is sa else sa).publish(change(i))
+        wait_for(lambda: len(standby.ids()) == 5, 15, message="standby took over")
+    finally:
+        for s, t in ((sa, ta), (sb, tb)):
+            if t.is_alive():
+                stop(s, t)
