@@ -30,6 +30,9 @@ class Broker:
     url: str = "memory://"
     topology: Topology = DEFAULT_TOPOLOGY
     heartbeat: int = 30
+    declare: bool = True
+    """Declare exchanges and queues at start. False where deploy/rabbitmq's definitions are
+    loaded and service users have no configure permission (least privilege)."""
     transport_options: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -7,7 +7,6 @@ import importlib
 import json
 import sys
 import time
-import uuid
 from typing import Any
 
 from common.config import ConfigError, EpuConfig, load_config
@@ -72,12 +71,13 @@ def cmd_tap(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
     broker = config.broker_obj()
     topo = broker.topology
-    queue = topo.tap_queue(args.pattern, name=topo.n(f"epu.tap.{uuid.uuid4().hex[:12]}"))
+    queue = topo.tap_queue(args.pattern)
     seen = 0
     deadline = time.monotonic() + args.seconds if args.seconds else None
     with broker.connection() as conn:
         channel = conn.channel()
-        topo.events_exchange(channel).declare()
+        if broker.declare:
+            topo.events_exchange(channel).declare()
 
         def on_message(message: Any) -> None:
             nonlocal seen
@@ -128,10 +128,39 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         doc = config.model_dump(mode="json", by_alias=True)
         from common.logs import redact
 
+        doc["broker"]["url"] = config.broker_obj().redacted_url()
         print(json.dumps(redact(doc), indent=2))
     else:
         print(f"{args.file}: OK — {len(config.domains)} domain(s), {len(config.sites)} site(s), "
               f"broker {config.broker_obj().redacted_url()}")
+    return 0
+
+
+# ---------------------------------------------------------------- deploy
+def cmd_rabbitmq_definitions(args: argparse.Namespace) -> int:
+    from common.definitions import rabbitmq_definitions
+    from common.topology import Topology
+
+    domains = args.domain or []
+    if args.config:
+        config = load_or_exit(args.config)
+        domains = domains or sorted(config.domains)
+        topology = Topology(prefix=config.broker.prefix, quorum=config.broker.quorum)
+    else:
+        topology = Topology()
+    passwords: dict[str, str] = {}
+    if args.passwords_file:
+        import tomllib
+
+        with open(args.passwords_file, "rb") as f:
+            passwords = {k: str(v) for k, v in tomllib.load(f).items()}
+    doc = rabbitmq_definitions(topology, domains, vhost=args.vhost, passwords=passwords)
+    text = json.dumps(doc, indent=2) + "\n"
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -173,6 +202,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("file", metavar="FILE")
     c.add_argument("--json", action="store_true", help="print the effective config (secrets redacted)")
     c.set_defaults(func=cmd_config_check)
+
+    p = sub.add_parser("deploy", help="generate what an operator installs")
+    dsub = p.add_subparsers(dest="deploy_command", metavar="WHAT")
+    d = dsub.add_parser(
+        "rabbitmq-definitions", formatter_class=RAW,
+        help="RabbitMQ definitions (vhost, least-privilege users, exchanges, queues, policies)",
+        description="Print RabbitMQ definitions for `rabbitmqctl import_definitions FILE`, generated\n"
+                    "from the one topology declaration in common/topology.py: a vhost, one user per\n"
+                    "service with least-privilege (and topic) permissions, the exchanges, queues,\n"
+                    "bindings and policies. Users have no password unless --passwords-file is given\n"
+                    "(a TOML file of user = \"password\"); the hashes, never the passwords, are written.",
+        epilog="Example:\n  epu deploy rabbitmq-definitions -c /etc/epu/epu.toml --passwords-file pw.toml -o defs.json\n"
+               "  rabbitmqctl import_definitions defs.json")
+    d.add_argument("--domain", action="append", metavar="NAME", help="a domain (repeatable; default: config's)")
+    d.add_argument("--vhost", default="epu", help="virtual host (default: epu)")
+    d.add_argument("--passwords-file", metavar="FILE", help="TOML: user name = password")
+    d.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    add_config_arg(d)
+    d.set_defaults(func=cmd_rabbitmq_definitions)
 
     from common import demo
 

@@ -284,6 +284,8 @@ class DecisionRecord(Message):
     saw: ViewSummary
     actions: list[ActionRecord] = Field(default_factory=list)
     at: float
+    notes: list[str] = Field(default_factory=list)
+    """The policy's arithmetic and the guard rails that applied (why it did what it did)."""
 
     def routing_key(self) -> str:
         return f"decision.record.{self.domain}"

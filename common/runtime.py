@@ -209,13 +209,15 @@ class Service:
         with self.broker.connection() as conn:
             conn.ensure_connection(max_retries=1)
             channel = conn.channel()
-            self.broker.topology.declare(channel, self._declare)
+            if self.broker.declare:
+                self.broker.topology.declare(channel, self._declare)
             kombu_consumers = []
             for c in self._consumers:
                 ch = conn.channel()
                 queue = c.queue if c.queue is not None else self._queue_for(c.spec)
+                declare = self.broker.declare or c.queue is not None  # ad-hoc queues are ours
                 consumer = Consumer(ch, queues=[queue], on_message=self._make_on_message(c, queue.name),
-                                    prefetch_count=c.prefetch, no_ack=False, auto_declare=True)
+                                    prefetch_count=c.prefetch, no_ack=False, auto_declare=declare)
                 consumer.consume()
                 kombu_consumers.append(consumer)
             self._connected.set()

@@ -9,7 +9,7 @@ Layout:
 
 * ``epu.events`` (topic): everything observable. Routing key ``<type>.<domain>[.<detail>]``.
   A tap bound with ``#`` sees the whole system.
-* ``epu.commands`` (direct): commands to the one service that must act —
+* ``epu.commands`` (topic, exact keys): commands to the one service that must act —
   ``sensor.<domain>`` → ``epu.sensor.<domain>``; ``provisioner`` → ``epu.provisioner``
   (competing consumers); ``decision.control`` → ``epu.decision.control``.
 * ``epu.decision.input``: the engine's view of events (snapshots, command results,
@@ -22,6 +22,7 @@ Layout:
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +112,9 @@ class Topology:
 
     @property
     def commands_exchange(self) -> Exchange:
-        return Exchange(self.n(COMMANDS_EXCHANGE), type="direct", durable=True)
+        # topic (with exact keys) rather than direct so RabbitMQ topic permissions can say
+        # which user may send which command (an operator may send decision.control only)
+        return Exchange(self.n(COMMANDS_EXCHANGE), type="topic", durable=True)
 
     @property
     def dead_letter_exchange(self) -> Exchange:
@@ -191,7 +194,8 @@ class Topology:
 
     def tap_queue(self, pattern: str = "#", name: str | None = None) -> Queue:
         """An exclusive, auto-deleted queue on the events exchange: an operator's window."""
-        return Queue(name or "", exchange=self.events_exchange, routing_key=pattern,
+        exchange = Exchange(self.n(EVENTS_EXCHANGE), type="topic", durable=True, no_declare=True)
+        return Queue(name or self.n(f"epu.tap.{uuid.uuid4().hex[:12]}"), exchange=exchange, routing_key=pattern,
                      exclusive=True, auto_delete=True, durable=False)
 
 

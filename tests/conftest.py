@@ -24,9 +24,9 @@ RABBIT_ADMIN = os.environ.get("EPU_TEST_RABBIT_ADMIN", "guest:guest")
 PG_BASE_URL = os.environ.get("EPU_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
 
 
-def rabbitmqctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def rabbitmqctl(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60, check=check)
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60, check=check, input=stdin)
 
 
 @pytest.fixture(scope="session")

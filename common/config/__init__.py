@@ -64,7 +64,7 @@ class EpuConfig(Section):
         from common.topology import Topology
 
         b = self.broker
-        return Broker(b.url, Topology(prefix=b.prefix, quorum=b.quorum), heartbeat=b.heartbeat)
+        return Broker(b.url, Topology(prefix=b.prefix, quorum=b.quorum), heartbeat=b.heartbeat, declare=b.declare)
 
 
 def _literal(text: str) -> Any:

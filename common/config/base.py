@@ -19,6 +19,9 @@ class BrokerConfig(Section):
     quorum: bool = True
     """Use quorum queues (RabbitMQ ≥ 3.8). Ignored by ``memory://``."""
     heartbeat: int = Field(30, ge=0)
+    declare: bool = True
+    """Declare exchanges/queues at start; false when deploy/rabbitmq definitions are loaded and
+    the service's user has no configure permission."""
 
 
 class LoggingConfig(Section):

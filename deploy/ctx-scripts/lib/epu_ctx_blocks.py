@@ -1,0 +1,97 @@
+"""Render the cluster blocks the default context scripts maintain (standard library only).
+
+Each file keeps everything outside our block untouched; the block is delimited by
+``# BEGIN EPU CONTEXT`` / ``# END EPU CONTEXT`` lines and rewritten whole from the current
+membership (``EPU_CTX_MEMBERS``, a JSON object hostname → node), so it is always exactly
+the cluster as of the last applied entry, whatever happened before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+BEGIN = "# BEGIN EPU CONTEXT"
+END = "# END EPU CONTEXT"
+
+
+def load_members(path: str) -> list[dict]:
+    doc = json.loads(Path(path).read_text() or "{}")
+    return [doc[h] for h in sorted(doc)]
+
+
+def slots(node: dict) -> int:
+    data = node.get("data") or ""
+    try:
+        doc = json.loads(data)
+        if isinstance(doc, dict) and int(doc.get("slots", 0)) > 0:
+            return int(doc["slots"])
+    except (ValueError, TypeError):
+        pass
+    m = re.search(r"(?:^|[\s,;])slots=(\d+)", data)
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else 1
+
+
+def hosts_lines(members: list[dict]) -> list[str]:
+    return [f"{n['ip']}\t{n['fqdn']} {n['hostname']}" if n.get("fqdn") and n["fqdn"] != n["hostname"]
+            else f"{n['ip']}\t{n['hostname']}" for n in members]
+
+
+def known_hosts_lines(members: list[dict]) -> list[str]:
+    out = []
+    for n in members:
+        names = [n["hostname"]] + [x for x in (n.get("fqdn"), n.get("ip")) if x and x != n["hostname"]]
+        out.append(f"{','.join(names)} {n['ssh_host_key']}")
+    return out
+
+
+def hostfile_lines(members: list[dict]) -> list[str]:
+    return [f"{n['hostname']} slots={slots(n)}" for n in members]
+
+
+def replace_block(text: str, lines: list[str]) -> str:
+    """``text`` with our block replaced by ``lines`` (appended if there is no block yet)."""
+    block = "\n".join([BEGIN, *lines, END]) + "\n"
+    pattern = re.compile(rf"^{re.escape(BEGIN)}\n.*?^{re.escape(END)}\n?", re.MULTILINE | re.DOTALL)
+    if pattern.search(text):
+        return pattern.sub(lambda _m: block, text, count=1)
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + block
+
+
+def write_block(path: Path, lines: list[str], mode: int = 0o644) -> None:
+    """Atomically rewrite our block of ``path`` (other content preserved)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.exists() else ""
+    new = replace_block(old, lines)
+    if new == old:
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(new)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def target(env_name: str, default_rel: str) -> Path:
+    """Where to write: ``$env_name`` if set, else ``$EPU_CTX_ROOT/default_rel``."""
+    if os.environ.get(env_name):
+        return Path(os.environ[env_name])
+    return Path(os.environ.get("EPU_CTX_ROOT", "/")) / default_rel
+
+
+def main(kind: str) -> int:
+    members = load_members(os.environ["EPU_CTX_MEMBERS"])
+    if kind == "hosts":
+        write_block(target("EPU_HOSTS_FILE", "etc/hosts"), hosts_lines(members))
+    elif kind == "known_hosts":
+        write_block(target("EPU_KNOWN_HOSTS_FILE", "etc/ssh/ssh_known_hosts"), known_hosts_lines(members))
+    elif kind == "hostfile":
+        write_block(target("EPU_MPI_HOSTFILE", "etc/epu/mpi_hostfile"), hostfile_lines(members))
+    else:
+        raise SystemExit(f"unknown block {kind!r}")
+    return 0
