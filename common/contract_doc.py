@@ -1,0 +1,182 @@
+"""Generates the reference half of docs/messages.md from the message models and the topology.
+
+Why generated: the document is the contract outside clients follow (tests/common/
+test_conformance_pika.py uses nothing else), so it must never drift from the code. The prose
+around it is written by hand; the part between the markers is rewritten by
+``python -m common.contract_doc`` and checked by a test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from common import messages as m
+from common.topology import COMMAND_TYPES, DELIVERY_LIMIT, Topology
+
+BEGIN = "<!-- BEGIN GENERATED: python -m common.contract_doc -->"
+END = "<!-- END GENERATED -->"
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+EXAMPLES: dict[str, m.Message] = {
+    "sensor.snapshot": m.SensorSnapshot(
+        domain="alpha", backend="slurm", taken_at=T0, running_jobs=3,
+        jobs=[m.QueuedJob(job_id="1042", cores=4, nodes=2, queue="batch", submit_time=T0 - 90, wait_seconds=90),
+              m.QueuedJob(job_id="1043_[1-8]", cores=1, count=8, queue="batch", submit_time=T0 - 30, wait_seconds=30),
+              m.QueuedJob(job_id="1044", cores=1, state="held", queue="batch", submit_time=T0 - 600, wait_seconds=600)],
+        nodes=[m.NodeInfo(name="alpha-3f2a9c1d", state="busy", cores=4, cores_used=4, jobs=["1040"],
+                          state_since=T0 - 300, native_state="ALLOCATED"),
+               m.NodeInfo(name="alpha-77b0e412", state="free", cores=4, state_since=T0 - 20, native_state="IDLE")]),
+    "node.command": m.NodeCommand(command_id="5b0c6f7e9d2a4c1b8e3f0a9d7c6b5a41", domain="alpha", action="add",
+                                  node="alpha-3f2a9c1d", instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d",
+                                  address="10.0.0.17", cores=4, reason="instance started"),
+    "node.result": m.NodeCommandResult(command_id="5b0c6f7e9d2a4c1b8e3f0a9d7c6b5a41", domain="alpha", action="add",
+                                       node="alpha-3f2a9c1d", ok=True, output=""),
+    "instance.launch": m.LaunchRequest(launch_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha", site="ec2-east",
+                                       node_name="alpha-3f2a9c1d", cores=4),
+    "instance.terminate": m.TerminateRequest(request_id="8d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a",
+                                             instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha",
+                                             reason="idle and removed from the batch system"),
+    "instance.state": m.InstanceEvent(instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha", site="ec2-east",
+                                      state="started", previous="pending", seq=3, node_name="alpha-3f2a9c1d",
+                                      ip="10.0.0.17", cloud_id="i-0abc123", cores=4, at=T0),
+    "decision.record": m.DecisionRecord(
+        domain="alpha", iteration=128, policy="queue-demand", policy_version=2, at=T0,
+        saw=m.ViewSummary(queued_jobs=10, queued_cores=16, nodes_by_state={"busy": 1, "free": 1},
+                          instances_by_state={"joined": 2, "pending": 1}, instances_by_site={"ec2-east": 3}),
+        actions=[m.ActionRecord(kind="launch", target="alpha-9c1d3f2a", site="ec2-east",
+                                reason="16 queued cores - (4 free + 4 pending) = 8 → 2 instances of 4 cores",
+                                action_id="9c1d3f2a0e8b4f6a9c7d5e3b1a2f4c6d")]),
+    "policy.change": m.PolicyChange(change_id="op-20260101-1", domain="alpha", policy="threshold",
+                                    params={"waiting_jobs": 5, "jobs_per_vm": 4}, max_nodes=20, operator="alice"),
+    "policy.outcome": m.PolicyOutcome(change_id="op-20260101-1", domain="alpha", applied=True, version=3,
+                                      config={"policy": "threshold", "max_nodes": 20}),
+    "context.member": m.ContextMembership(context_id="c9a1f0e2", entry_id=7, kind="join", hostname="alpha-3f2a9c1d",
+                                          fqdn="alpha-3f2a9c1d.cluster.local", ip="10.0.0.17", at=T0),
+}
+
+
+def _type_name(ann: Any) -> str:
+    origin = typing.get_origin(ann)
+    if origin is typing.Annotated:
+        base, *meta = typing.get_args(ann)
+        extra = []
+        for x in meta:
+            inner = getattr(x, "metadata", [x])
+            for y in inner:
+                if getattr(y, "pattern", None):
+                    extra.append(f"pattern `{y.pattern}`")
+                if getattr(y, "ge", None) is not None:
+                    extra.append(f"≥ {y.ge}")
+                if getattr(y, "max_length", None):
+                    extra.append(f"max {y.max_length} chars")
+        return _type_name(base) + (f" ({', '.join(extra)})" if extra else "")
+    if origin in (typing.Union, __import__("types").UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        inner = " or ".join(_type_name(a) for a in args)
+        return f"{inner} or nil" if len(args) < len(typing.get_args(ann)) else inner
+    if origin is typing.Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(ann))
+    if origin is list:
+        return f"array of {_type_name(typing.get_args(ann)[0])}"
+    if origin is dict:
+        k, v = typing.get_args(ann)
+        return f"map {_type_name(k)} → {_type_name(v)}"
+    if ann is typing.Any:
+        return "any msgpack scalar"
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return f"[{ann.__name__}](#{ann.__name__.lower()})"
+    return {str: "string", int: "integer", float: "float (epoch seconds for times)", bool: "boolean"}.get(ann, str(ann))
+
+
+def _doc(cls: type, name: str) -> str:
+    src = Path(sys.modules[cls.__module__].__file__ or "").read_text()
+    # attribute docstrings: the string literal right after the field line
+    lines = src.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith(f"{name}:") and i + 1 < len(lines) and lines[i + 1].strip().startswith('"""'):
+            text = []
+            for nxt in lines[i + 1:]:
+                text.append(nxt.strip().strip('"'))
+                if nxt.rstrip().endswith('"""') and (len(text) > 1 or nxt.strip().count('"""') == 2):
+                    break
+            return " ".join(t for t in text if t)
+    return ""
+
+
+def _fields_table(cls: type[BaseModel]) -> list[str]:
+    out = ["| field | type | required | default | meaning |", "|---|---|---|---|---|"]
+    for name, info in cls.model_fields.items():
+        required = info.is_required()
+        default = "" if required else json.dumps(info.get_default(call_default_factory=True), default=str)
+        out.append(f"| `{name}` | {_type_name(info.annotation if not info.metadata else typing.Annotated[(info.annotation, *info.metadata)])} "
+                   f"| {'yes' if required else 'no'} | {default} | {_doc(cls, name)} |")
+    return out
+
+
+def generate() -> str:
+    topo = Topology()
+    out = [BEGIN, "", "## Reference (generated from common/messages.py and common/topology.py)", ""]
+    out += ["### Queues", "", "| queue | bound to | routing keys | single active consumer | purpose |",
+            "|---|---|---|---|---|"]
+    for spec in [*topo.service_specs(), topo.sensor_spec("domain")]:
+        name = spec.name.replace("epu.sensor.domain", "epu.sensor.DOMAIN")
+        keys = [k.replace("sensor.domain", "sensor.DOMAIN") for k in spec.routing_keys]
+        out.append(f"| `{name}` | `{spec.exchange}` | {', '.join(f'`{k}`' for k in keys)} "
+                   f"| {'yes' if spec.single_active_consumer else 'no'} | {spec.purpose} |")
+    out.append("")
+    out += ["Durable queues are quorum queues with `x-dead-letter-exchange: epu.dlx` and "
+            f"`x-delivery-limit: {DELIVERY_LIMIT}`.", ""]
+    out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
+    flows = {
+        "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",
+        "node.result": "sensor → decision engine, taps", "instance.launch": "decision engine → provisioners",
+        "instance.terminate": "decision engine, operators → provisioners",
+        "instance.state": "provisioner → decision engine, context broker, taps",
+        "decision.record": "decision engine → taps", "policy.change": "operators → decision engine",
+        "policy.outcome": "decision engine → operators, taps", "context.member": "context broker → taps",
+    }
+    for type_name, cls in sorted(m.REGISTRY.items()):
+        ex = "epu.commands" if type_name in COMMAND_TYPES else "epu.events"
+        out.append(f"| [`{type_name}`](#{type_name.replace('.', '')}) | `{ex}` | `{EXAMPLES[type_name].routing_key()}` "
+                   f"(example) | {flows.get(type_name, '')} |")
+    out.append("")
+    out += ["### Envelope", ""] + _fields_table(m.Envelope) + [""]
+    nested: list[type[BaseModel]] = []
+    for type_name, cls in sorted(m.REGISTRY.items()):
+        out += [f"### {type_name}", "", (cls.__doc__ or "").strip().replace("\n    ", "\n"), ""]
+        out += [f"Python class `common.messages.{cls.__name__}`; routing key `{EXAMPLES[type_name].routing_key()}` "
+                "in the example below.", ""]
+        out += _fields_table(cls) + [""]
+        for info in cls.model_fields.values():
+            for arg in typing.get_args(info.annotation) or (info.annotation,):
+                if isinstance(arg, type) and issubclass(arg, BaseModel) and arg not in nested:
+                    nested.append(arg)
+        env = m.Envelope.wrap(EXAMPLES[type_name], source="example", timestamp=T0,
+                              message_id="0123456789abcdef0123456789abcdef")
+        out += ["Example envelope (shown as JSON; on the wire it is the same map in msgpack):", "", "```json",
+                json.dumps(env.model_dump(mode="json"), indent=2), "```", ""]
+    for cls in nested:
+        out += [f"### {cls.__name__}", "", (cls.__doc__ or "").strip(), ""] + _fields_table(cls) + [""]
+    out.append(END)
+    return "\n".join(out)
+
+
+def update(path: Path) -> bool:
+    text = path.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    new = head + generate() + tail
+    changed = new != text
+    path.write_text(new)
+    return changed
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/messages.md")
+    print(("updated " if update(target) else "unchanged ") + str(target))
