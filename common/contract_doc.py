@@ -141,7 +141,7 @@ def generate() -> str:
         "decision.record": "decision engine → taps", "policy.change": "operators → decision engine",
         "policy.outcome": "decision engine → operators, taps", "context.member": "context broker → taps",
     }
-    for type_name, cls in sorted(m.REGISTRY.items()):
+    for type_name in sorted(m.REGISTRY):
         ex = "epu.commands" if type_name in COMMAND_TYPES else "epu.events"
         out.append(f"| [`{type_name}`](#{type_name.replace('.', '')}) | `{ex}` | `{EXAMPLES[type_name].routing_key()}` "
                    f"(example) | {flows.get(type_name, '')} |")

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.messages import TERMINAL_INSTANCE_STATES, DecisionRecord, Envelope, InstanceEvent, Message, SensorSnapshot
+from common.messages import (
+    TERMINAL_INSTANCE_STATES,
+    DecisionRecord,
+    Envelope,
+    InstanceEvent,
+    Message,
+    SensorSnapshot,
+)
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -124,7 +131,8 @@ def build_config(s: DemoSettings, workdir: Path, prefix: str) -> Any:
                      "resend_seconds": 5.0},
         "provisioner": {"store_url": f"sqlite:///{workdir / 'provisioner.db'}", "poll_seconds": 0.5,
                         "reconcile_seconds": 30.0, "orphan_grace_seconds": 30.0, "deployment": "demo"},
-        "ctxbroker": {"store_url": f"sqlite:///{workdir / 'ctx.db'}", "port": 0},
+        "ctxbroker": {"store_url": f"sqlite:///{workdir / 'ctx.db'}", "port": 0,
+                      "admin_token_file": str(workdir / "admin-token")},
         "domains": {"demo": {
             "policy": "queue-demand", "min_nodes": 0, "max_nodes": s.max_nodes,
             "sites": ["cloud-a", "cloud-b"], "placement": "rank", "cores_per_node": s.cores_per_node,
