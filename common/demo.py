@@ -53,6 +53,9 @@ class DemoSettings:
     timeout: float = 150.0
     seed: int | None = None
     with_ctxbroker: bool = True
+    broker_url: str = "memory://"
+    """The demo runs on the in-memory transport; tests point it at RabbitMQ."""
+    prefix: str | None = None
 
 
 @dataclass
@@ -123,7 +126,7 @@ def build_config(s: DemoSettings, workdir: Path, prefix: str) -> Any:
     from common.config import parse_config
 
     data = {
-        "broker": {"url": "memory://", "prefix": prefix, "quorum": False},
+        "broker": {"url": s.broker_url, "prefix": prefix, "quorum": not s.broker_url.startswith("memory")},
         "logging": {"level": "warning"},
         "sensor": {"domain": "demo", "backend": "simulated", "poll_seconds": 1.0,
                    "options": {"tick_seconds": 0.25}},
@@ -154,7 +157,7 @@ class Demo:
     def __init__(self, s: DemoSettings) -> None:
         self.s = s
         self.workdir = Path(tempfile.mkdtemp(prefix="epu-demo-"))
-        self.prefix = f"demo{uuid.uuid4().hex[:6]}."
+        self.prefix = s.prefix if s.prefix is not None else f"demo{uuid.uuid4().hex[:6]}."
         self.config = build_config(s, self.workdir, self.prefix)
         self.obs = Observed()
         self.threads: list[threading.Thread] = []
