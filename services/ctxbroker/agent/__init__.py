@@ -1,0 +1,1 @@
+"""The context agent that runs on every node (``epu ctx agent``)."""

@@ -1,0 +1,482 @@
+"""The broker's HTTP adapter: FastAPI routes for admin and node APIs, plus a lean updates path.
+
+Two kinds of caller:
+
+* the administrator (``Authorization: Bearer <admin token>``): create, list, show, delete
+  contexts and see their nodes;
+* nodes (``Authorization: Basic base64(key:secret)`` of their context): join, leave, read
+  updates. Key and secret are compared in constant time and never logged.
+
+Why a lean path for ``GET /v1/contexts/{id}/updates``: it is the one request every agent
+keeps open, and when an entry lands all of them return at once. ``UpdatesFastPath`` answers
+it straight from ASGI (no routing, no dependency injection, no pydantic) with the cached
+encoded body, which is what lets one process wake 10,000 agents within a second. The FastAPI
+route of the same name exists for the OpenAPI spec and answers identically (both call
+``updates_answer``). The wrapper also caps request bodies (413) before FastAPI reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import math
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBasic, HTTPBearer
+from pydantic import BaseModel, Field
+
+from services.ctxbroker.core import (
+    MAX_WAIT_SECONDS,
+    ContextName,
+    Entry,
+    NodeFields,
+    check_credentials,
+    hash_secret,
+    new_context_id,
+    new_key,
+    new_secret,
+)
+from services.ctxbroker.hub import CtxState, Hub
+
+log = logging.getLogger("epu.ctxbroker.api")
+
+MAX_BODY_BYTES = 64 * 1024
+CONTEXT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+HOSTNAME_PATH_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+_CONTEXT_ID_RE = re.compile(CONTEXT_ID_PATTERN)
+ContextId = Annotated[str, Path(pattern=CONTEXT_ID_PATTERN, description="context id")]
+
+MembershipHook = Callable[[str, Entry], None]
+
+
+# --------------------------------------------------------------------------- API models
+class CreateContext(BaseModel):
+    name: ContextName = Field(description="a name for operators (lowercase letters, digits, '-', '_')")
+
+
+class ContextCreated(BaseModel):
+    id: str
+    name: str
+    uri: str = Field(description="what agents use: the context's base URL")
+    key: str
+    secret: str = Field(description="shown once; the broker keeps only its SHA-256 digest")
+
+
+class ContextInfo(BaseModel):
+    id: str
+    name: str
+    uri: str
+    key: str
+    created_at: float
+    last_id: int = Field(description="id of the newest entry of the ordered list (0: none yet)")
+    nodes: int
+
+
+class NodeOut(BaseModel):
+    hostname: str
+    fqdn: str
+    ip: str
+    ssh_host_key: str
+    data: str
+    instance_id: str | None = None
+
+
+class JoinResult(BaseModel):
+    changed: bool = Field(description="false when the node was already a member with the same fields")
+    entry_id: int | None = None
+    last_id: int
+
+
+class EntryOut(BaseModel):
+    id: int
+    kind: str
+    hostname: str
+    fqdn: str
+    ip: str
+    ssh_host_key: str
+    data: str
+    instance_id: str | None = None
+    reason: str
+    at: float
+
+
+class Updates(BaseModel):
+    context_id: str
+    last_id: int = Field(description="newest entry id; send it back as 'after' next time")
+    entries: list[EntryOut]
+
+
+class Problem(BaseModel):
+    detail: Any
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "missing or wrong credentials"},
+    404: {"model": Problem, "description": "unknown context or node"},
+    413: {"model": Problem, "description": "request body too large"},
+    422: {"model": Problem, "description": "malformed JSON or invalid field, with a message"},
+}
+
+
+# --------------------------------------------------------------------------- credentials
+def basic_credentials(header: str | None) -> tuple[str, str] | None:
+    if not header or header[:6].lower() != "basic ":
+        return None
+    try:
+        raw = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    key, sep, secret = raw.partition(":")
+    return (key, secret) if sep else None
+
+
+def node_authorized(st: CtxState, header: str | None) -> bool:
+    creds = basic_credentials(header)
+    if creds is None:
+        return False
+    return check_credentials(creds[0], creds[1], st.row.key, st.row.secret_hash)
+
+
+def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+UNAUTHORIZED_NODE = {"WWW-Authenticate": 'Basic realm="epu-context"'}
+UNAUTHORIZED_ADMIN = {"WWW-Authenticate": 'Bearer realm="epu-admin"'}
+
+
+def parse_updates_query(after: Any, wait: Any) -> tuple[int, float] | str:
+    """Validate ``after`` and ``wait``; return them or an error message."""
+    try:
+        a = int(after) if after is not None else 0
+    except (TypeError, ValueError):
+        return "after must be a non-negative integer (the last entry id applied; 0 for none)"
+    if a < 0 or a > 2**62:
+        return "after must be a non-negative integer (the last entry id applied; 0 for none)"
+    try:
+        w = float(wait) if wait is not None else 0.0
+    except (TypeError, ValueError):
+        return f"wait must be a number of seconds between 0 and {MAX_WAIT_SECONDS:g}"
+    if not math.isfinite(w) or w < 0 or w > MAX_WAIT_SECONDS:
+        return f"wait must be a number of seconds between 0 and {MAX_WAIT_SECONDS:g}"
+    return a, w
+
+
+async def updates_answer(hub: Hub, context_id: str, auth: str | None, after: Any, wait: Any,
+                         direct: Callable[[bytes], bool] | None = None) -> tuple[int, bytes | None, dict[str, str]]:
+    """The one implementation of "read updates", shared by the fast path and the FastAPI route."""
+    hub.requests += 1
+    parsed = parse_updates_query(after, wait)
+    if isinstance(parsed, str):
+        return 422, json.dumps({"detail": parsed}).encode(), {}
+    st = await hub.get(context_id)
+    if st is None:
+        return 404, b'{"detail":"unknown context"}', {}
+    if not node_authorized(st, auth):
+        return 401, b'{"detail":"missing or wrong context key/secret"}', UNAUTHORIZED_NODE
+    body = await hub.wait_after(st, parsed[0], parsed[1], direct)
+    if body is None:
+        return 200, None, {}
+    if st.deleted:
+        return 404, b'{"detail":"unknown context"}', {}
+    return 200, body, {}
+
+
+# --------------------------------------------------------------------------- ASGI wrapper
+class UpdatesFastPath:
+    """ASGI middleware: the lean updates path and the request body cap (see module docstring)."""
+
+    PREFIX = "/v1/contexts/"
+    SUFFIX = "/updates"
+
+    def __init__(self, app: Any, hub: Hub) -> None:
+        self.app = app
+        self.hub = hub
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if scope["method"] == "GET" and path.startswith(self.PREFIX) and path.endswith(self.SUFFIX):
+            cid = path[len(self.PREFIX):-len(self.SUFFIX)]
+            if "/" not in cid and 0 < len(cid) <= 64:
+                await self._updates(scope, cid, send)
+                return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            await _send(send, 413, json.dumps({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"})
+                        .encode(), {})
+            return
+        await self.app(scope, _capped(receive), send)
+
+    async def _updates(self, scope: dict[str, Any], cid: str, send: Any) -> None:
+        if not _CONTEXT_ID_RE.match(cid):
+            await _send(send, 404, b'{"detail":"unknown context"}', {})
+            return
+        auth = None
+        for k, v in scope.get("headers") or []:
+            if k == b"authorization":
+                auth = v.decode("latin-1")
+                break
+        q = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+        def direct(body: bytes) -> bool:
+            return _write_whole(send, 200, [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())], body)
+
+        status, body, extra = await updates_answer(self.hub, cid, auth, q.get("after"), q.get("wait"), direct)
+        if body is not None:
+            await _send(send, status, body, extra)
+
+
+async def _send(send: Any, status: int, body: bytes, extra: dict[str, str]) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+    if _write_whole(send, status, headers, body):
+        return
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+_REASONS = {200: b"OK", 401: b"Unauthorized", 404: b"Not Found", 413: b"Content Too Large",
+            422: b"Unprocessable Content"}
+
+
+def _write_whole(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """Write status line, headers and body in one ``transport.write`` when the server is uvicorn's
+    httptools protocol; return False (use plain ASGI) otherwise.
+
+    Why: ASGI's start/body messages make uvicorn write the head and the body separately: two TLS
+    records and two send() calls per response. When 10,000 long-polls wake together, halving
+    that is most of what keeps the wake-up burst under a second on two cores. Only the fields
+    uvicorn's own ``send`` maintains are touched; any surprise (another server, back-pressure,
+    an unexpected status) falls back to the standard path.
+    """
+    cycle = getattr(send, "__self__", None)
+    needed = ("transport", "flow", "response_started", "response_complete", "message_event", "keep_alive",
+              "on_response", "default_headers", "disconnected")
+    if cycle is None or not all(hasattr(cycle, a) for a in needed) or status not in _REASONS:
+        return False
+    if cycle.response_started or cycle.flow.write_paused:
+        return False
+    if cycle.disconnected:
+        return True
+    parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])]
+    for name, value in [*cycle.default_headers, *headers]:
+        parts += [name, b": ", value, b"\r\n"]
+    if not cycle.keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts += [b"\r\n", body]
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.transport.write(b"".join(parts))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()
+    return True
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _capped(receive: Any) -> Any:
+    seen = 0
+
+    async def wrapped() -> Any:
+        nonlocal seen
+        msg = await receive()
+        if msg.get("type") == "http.request":
+            seen += len(msg.get("body", b""))
+            if seen > MAX_BODY_BYTES:
+                raise BodyTooLarge()
+        return msg
+
+    return wrapped
+
+
+# --------------------------------------------------------------------------- the app
+def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
+               on_membership: MembershipHook | None = None) -> Any:
+    """The broker's ASGI application (FastAPI inside ``UpdatesFastPath``)."""
+    app = FastAPI(
+        title="EPU context broker",
+        version="1.0.0",
+        description="Keeps every node's view of an elastic cluster current. Admin endpoints take "
+                    "`Authorization: Bearer <admin token>`; node endpoints take HTTP Basic with the "
+                    "context's key as user and secret as password. Each context has an ordered list "
+                    "of joins and leaves (ids 1, 2, ...; 0 means none): agents ask for the entries "
+                    "after the last id they applied, optionally long-polling with `wait`.",
+    )
+    basic = HTTPBasic(auto_error=False, description="context key (user) and secret (password)")
+    bearer = HTTPBearer(auto_error=False, description="the broker's admin token")
+    base_of: Callable[[], str] = public_url if callable(public_url) else (lambda: str(public_url))
+    hook = on_membership or (lambda _cid, _e: None)
+
+    def context_uri(cid: str) -> str:
+        return f"{base_of().rstrip('/')}/v1/contexts/{cid}"
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()))
+            errors.append({"loc": loc, "msg": str(err.get("msg", ""))})
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_request: Request, _exc: BodyTooLarge) -> JSONResponse:
+        return _problem(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+
+    async def admin(request: Request, _cred: Any = Depends(bearer)) -> None:
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), admin_token.encode()):
+            raise _Unauthorized(UNAUTHORIZED_ADMIN, "missing or wrong admin token")
+
+    async def node_context(context_id: ContextId, request: Request, _cred: Any = Depends(basic)) -> CtxState:
+        st = await hub.get(context_id)
+        if st is None:
+            raise _NotFound("unknown context")
+        if not node_authorized(st, request.headers.get("authorization")):
+            raise _Unauthorized(UNAUTHORIZED_NODE, "missing or wrong context key/secret")
+        return st
+
+    @app.exception_handler(_Unauthorized)
+    async def _unauth(_request: Request, exc: _Unauthorized) -> JSONResponse:
+        return _problem(401, exc.detail, exc.headers)
+
+    @app.exception_handler(_NotFound)
+    async def _notfound(_request: Request, exc: _NotFound) -> JSONResponse:
+        return _problem(404, exc.detail)
+
+    # ------------------------------------------------------------ admin
+    @app.post("/v1/contexts", status_code=201, response_model=ContextCreated, tags=["admin"],
+              dependencies=[Depends(admin)], responses=ERRORS, summary="Create a context")
+    async def create_context(body: CreateContext) -> ContextCreated:
+        cid, key, secret = new_context_id(), new_key(), new_secret()
+        await asyncio.to_thread(hub.store.create_context, cid, body.name, key, hash_secret(secret))
+        await hub.refresh(cid)
+        log.info("context created", extra={"context": cid, "context_name": body.name})
+        return ContextCreated(id=cid, name=body.name, uri=context_uri(cid), key=key, secret=secret)
+
+    @app.get("/v1/contexts", response_model=list[ContextInfo], tags=["admin"],
+             dependencies=[Depends(admin)], responses=ERRORS, summary="List contexts")
+    async def list_contexts() -> list[ContextInfo]:
+        rows = await asyncio.to_thread(hub.store.list_contexts)
+        out = []
+        for r in rows:
+            n = len(await asyncio.to_thread(hub.store.members, r.id))
+            out.append(ContextInfo(id=r.id, name=r.name, uri=context_uri(r.id), key=r.key,
+                                   created_at=r.created_at, last_id=r.last_id, nodes=n))
+        return out
+
+    @app.get("/v1/contexts/{context_id}", response_model=ContextInfo, tags=["admin"],
+             dependencies=[Depends(admin)], responses=ERRORS, summary="Show a context")
+    async def show_context(context_id: ContextId) -> ContextInfo:
+        r = await asyncio.to_thread(hub.store.get_context, context_id)
+        if r is None:
+            raise _NotFound("unknown context")
+        n = len(await asyncio.to_thread(hub.store.members, r.id))
+        return ContextInfo(id=r.id, name=r.name, uri=context_uri(r.id), key=r.key, created_at=r.created_at,
+                           last_id=r.last_id, nodes=n)
+
+    @app.delete("/v1/contexts/{context_id}", status_code=204, tags=["admin"],
+                dependencies=[Depends(admin)], responses=ERRORS, summary="Delete a context")
+    async def delete_context(context_id: ContextId) -> Response:
+        gone = await asyncio.to_thread(hub.store.delete_context, context_id)
+        hub.drop(context_id)
+        if not gone:
+            raise _NotFound("unknown context")
+        log.info("context deleted", extra={"context": context_id})
+        return Response(status_code=204)
+
+    @app.get("/v1/contexts/{context_id}/nodes", response_model=list[NodeOut], tags=["admin"],
+             dependencies=[Depends(admin)], responses=ERRORS, summary="Current members of a context")
+    async def list_nodes(context_id: ContextId) -> list[NodeOut]:
+        if await asyncio.to_thread(hub.store.get_context, context_id) is None:
+            raise _NotFound("unknown context")
+        nodes = await asyncio.to_thread(hub.store.members, context_id)
+        return [NodeOut(**n.__dict__) for n in nodes]
+
+    # ------------------------------------------------------------ nodes
+    @app.post("/v1/contexts/{context_id}/nodes", response_model=JoinResult, tags=["node"],
+              responses=ERRORS, summary="Join (or update) this node")
+    async def join(node: NodeFields, st: CtxState = Depends(node_context)) -> JoinResult:
+        from services.ctxbroker.store import ContextNotFound
+
+        try:
+            entry, last = await asyncio.to_thread(hub.store.join, st.row.id, node)
+        except ContextNotFound:
+            raise _NotFound("unknown context") from None
+        if entry is not None:
+            await hub.refresh(st.row.id)
+            hook(st.row.id, entry)
+            log.info("node joined", extra={"context": st.row.id, "hostname": node.hostname, "entry": last})
+        return JoinResult(changed=entry is not None, entry_id=entry.entry_id if entry else None, last_id=last)
+
+    @app.delete("/v1/contexts/{context_id}/nodes/{hostname}", response_model=JoinResult, tags=["node"],
+                responses=ERRORS, summary="Leave: remove this node")
+    async def leave(hostname: Annotated[str, Path(pattern=HOSTNAME_PATH_PATTERN, max_length=63)],
+                    st: CtxState = Depends(node_context)) -> JoinResult:
+        from services.ctxbroker.store import ContextNotFound
+
+        try:
+            entry, last = await asyncio.to_thread(hub.store.leave, st.row.id, hostname.lower(), "agent left")
+        except ContextNotFound:
+            raise _NotFound("unknown context") from None
+        if entry is not None:
+            await hub.refresh(st.row.id)
+            hook(st.row.id, entry)
+            log.info("node left", extra={"context": st.row.id, "hostname": hostname, "entry": last})
+        return JoinResult(changed=entry is not None, entry_id=entry.entry_id if entry else None, last_id=last)
+
+    @app.get("/v1/contexts/{context_id}/updates", tags=["node"], summary="Entries after an id (long-poll)",
+             responses={200: {"model": Updates}, **ERRORS})
+    async def updates(context_id: ContextId, request: Request,
+                      after: Annotated[int, Query(ge=0, le=2**62, description="last entry id applied (0: none)")] = 0,
+                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS,
+                                                   description="seconds to wait for a new entry")] = 0.0,
+                      _cred: Any = Depends(basic)) -> Response:
+        status, body, extra = await updates_answer(hub, context_id, request.headers.get("authorization"),
+                                                   after, wait)
+        return Response(body or b"", status_code=status, media_type="application/json", headers=extra)
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness")
+    async def healthz() -> dict[str, Any]:
+        return {"ok": not hub.closing, "contexts": len(hub.contexts), "waiting": hub.waiting,
+                "last_wake": hub.last_wake}
+
+    wrapped = UpdatesFastPath(app, hub)
+    wrapped.fastapi = app  # type: ignore[attr-defined]
+    return wrapped
+
+
+class _Unauthorized(Exception):
+    def __init__(self, headers: dict[str, str], detail: str) -> None:
+        self.headers, self.detail = headers, detail
+
+
+class _NotFound(Exception):
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def openapi_document(app: Any) -> dict[str, Any]:
+    fastapi_app: FastAPI = app.fastapi if hasattr(app, "fastapi") else app
+    return fastapi_app.openapi()
+
+

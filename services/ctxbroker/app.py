@@ -1,0 +1,151 @@
+"""``epu run ctxbroker``: the HTTPS server plus an AMQP consumer of terminated instances.
+
+Why a consumer: an instance that dies never runs its agent's goodbye. The provisioner reports
+it (``InstanceEvent`` terminated/failed, via ``topology.ctxbroker_spec()``); the broker then
+appends a leave for every member registered with that ``instance_id``, so the rest of the
+cluster forgets it. Every join and leave is also published as a ``ContextMembership`` event
+(from a single background thread, so a slow or absent RabbitMQ never stalls an HTTP request).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from common.clock import Clock, RealClock
+from common.config import EpuConfig
+from common.messages import ContextMembership, Envelope, InstanceEvent, Message
+from common.runtime import RuntimeSettings, Service, run_in_thread
+from services.ctxbroker.core import Entry
+from services.ctxbroker.server import BrokerServer, ServerSettings, read_or_create_token
+from services.ctxbroker.store import Store
+
+log = logging.getLogger("epu.ctxbroker")
+
+
+def membership_message(context_id: str, entry: Entry) -> ContextMembership:
+    return ContextMembership(context_id=context_id, entry_id=entry.entry_id, kind=entry.kind,
+                             hostname=entry.hostname, fqdn=entry.fqdn, ip=entry.ip, reason=entry.reason,
+                             at=entry.at)
+
+
+def remove_instance(store: Store, instance_id: str, reason: str) -> list[tuple[str, Entry]]:
+    """Leave every context the instance's node is in. Idempotent: a repeated event adds nothing."""
+    out = []
+    for context_id, hostname in store.contexts_of_instance(instance_id):
+        entry, _last = store.leave(context_id, hostname, reason)
+        if entry is not None:
+            out.append((context_id, entry))
+    return out
+
+
+class CtxBrokerService:
+    """A ``Runnable``: uvicorn in the calling thread, the kombu ``Service`` in another."""
+
+    def __init__(self, server: BrokerServer, service: Service) -> None:
+        self.server = server
+        self.service = service
+        self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-publish")
+        self._stopped = threading.Event()
+        server.on_membership = self.announce
+        service.consume(service.broker.topology.ctxbroker_spec(), self._on_instance,
+                        types={InstanceEvent.TYPE})
+
+    # ------------------------------------------------------------------ AMQP side
+    def announce(self, context_id: str, entry: Entry) -> None:
+        """Publish a ContextMembership event without blocking the caller."""
+        msg = membership_message(context_id, entry)
+
+        def publish() -> None:
+            try:
+                self.service.publish(msg)
+            except Exception as exc:  # the entry is stored; the event is best effort
+                log.warning("publishing membership event failed",
+                            extra={"context": context_id, "error": f"{type(exc).__name__}: {exc}"})
+
+        self._publisher.submit(publish)
+
+    def _on_instance(self, message: Message, _envelope: Envelope) -> None:
+        assert isinstance(message, InstanceEvent)
+        if message.state not in ("terminated", "failed"):
+            return
+        reason = f"instance {message.state}" + (f": {message.reason}" if message.reason else "")
+        for context_id, entry in remove_instance(self.server.store, message.instance_id, reason):
+            log.info("node removed for a gone instance",
+                     extra={"context": context_id, "hostname": entry.hostname,
+                            "instance": message.instance_id})
+            self.server.hub.changed_threadsafe(context_id)
+            # published from this (consumer) thread: the message is acked after the event is out
+            self.service.publish(membership_message(context_id, entry))
+
+    # ------------------------------------------------------------------ Runnable
+    def run(self) -> None:
+        thread = run_in_thread(self.service)
+        try:
+            self.server.run()
+        finally:
+            self.service.stop()
+            thread.join(10)
+            self._publisher.shutdown(wait=True)
+            self.server.store.close()
+            self._stopped.set()
+
+    def start_in_thread(self) -> CtxBrokerService:
+        """Tests: serve HTTP and AMQP in background threads."""
+        self._svc_thread = run_in_thread(self.service)
+        self.server.start_in_thread()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.service.stop()
+
+    def close(self) -> None:
+        """Tests: stop and wait (pairs with ``start_in_thread``)."""
+        self.stop()
+        self.server.join()
+        t = getattr(self, "_svc_thread", None)
+        if t is not None:
+            t.join(10)
+        self._publisher.shutdown(wait=True)
+
+    def install_signal_handlers(self) -> None:
+        def handler(_signum: int, _frame: Any) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def server_settings(config: EpuConfig) -> ServerSettings:
+    c = config.ctxbroker
+    token_file = Path(c.admin_token_file or "epu-ctxbroker.admin-token")
+    cert, key = c.cert_file, c.key_file
+    if not cert or not key:
+        from services.ctxbroker.tls import self_signed
+
+        tls_dir = token_file.parent / "epu-ctxbroker-tls"
+        if (tls_dir / "cert.pem").exists() and (tls_dir / "key.pem").exists():
+            cert, key = str(tls_dir / "cert.pem"), str(tls_dir / "key.pem")
+        else:
+            c_path, k_path = self_signed(tls_dir, hosts=("localhost", c.host) if c.host != "localhost"
+                                         else ("localhost",))
+            cert, key = str(c_path), str(k_path)
+            log.warning("no cert_file/key_file configured: serving a self-signed certificate",
+                        extra={"cert": cert})
+    return ServerSettings(host=c.host, port=c.port, cert_file=cert, key_file=key,
+                          admin_token=read_or_create_token(token_file), store_url=c.store_url,
+                          public_url=c.public_url, refresh_interval=c.refresh_interval)
+
+
+def build_service(config: EpuConfig, *, clock: Clock | None = None) -> CtxBrokerService:
+    settings = server_settings(config)
+    server = BrokerServer(settings)
+    c = config.ctxbroker
+    service = Service("ctxbroker", config.broker_obj(), clock=clock or RealClock(),
+                      settings=RuntimeSettings(metrics_port=c.metrics_port, metrics_host=c.metrics_host))
+    return CtxBrokerService(server, service)

@@ -1,0 +1,293 @@
+"""``epu ctx``: administer contexts and run the node agent.
+
+The admin commands talk HTTPS to a running broker with its admin token. Where the broker is,
+its token and the certificate to trust default to the ``[ctxbroker]`` section of the
+config, so on the broker host ``epu ctx list -c /etc/epu/epu.toml`` just works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RAW = argparse.RawDescriptionHelpFormatter
+
+CTX_DESCRIPTION = """\
+Administer contexts of the EPU context broker, and run the agent on a node.
+
+A context is one cluster's shared view: an ordered list of joins and leaves (ids 1, 2, ...).
+Nodes join with their host name, FQDN, IP and SSH host key; every node's agent applies the
+list in order with the administrator's scripts (hosts, ssh_known_hosts, MPI hostfile).
+
+Admin commands need the broker URL, the admin token and the certificate to trust. They
+default to the [ctxbroker] section of the config (-c FILE): public_url (or https://host:port),
+admin_token_file and cert_file. Override with --url, --token-file, --ca-file.
+"""
+
+CTX_EPILOG = """\
+Examples:
+  epu ctx create mycluster --json > ctx.json     # id, uri, key, secret (secret shown once)
+  epu ctx list
+  epu ctx nodes 3f2a9c1e0b7d4e21
+  epu ctx delete 3f2a9c1e0b7d4e21
+  epu ctx agent --config /etc/epu/ctx-agent.toml
+
+Exit status: 0 success; 1 the broker refused or could not be reached (the message says
+which, e.g. "401: missing or wrong admin token", "404: unknown context"); 2 bad usage.
+"""
+
+AGENT_DESCRIPTION = """\
+Run the context agent on this node until SIGTERM/SIGINT.
+
+The agent reads the context URI, key and secret from cloud-init userdata (default
+/var/lib/cloud/instance/user-data.txt: #cloud-config with an epu_context: mapping, JSON, or
+EPU_CTX_URI= / EPU_CTX_KEY= / EPU_CTX_SECRET= lines) and/or from --config FILE (JSON or
+TOML with the same keys plus local settings). It then:
+
+  1. runs SCRIPTS/init.d/* once (first start only);
+  2. joins the context with this node's short host name, FQDN, IP and SSH host key
+     (detected, or set in the config: hostname, fqdn, ip, ssh_host_key, data, instance_id);
+  3. long-polls the broker and applies each new entry in order: SCRIPTS/add-node.d/* for a
+     join, SCRIPTS/delete-node.d/* for a leave, with the node's fields as EPU_NODE_*
+     environment variables (never through a shell); then SCRIPTS/restart.d/* once per batch;
+  4. records the last applied id in STATE/state.json after every entry, so a restart
+     re-applies nothing; retries with backoff while the broker is unreachable;
+  5. leaves the context on shutdown.
+"""
+
+AGENT_EPILOG = """\
+Config keys (file or flags): uri, key, secret, ca_file | ca_pem_b64, insecure, scripts_dir
+(/etc/epu/ctx-scripts), state_dir (/var/lib/epu-ctx), root (/), long_poll (true), wait (30),
+poll_interval (120, when long_poll is false), script_timeout, hostname, fqdn, ip,
+ssh_host_key | ssh_host_key_file, data, instance_id.
+
+Example:
+  epu ctx agent --userdata /var/lib/cloud/instance/user-data.txt \\
+      --scripts-dir /etc/epu/ctx-scripts --state-dir /var/lib/epu-ctx
+"""
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from common.cli_core import load_or_exit
+    from services.ctxbroker.client import AdminClient
+
+    config = load_or_exit(args.config)
+    c = config.ctxbroker
+    url = args.url or c.public_url or f"https://{'localhost' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
+    token_file = args.token_file or c.admin_token_file or "epu-ctxbroker.admin-token"
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        print(f"epu ctx: cannot read admin token file {token_file}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    ca = args.ca_file or c.cert_file
+    if ca is None and Path(token_file).parent.joinpath("epu-ctxbroker-tls", "cert.pem").exists():
+        ca = str(Path(token_file).parent / "epu-ctxbroker-tls" / "cert.pem")
+    return AdminClient(url, token, ca_file=ca, insecure=args.insecure)
+
+
+def _run(args: argparse.Namespace, fn: Any) -> int:
+    from services.ctxbroker.client import BrokerError
+
+    client = _admin(args)
+    try:
+        return int(fn(client) or 0)
+    except BrokerError as exc:
+        print(f"epu ctx: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        ctx = client.create(args.name)
+        if args.json:
+            print(json.dumps(ctx, indent=2))
+        else:
+            print(f"id:     {ctx['id']}\nname:   {ctx['name']}\nuri:    {ctx['uri']}\n"
+                  f"key:    {ctx['key']}\nsecret: {ctx['secret']}\n"
+                  "(the secret is shown only now; the broker keeps only its digest)")
+
+    return _run(args, go)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        items = client.list()
+        if args.json:
+            print(json.dumps(items, indent=2))
+            return
+        print(f"{'ID':<18} {'NAME':<20} {'NODES':>5} {'LAST':>6}  URI")
+        for c in items:
+            print(f"{c['id']:<18} {c['name']:<20} {c['nodes']:>5} {c['last_id']:>6}  {c['uri']}")
+
+    return _run(args, go)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        c = client.show(args.id)
+        if args.json:
+            print(json.dumps(c, indent=2))
+        else:
+            for k in ("id", "name", "uri", "key", "created_at", "last_id", "nodes"):
+                print(f"{k + ':':<11} {c[k]}")
+
+    return _run(args, go)
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        nodes = client.nodes(args.id)
+        if args.json:
+            print(json.dumps(nodes, indent=2))
+            return
+        print(f"{'HOSTNAME':<20} {'IP':<16} {'FQDN':<32} INSTANCE")
+        for n in nodes:
+            print(f"{n['hostname']:<20} {n['ip']:<16} {n['fqdn']:<32} {n.get('instance_id') or '-'}")
+
+    return _run(args, go)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        client.delete(args.id)
+        print(f"deleted {args.id}")
+
+    return _run(args, go)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import signal
+
+    from pydantic import ValidationError
+
+    from common.logs import setup_logging
+    from services.ctxbroker.agent.agent import Agent
+    from services.ctxbroker.agent.config import load_agent_config
+    from services.ctxbroker.agent.node import node_fields
+
+    overrides = {"scripts_dir": args.scripts_dir, "state_dir": args.state_dir, "root": args.root,
+                 "ca_file": args.ca_file, "hostname": args.hostname, "ip": args.ip,
+                 "insecure": True if args.insecure else None,
+                 "long_poll": False if args.no_long_poll else None}
+    try:
+        cfg = load_agent_config(args.config, args.userdata, overrides, env_file=args.env)
+        node = node_fields(cfg)
+    except (ValidationError, OSError, ValueError) as exc:
+        print(f"epu ctx agent: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    log_stream = None
+    if args.daemon:
+        log_stream = _daemonize(Path(cfg.state_dir) / "agent.log")
+    setup_logging(args.log_level, stream=log_stream)
+    agent = Agent(cfg, node)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    agent.run()
+    return 0
+
+
+def _daemonize(log_path: Path) -> Any:
+    """Detach (double fork, new session) so cloud-init's runcmd returns; log to ``log_path``."""
+    import os
+
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    stream = open(log_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull if fd == 0 else stream.fileno(), fd)
+    return stream
+
+
+def add_agent_args(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--config", metavar="FILE", help="agent config (JSON or TOML)")
+    a.add_argument("--userdata", metavar="FILE",
+                   help="cloud-init userdata to read the context from (default /var/lib/cloud/instance/user-data.txt)")
+    a.add_argument("--env", metavar="FILE",
+                   help="KEY=VALUE file with EPU_CONTEXT_URI/KEY/SECRET (as /etc/epu/context.env from cloud-init)")
+    a.add_argument("--scripts-dir", metavar="DIR", help="directory holding init.d, add-node.d, delete-node.d, restart.d")
+    a.add_argument("--state-dir", metavar="DIR", help="where state.json and members.json live")
+    a.add_argument("--root", metavar="DIR", help="prefix the default scripts write under (default /)")
+    a.add_argument("--ca-file", metavar="PEM", help="certificate/CA to verify the broker with")
+    a.add_argument("--insecure", action="store_true", help="do not verify the broker's certificate (testing only)")
+    a.add_argument("--hostname", help="short host name to register (default: detected)")
+    a.add_argument("--ip", help="IP address to register (default: source address of the default route)")
+    a.add_argument("--no-long-poll", action="store_true", help="plain polling every poll_interval seconds")
+    a.add_argument("--daemon", action="store_true", help="detach and log to STATE/agent.log (for cloud-init runcmd)")
+    a.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    a.set_defaults(func=cmd_agent)
+
+
+def _admin_args(p: argparse.ArgumentParser) -> None:
+    from common.cli_core import add_config_arg
+
+    add_config_arg(p)
+    p.add_argument("--url", help="broker base URL (default: [ctxbroker] public_url or https://host:port)")
+    p.add_argument("--token-file", metavar="FILE", help="admin token file (default: [ctxbroker] admin_token_file)")
+    p.add_argument("--ca-file", metavar="PEM", help="certificate/CA to trust (default: [ctxbroker] cert_file)")
+    p.add_argument("--insecure", action="store_true", help="do not verify the broker's certificate (testing only)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ctx", help="context broker: create/list/show/nodes/delete contexts; run the agent",
+                       description=CTX_DESCRIPTION, epilog=CTX_EPILOG, formatter_class=RAW)
+    csub = p.add_subparsers(dest="ctx_command", metavar="ACTION")
+
+    c = csub.add_parser("create", help="create a context; print id, uri, key and secret", formatter_class=RAW,
+                        description="Create a context named NAME. Prints its id, URI, key and secret.\n"
+                                    "The secret is random (256 bits) and shown only once: the broker\n"
+                                    "stores its SHA-256 digest. Give URI, key and secret to the provisioner\n"
+                                    "(userdata) or to each node's agent config.",
+                        epilog="Example: epu ctx create mycluster --json | jq -r .uri")
+    c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
+    c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
+    _admin_args(c)
+    c.set_defaults(func=cmd_create)
+
+    c = csub.add_parser("list", help="list contexts", formatter_class=RAW,
+                        description="List every context: id, name, current node count, newest entry id, URI.")
+    c.add_argument("--json", action="store_true", help="print a JSON array")
+    _admin_args(c)
+    c.set_defaults(func=cmd_list)
+
+    c = csub.add_parser("show", help="show one context", formatter_class=RAW,
+                        description="Show one context (never its secret, which the broker does not keep).")
+    c.add_argument("id", metavar="ID", help="context id")
+    c.add_argument("--json", action="store_true", help="print a JSON object")
+    _admin_args(c)
+    c.set_defaults(func=cmd_show)
+
+    c = csub.add_parser("nodes", help="list a context's current members", formatter_class=RAW,
+                        description="List the nodes currently in context ID (the ordered list folded:\n"
+                                    "every join not followed by a leave of the same host name).")
+    c.add_argument("id", metavar="ID", help="context id")
+    c.add_argument("--json", action="store_true", help="print a JSON array")
+    _admin_args(c)
+    c.set_defaults(func=cmd_nodes)
+
+    c = csub.add_parser("delete", help="delete a context and its list", formatter_class=RAW,
+                        description="Delete context ID with its list and members. Agents polling it get\n"
+                                    "404 and keep retrying with backoff until stopped.")
+    c.add_argument("id", metavar="ID", help="context id")
+    _admin_args(c)
+    c.set_defaults(func=cmd_delete)
+
+    a = csub.add_parser("agent", help="run the node agent (register, long-poll, apply scripts)",
+                        description=AGENT_DESCRIPTION, epilog=AGENT_EPILOG, formatter_class=RAW)
+    add_agent_args(a)
+
+    def _help(_args: argparse.Namespace) -> int:
+        p.print_help()
+        return 2
+
+    p.set_defaults(func=_help)

@@ -1,0 +1,215 @@
+"""The context broker's functional core: node validation and the ordered list of joins/leaves.
+
+No I/O here. The HTTP adapter validates requests with these models, the SQL store asks
+``next_entry`` whether a join or leave changes anything, and the agent folds entries with
+``apply_entry``. Keeping one reducer for broker and agent is what makes "every agent converges
+on the same ordered membership" a property of this module, testable without a network.
+
+The list, as in the paper: each context has entries numbered 1, 2, 3, ...; id 0 means "no
+updates" (nothing applied yet). An agent that applied id N asks for the entries after N and
+applies them in order.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+import struct
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+#: RFC 1123 label: the short host name.
+LABEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+FQDN_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+SSH_KEY_TYPES = frozenset({
+    "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+})
+MAX_SSH_KEY = 8192
+MAX_DATA = 16384
+#: Longest long-poll a client may ask for; longer waits only tie up connections behind proxies.
+MAX_WAIT_SECONDS = 60.0
+CONTEXT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _short_hostname(value: str) -> str:
+    if not LABEL_RE.match(value):
+        raise ValueError("hostname must be one RFC 1123 label: letters, digits, '-', at most 63 characters, "
+                         "not starting or ending with '-'")
+    return value.lower()
+
+
+def _fqdn(value: str) -> str:
+    if len(value) > 253 or not FQDN_RE.match(value):
+        raise ValueError("fqdn must be an RFC 1123 host name (dot-separated labels, at most 253 characters)")
+    return value.rstrip(".").lower()
+
+
+def _ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError("ip must be an IPv4 or IPv6 address") from None
+
+
+def parse_ssh_key(value: str) -> str:
+    """Validate an OpenSSH public host key line (``TYPE BASE64 [comment]``); return ``TYPE BASE64``.
+
+    Why decode the blob: a key line is copied into every node's ssh_known_hosts, so garbage
+    here would break SSH cluster-wide. The blob must start with its own type, length-prefixed.
+    The comment is dropped: it is free text we do not want in known_hosts.
+    """
+    parts = value.strip().split()
+    if len(parts) < 2:
+        raise ValueError("ssh_host_key must be 'TYPE BASE64 [comment]'")
+    kind, b64 = parts[0], parts[1]
+    if kind not in SSH_KEY_TYPES:
+        raise ValueError(f"ssh_host_key type must be one of {', '.join(sorted(SSH_KEY_TYPES))}")
+    try:
+        blob = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("ssh_host_key blob is not valid base64") from None
+    if len(blob) < 4:
+        raise ValueError("ssh_host_key blob is too short")
+    (n,) = struct.unpack(">I", blob[:4])
+    if blob[4:4 + n] != kind.encode():
+        raise ValueError("ssh_host_key blob does not match its key type")
+    return f"{kind} {b64}"
+
+
+def _data(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("data must not contain NUL characters")
+    return value
+
+
+ShortHostname = Annotated[str, StringConstraints(min_length=1, max_length=63), AfterValidator(_short_hostname)]
+Fqdn = Annotated[str, StringConstraints(min_length=1, max_length=254), AfterValidator(_fqdn)]
+IpAddress = Annotated[str, StringConstraints(min_length=2, max_length=45), AfterValidator(_ip)]
+SshKey = Annotated[str, StringConstraints(min_length=10, max_length=MAX_SSH_KEY), AfterValidator(parse_ssh_key)]
+Data = Annotated[str, StringConstraints(max_length=MAX_DATA), AfterValidator(_data)]
+InstanceId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+ContextName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
+
+
+class NodeFields(BaseModel):
+    """What a node tells the broker about itself when it joins."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    hostname: ShortHostname = Field(description="short host name (one RFC 1123 label)", examples=["wn-1"])
+    fqdn: Fqdn = Field(description="fully qualified domain name", examples=["wn-1.cluster.example.org"])
+    ip: IpAddress = Field(description="IPv4 or IPv6 address other nodes reach it at", examples=["10.0.0.5"])
+    ssh_host_key: SshKey = Field(description="OpenSSH public host key line: TYPE BASE64 [comment]")
+    data: Data = Field("", description="free text the administrator's scripts may use (e.g. 'slots=4')")
+    instance_id: InstanceId | None = Field(
+        None, description="the provisioner's instance id, so the broker can remove the node when the "
+                          "instance is reported terminated even if its agent never said goodbye")
+
+
+EntryKind = Literal["join", "leave"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One item of a context's ordered list."""
+
+    entry_id: int
+    kind: EntryKind
+    hostname: str
+    fqdn: str = ""
+    ip: str = ""
+    ssh_host_key: str = ""
+    data: str = ""
+    instance_id: str | None = None
+    reason: str = ""
+    at: float = 0.0
+
+    def node(self) -> NodeFields | None:
+        if self.kind != "join":
+            return None
+        return NodeFields.model_construct(hostname=self.hostname, fqdn=self.fqdn, ip=self.ip,
+                                          ssh_host_key=self.ssh_host_key, data=self.data,
+                                          instance_id=self.instance_id)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.entry_id, "kind": self.kind, "hostname": self.hostname, "fqdn": self.fqdn,
+                "ip": self.ip, "ssh_host_key": self.ssh_host_key, "data": self.data,
+                "instance_id": self.instance_id, "reason": self.reason, "at": self.at}
+
+
+Members = dict[str, NodeFields]
+
+
+def next_entry(current: NodeFields | None, kind: EntryKind, node: NodeFields | None) -> bool:
+    """Does a join (``node``) or a leave change the membership whose entry for this host is ``current``?
+
+    Idempotence is what lets an agent re-register after a restart, and a terminated-instance
+    event arrive after the agent already left, without adding entries every node would apply.
+    """
+    if kind == "join":
+        return current is None or current != node
+    return current is not None
+
+
+def apply_entry(members: Members, entry: Entry) -> Members:
+    """The membership after ``entry`` (a new dict; ``members`` is not changed)."""
+    out = dict(members)
+    node = entry.node()
+    if node is not None:
+        out[entry.hostname] = node
+    else:
+        out.pop(entry.hostname, None)
+    return out
+
+
+def fold(entries: list[Entry], members: Members | None = None) -> Members:
+    result: Members = dict(members or {})
+    for e in entries:
+        result = apply_entry(result, e)
+    return result
+
+
+def entries_after(entries: list[Entry], after: int) -> list[Entry]:
+    """The entries with id > ``after``, in order (``entries`` is sorted by id, ids dense from 1)."""
+    if after <= 0:
+        return list(entries)
+    # ids are dense 1..n in a context, so index = id - 1; fall back to a scan if not
+    if entries and entries[0].entry_id == 1 and entries[-1].entry_id == len(entries):
+        return entries[after:]
+    return [e for e in entries if e.entry_id > after]
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def new_context_id() -> str:
+    return secrets.token_hex(8)
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(12)
+
+
+def new_secret() -> str:
+    """256 bits of randomness; stored only as a SHA-256 digest."""
+    return secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    # a fast hash is right here: the secret is 256 random bits, not a guessable password
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_credentials(key: str, secret: str, want_key: str, want_hash: str) -> bool:
+    """Constant-time check of a context's key and secret (both compared, always)."""
+    ok_key = hmac.compare_digest(key.encode("utf-8", "surrogatepass"), want_key.encode())
+    ok_secret = hmac.compare_digest(hash_secret(secret).encode(), want_hash.encode())
+    return ok_key & ok_secret

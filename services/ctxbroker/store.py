@@ -1,0 +1,239 @@
+"""SQL store of contexts, their ordered lists and current members (SQLite or PostgreSQL).
+
+Consistency across replicas: every append first bumps ``contexts.last_id`` with
+``UPDATE ... RETURNING``. On PostgreSQL that row lock serializes appends to one context
+across all broker processes; on SQLite the first write takes the database write lock (with
+the busy timeout), so the same code is correct for two processes on one file. Entry ids are
+therefore dense (1, 2, 3, ...) and identical for every reader. A join or leave that changes
+nothing rolls back, so ``last_id`` only moves with a real entry.
+
+On PostgreSQL each append also ``NOTIFY``s ``epu_ctxbroker`` so the other replicas wake
+their long-polls at once (see ``services.ctxbroker.hub``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from common.db import make_engine
+from services.ctxbroker.core import Entry, EntryKind, NodeFields, next_entry
+
+NOTIFY_CHANNEL = "epu_ctxbroker"
+
+metadata = MetaData()
+
+contexts = Table(
+    "ctx_contexts", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(63), nullable=False),
+    Column("key", String(64), nullable=False, unique=True),
+    Column("secret_hash", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("last_id", Integer, nullable=False, default=0),
+)
+
+entries = Table(
+    "ctx_entries", metadata,
+    Column("context_id", String(64), ForeignKey("ctx_contexts.id", ondelete="CASCADE"), primary_key=True),
+    Column("entry_id", Integer, primary_key=True),
+    Column("kind", String(8), nullable=False),
+    Column("hostname", String(63), nullable=False),
+    Column("fqdn", String(254), nullable=False, default=""),
+    Column("ip", String(45), nullable=False, default=""),
+    Column("ssh_host_key", Text, nullable=False, default=""),
+    Column("data", Text, nullable=False, default=""),
+    Column("instance_id", String(128)),
+    Column("reason", Text, nullable=False, default=""),
+    Column("at", Float, nullable=False),
+)
+
+members = Table(
+    "ctx_members", metadata,
+    Column("context_id", String(64), ForeignKey("ctx_contexts.id", ondelete="CASCADE"), primary_key=True),
+    Column("hostname", String(63), primary_key=True),
+    Column("fqdn", String(254), nullable=False),
+    Column("ip", String(45), nullable=False),
+    Column("ssh_host_key", Text, nullable=False),
+    Column("data", Text, nullable=False),
+    Column("instance_id", String(128), index=True),
+    Column("entry_id", Integer, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    id: str
+    name: str
+    key: str
+    secret_hash: str
+    created_at: float
+    last_id: int
+
+
+class ContextNotFound(LookupError):
+    pass
+
+
+def _entry(row: object) -> Entry:
+    m = row._mapping  # type: ignore[attr-defined]
+    return Entry(entry_id=m["entry_id"], kind=m["kind"], hostname=m["hostname"], fqdn=m["fqdn"], ip=m["ip"],
+                 ssh_host_key=m["ssh_host_key"], data=m["data"], instance_id=m["instance_id"],
+                 reason=m["reason"], at=m["at"])
+
+
+def _node(row: object) -> NodeFields:
+    m = row._mapping  # type: ignore[attr-defined]
+    return NodeFields.model_construct(hostname=m["hostname"], fqdn=m["fqdn"], ip=m["ip"],
+                                      ssh_host_key=m["ssh_host_key"], data=m["data"],
+                                      instance_id=m["instance_id"])
+
+
+class Store:
+    """Contexts and their lists. Thread-safe (one SQLAlchemy engine, a connection per call)."""
+
+    def __init__(self, url: str, engine: Engine | None = None) -> None:
+        self.url = url
+        self.engine = engine or make_engine(url)
+        self.is_postgres = self.engine.dialect.name == "postgresql"
+        try:
+            metadata.create_all(self.engine)
+        except DBAPIError:
+            # two replicas starting together on an empty PostgreSQL database race on CREATE TABLE;
+            # the loser finds the tables on a second look
+            metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ contexts
+    def create_context(self, context_id: str, name: str, key: str, secret_hash: str,
+                       now: float | None = None) -> ContextRow:
+        row = ContextRow(context_id, name, key, secret_hash, time.time() if now is None else now, 0)
+        with self.engine.begin() as conn:
+            conn.execute(insert(contexts).values(id=row.id, name=name, key=key, secret_hash=secret_hash,
+                                                 created_at=row.created_at, last_id=0))
+            self._notify(conn, context_id)
+        return row
+
+    def get_context(self, context_id: str) -> ContextRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(contexts).where(contexts.c.id == context_id)).first()
+        return ContextRow(**row._mapping) if row else None
+
+    def list_contexts(self) -> list[ContextRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(contexts).order_by(contexts.c.created_at, contexts.c.id)).all()
+        return [ContextRow(**r._mapping) for r in rows]
+
+    def heads(self) -> dict[str, int]:
+        """context id → last entry id: what a replica compares to its cache to notice changes."""
+        with self.engine.connect() as conn:
+            return {r.id: r.last_id for r in conn.execute(select(contexts.c.id, contexts.c.last_id))}
+
+    def delete_context(self, context_id: str) -> bool:
+        with self.engine.begin() as conn:
+            conn.execute(delete(entries).where(entries.c.context_id == context_id))
+            conn.execute(delete(members).where(members.c.context_id == context_id))
+            gone = conn.execute(delete(contexts).where(contexts.c.id == context_id)).rowcount > 0
+            self._notify(conn, context_id)
+        return gone
+
+    # ------------------------------------------------------------------ the list
+    def entries(self, context_id: str, after: int = 0) -> list[Entry]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(entries).where(entries.c.context_id == context_id,
+                                                      entries.c.entry_id > after)
+                                .order_by(entries.c.entry_id)).all()
+        return [_entry(r) for r in rows]
+
+    def members(self, context_id: str) -> list[NodeFields]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(members).where(members.c.context_id == context_id)
+                                .order_by(members.c.hostname)).all()
+        return [_node(r) for r in rows]
+
+    def join(self, context_id: str, node: NodeFields, now: float | None = None) -> tuple[Entry | None, int]:
+        return self._append(context_id, "join", node.hostname, node, "", now)
+
+    def leave(self, context_id: str, hostname: str, reason: str = "",
+              now: float | None = None) -> tuple[Entry | None, int]:
+        return self._append(context_id, "leave", hostname, None, reason, now)
+
+    def contexts_of_instance(self, instance_id: str) -> list[tuple[str, str]]:
+        """(context id, hostname) of every member registered with this instance id."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(members.c.context_id, members.c.hostname)
+                                .where(members.c.instance_id == instance_id)).all()
+        return [(r.context_id, r.hostname) for r in rows]
+
+    def _append(self, context_id: str, kind: EntryKind, hostname: str, node: NodeFields | None,
+                reason: str, now: float | None) -> tuple[Entry | None, int]:
+        """Append one entry if it changes the membership. Returns (entry or None, last id)."""
+        at = time.time() if now is None else now
+        with self.engine.connect() as conn:
+            trans = conn.begin()
+            try:
+                new_id = conn.execute(update(contexts).where(contexts.c.id == context_id)
+                                      .values(last_id=contexts.c.last_id + 1)
+                                      .returning(contexts.c.last_id)).scalar()
+                if new_id is None:
+                    raise ContextNotFound(context_id)
+                cur_row = conn.execute(select(members).where(members.c.context_id == context_id,
+                                                             members.c.hostname == hostname)).first()
+                current = _node(cur_row) if cur_row else None
+                if not next_entry(current, kind, node):
+                    trans.rollback()
+                    return None, new_id - 1
+                entry = self._write(conn, context_id, new_id, kind, hostname, node, reason, at)
+                self._notify(conn, context_id)
+                trans.commit()
+                return entry, new_id
+            except BaseException:
+                if trans.is_active:
+                    trans.rollback()
+                raise
+
+    def _write(self, conn: Connection, context_id: str, entry_id: int, kind: EntryKind, hostname: str,
+               node: NodeFields | None, reason: str, at: float) -> Entry:
+        if node is not None:
+            fields = dict(fqdn=node.fqdn, ip=node.ip, ssh_host_key=node.ssh_host_key, data=node.data,
+                          instance_id=node.instance_id)
+        else:
+            fields = dict(fqdn="", ip="", ssh_host_key="", data="", instance_id=None)
+        entry = Entry(entry_id=entry_id, kind=kind, hostname=hostname, reason=reason, at=at, **fields)
+        conn.execute(insert(entries).values(context_id=context_id, entry_id=entry_id, kind=kind,
+                                            hostname=hostname, reason=reason, at=at, **fields))
+        conn.execute(delete(members).where(members.c.context_id == context_id, members.c.hostname == hostname))
+        if node is not None:
+            conn.execute(insert(members).values(context_id=context_id, hostname=hostname, entry_id=entry_id,
+                                                **fields))
+        return entry
+
+    def _notify(self, conn: Connection, context_id: str) -> None:
+        if self.is_postgres:
+            conn.execute(text("SELECT pg_notify(:ch, :payload)"), {"ch": NOTIFY_CHANNEL, "payload": context_id})
+
+    def count_entries(self, context_id: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(entries)
+                                    .where(entries.c.context_id == context_id)).scalar() or 0)

@@ -1,0 +1,60 @@
+"""What a policy may ask for. Pure data: the planner turns these into messages.
+
+A policy speaks in instances and node operations, never in sites or message ids: where a
+launch goes is placement's business (``placement.py``), and ids, intent records and
+re-sends are the engine's (``planner.py``, ``engine.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+NodeOp = Literal["add", "offline", "online", "remove"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start one instance able to hold ``cores`` cores."""
+
+    cores: int
+    reason: str
+    kind: Literal["launch"] = "launch"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A batch-system operation on the node of one of our instances."""
+
+    op: NodeOp
+    instance_id: str
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return self.op
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """Give an instance back to its cloud. ``force`` allows it while a job still runs there."""
+
+    instance_id: str
+    reason: str
+    force: bool = False
+    stalled: bool = False
+    kind: Literal["terminate"] = "terminate"
+
+
+Action = Launch | Node | Terminate
+
+
+@dataclass
+class Decision:
+    """What ``decide`` returns: the actions, the policy's new memory (timers such as
+    "waiting above threshold since", utilisation samples; ``None`` = unchanged) and notes
+    explaining the arithmetic, which end up in the decision record."""
+
+    actions: list[Action] = field(default_factory=list)
+    memory: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)

@@ -1,0 +1,268 @@
+"""``epu policy show|set|pause|resume`` and ``epu status``.
+
+``set``/``pause``/``resume`` publish a PolicyChange to the engine's control queue and wait for
+its PolicyOutcome on an exclusive queue bound to ``policy.outcome.DOMAIN`` (bound *before*
+publishing, so the answer cannot be missed). ``show`` reads the engine's store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+import time
+import tomllib
+import uuid
+from typing import Any
+
+from common.cli_core import RAW, add_config_arg, load_or_exit
+from common.messages import PolicyChange, new_id
+
+FIELDS = ("policy", "min_nodes", "max_nodes", "sites", "placement", "paused")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _literal(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` words → PolicyChange fields; unknown keys are policy parameters.
+
+    Values are TOML literals where they parse (``3``, ``0.5``, ``true``), strings otherwise;
+    ``sites`` takes a comma-separated list."""
+    out: dict[str, Any] = {"params": {}}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"expected key=value, got {pair!r}")
+        if key == "sites":
+            out["sites"] = [s.strip() for s in value.split(",") if s.strip()]
+        elif key in ("policy", "placement"):
+            out[key] = value
+        elif key in FIELDS:
+            out[key] = _literal(value)
+        else:
+            out["params"][key.removeprefix("params.")] = _literal(value)
+    return out
+
+
+def send_change(config: Any, change: PolicyChange, timeout: float) -> Any:
+    """Publish ``change`` and wait for its outcome (None on timeout)."""
+    from kombu import Queue
+
+    from common.broker import Publisher
+    from common.codec import decode
+
+    broker = config.broker_obj()
+    topo = broker.topology
+    with broker.connection() as conn:
+        channel = conn.channel()
+        topo.events_exchange(channel).declare()
+        q = Queue(topo.n(f"epu.cli.{uuid.uuid4().hex[:12]}"), exchange=topo.events_exchange,
+                  routing_key=f"policy.outcome.{change.domain}", exclusive=True, auto_delete=True,
+                  durable=False)(channel)
+        q.declare()
+        pub = Publisher(broker, source=f"cli:{getpass.getuser()}")
+        try:
+            pub.publish(change)
+        finally:
+            pub.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = q.get(no_ack=True, accept=None)
+            if msg is None:
+                time.sleep(0.05)
+                continue
+            outcome = decode(msg.body)[1]
+            if getattr(outcome, "change_id", None) == change.change_id:
+                return outcome
+    return None
+
+
+def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
+    config = load_or_exit(args.config)
+    try:
+        change = PolicyChange(change_id=new_id(), domain=args.domain, operator=getpass.getuser(), **fields)
+    except Exception as exc:
+        print(f"epu policy: invalid change: {exc}", file=sys.stderr)
+        return 2
+    outcome = send_change(config, change, args.timeout)
+    if outcome is None:
+        print(f"epu policy: no answer within {args.timeout:.0f}s (is a decision engine running for "
+              f"{args.domain}?). The change {change.change_id} stays queued.", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(outcome.model_dump(mode="json"), indent=2))
+    elif outcome.applied:
+        print(f"{args.domain}: applied as version {outcome.version} ({outcome.config.get('policy')}, "
+              f"nodes {outcome.config.get('min_nodes')}..{outcome.config.get('max_nodes')}"
+              f"{', PAUSED' if outcome.config.get('paused') else ''})")
+    else:
+        print(f"{args.domain}: rejected: {outcome.reason}", file=sys.stderr)
+    return 0 if outcome.applied else 1
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    try:
+        fields = parse_assignments(args.assignments)
+    except UsageError as exc:
+        print(f"epu policy set: {exc}", file=sys.stderr)
+        return 2
+    return _change_cmd(args, fields)
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    return _change_cmd(args, {"paused": args.pause})
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from services.decision.policies import PolicyError, validate_params
+    from services.decision.store import Store
+
+    config = load_or_exit(args.config)
+    store = Store(config.decision.store_url).create()
+    current = store.current_config(args.domain)
+    if current is None:
+        if args.domain not in config.domains:
+            print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+            return 1
+        version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+    else:
+        version, cfg = current
+        source = store.config_history(args.domain)[-1]["source"]
+    try:
+        effective = validate_params(cfg.policy, cfg.params).model_dump()
+    except PolicyError as exc:
+        effective = {"error": str(exc)}
+    doc = {"domain": args.domain, "version": version, "source": source, **cfg.model_dump(mode="json"),
+           "effective_params": effective}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"domain {args.domain}  version {version} ({source}){'  PAUSED' if cfg.paused else ''}")
+    print(f"  policy     {cfg.policy}")
+    print(f"  nodes      min {cfg.min_nodes}, max {cfg.max_nodes}, {cfg.cores_per_node} core(s) each")
+    print(f"  sites      {', '.join(cfg.sites) or '(all configured)'}  placement {cfg.placement}")
+    for k, v in effective.items():
+        mark = "" if k in cfg.params else "  (default)"
+        print(f"  {k:<24} {v}{mark}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from kombu import Consumer, Queue, binding
+
+    from common.codec import decode
+    from services.decision.status import Board, render
+
+    config = load_or_exit(args.config)
+    broker = config.broker_obj()
+    topo = broker.topology
+    d = args.domain or "*"
+    keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}"]
+    board = Board(args.domain)
+    queue = Queue(topo.n(f"epu.status.{uuid.uuid4().hex[:12]}"),
+                  bindings=[binding(topo.events_exchange, routing_key=k) for k in keys],
+                  exclusive=True, auto_delete=True, durable=False)
+    live = None
+    if args.watch and not args.json:
+        from rich.live import Live
+
+        live = Live(render(board), refresh_per_second=4)
+        live.start()
+
+    def on_message(message: Any) -> None:
+        try:
+            changed = board.apply(decode(message.body)[1])
+        except Exception:
+            changed = False
+        message.ack()
+        if changed and live is not None:
+            live.update(render(board))
+        elif changed and args.watch and args.json:
+            print(json.dumps(board.as_json()), flush=True)
+
+    deadline = None if args.watch else time.monotonic() + args.seconds
+    try:
+        with broker.connection() as conn:
+            channel = conn.channel()
+            topo.events_exchange(channel).declare()
+            with Consumer(channel, queues=[queue], on_message=on_message, no_ack=False):
+                while deadline is None or time.monotonic() < deadline:
+                    try:
+                        conn.drain_events(timeout=0.5)
+                    except TimeoutError:
+                        pass
+                    if live is not None:
+                        live.update(render(board))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None:
+            live.stop()
+    if not args.watch:
+        if args.json:
+            print(json.dumps(board.as_json(), indent=2))
+        else:
+            from rich.console import Console
+
+            Console().print(render(board))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="show or change a domain's policy (decision engine)",
+                       formatter_class=RAW,
+                       description="Show a domain's policy from the engine's store, or change it at run time.\n"
+                                   "Changes travel as PolicyChange messages; the engine validates, versions and\n"
+                                   "applies them at its next iteration and answers applied or rejected (reason).")
+    psub = p.add_subparsers(dest="policy_command", metavar="ACTION")
+
+    s = psub.add_parser("show", help="the domain's current config version and effective parameters")
+    s.add_argument("domain")
+    s.add_argument("--json", action="store_true")
+    add_config_arg(s)
+    s.set_defaults(func=cmd_show)
+
+    s = psub.add_parser("set", help="change policy, parameters, bounds or sites", formatter_class=RAW,
+                        description="KEY=VALUE words: policy, min_nodes, max_nodes, sites (comma list, in rank\n"
+                                    "order), placement (rank|cheapest|spread), paused; any other key is a\n"
+                                    "parameter of the policy (see docs/policies.md).",
+                        epilog="Examples:\n  epu policy set alpha policy=threshold jobs_per_vm=2 max_nodes=40\n"
+                               "  epu policy set alpha sites=cheap,backup placement=cheapest\n"
+                               "  epu policy set alpha stall_seconds=300")
+    s.add_argument("domain")
+    s.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
+    add_config_arg(s)
+    s.set_defaults(func=cmd_set)
+
+    for name, pause in (("pause", True), ("resume", False)):
+        s = psub.add_parser(name, help=f"{name} the domain's decisions (no launch, no scale-down)")
+        s.add_argument("domain")
+        s.add_argument("--timeout", type=float, default=30.0)
+        s.add_argument("--json", action="store_true")
+        add_config_arg(s)
+        s.set_defaults(func=cmd_pause, pause=pause)
+
+    s = sub.add_parser("status", help="live view: queue, nodes, instances by state and site, last decision",
+                       formatter_class=RAW,
+                       description="Built from the event stream (sensor snapshots, instance events, decision\n"
+                                   "records) through an exclusive tap queue. Without --watch, listens for\n"
+                                   "--seconds and prints what it saw.")
+    s.add_argument("domain", nargs="?")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--watch", action="store_true", help="keep updating until Ctrl-C")
+    s.add_argument("--seconds", type=float, default=6.0, help="how long to listen without --watch")
+    add_config_arg(s)
+    s.set_defaults(func=cmd_status)

@@ -1,0 +1,148 @@
+"""From a policy's Decision to concrete, safe, placed messages. Pure.
+
+The planner is the guard rail between any policy and the clouds:
+
+* a node running a job is never terminated unless the action is forced;
+* an unavailable snapshot never leads to a scale-down (offline, remove, terminate);
+* one action per instance and kind, and none while the same one is still in flight;
+* launches never take the domain above ``max_nodes`` and are placed on sites
+  (``placement.place``); stalled instances count as failures of their site.
+
+It also states each action's effect on the instance table, which the engine stores
+together with the action *before* sending it (intent first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
+from services.decision.actions import Decision, Launch, Node, Terminate
+from services.decision.placement import SiteHealth, SiteInfo, place, record_failure
+from services.decision.view import DomainView, Instance
+
+SCALE_DOWN = frozenset({"offline", "remove", "terminate"})
+
+
+@dataclass(frozen=True)
+class Planned:
+    action_id: str
+    kind: str
+    instance_id: str
+    site: str
+    reason: str
+    message: Message
+
+
+@dataclass
+class Plan:
+    actions: list[Planned] = field(default_factory=list)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    """New or changed instance rows, stored with the actions."""
+    sites: dict[str, SiteHealth] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlacementInput:
+    order: list[str]
+    strategy: str
+    infos: dict[str, SiteInfo]
+    health: dict[str, SiteHealth]
+    live: dict[str, int]
+    unproven: dict[str, int]
+    backoff_initial: float = 300.0
+    backoff_max: float = 1800.0
+
+
+def node_name_for(domain: str, launch_id: str) -> str:
+    return f"{domain.replace('_', '-')}-{launch_id[:8]}"
+
+
+def plan(view: DomainView, decision: Decision, placement: PlacementInput,
+         in_flight: set[tuple[str, str]], *, make_id: Callable[[], str] = new_id) -> Plan:
+    out = Plan(notes=list(decision.notes))
+    targets = {a.instance_id for a in decision.actions if not isinstance(a, Launch)}
+    by_id = {i.instance_id: i for i in view.instances if i.instance_id in targets} if targets else {}
+    seen: set[tuple[str, str]] = set()
+    launches: list[Launch] = []
+    now = view.now
+
+    def current(iid: str) -> Instance:
+        return out.instances.get(iid, by_id[iid])
+
+    for action in decision.actions:
+        if isinstance(action, Launch):
+            launches.append(action)
+            continue
+        iid = action.instance_id
+        kind = action.kind
+        if iid not in by_id:
+            out.notes.append(f"dropped {kind} of unknown instance {iid}")
+            continue
+        if (iid, kind) in seen or (iid, kind) in in_flight:
+            continue
+        inst = current(iid)
+        if kind in SCALE_DOWN and not view.available and not getattr(action, "force", False):
+            out.notes.append(f"dropped {kind} {inst.node_name}: sensor unavailable, no scale-down")
+            continue
+        if isinstance(action, Terminate):
+            if inst.terminate_sent:
+                continue
+            if view.running_jobs(inst) and not action.force:
+                out.notes.append(f"kept {inst.node_name}: a job runs there (terminate needs force)")
+                continue
+            msg: Message = TerminateRequest(request_id=make_id(), instance_id=iid, domain=view.domain,
+                                            reason=action.reason, force=action.force)
+            out.instances[iid] = replace(inst, terminate_sent=True, idle_since=None)
+            if action.stalled:
+                h = out.sites.get(inst.site) or placement.health.get(inst.site, SiteHealth(inst.site))
+                out.sites[inst.site] = record_failure(h, now, f"instance {iid} stalled",
+                                                      initial=placement.backoff_initial,
+                                                      maximum=placement.backoff_max, stalled=True)
+            out.actions.append(Planned(msg.request_id, "terminate", iid, inst.site, action.reason, msg))
+        else:
+            assert isinstance(action, Node)
+            if kind == "offline" and inst.state != "joined":
+                continue
+            if kind == "online" and inst.state != "draining":
+                continue
+            msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op, node=inst.node_name,
+                              instance_id=iid, address=inst.ip if action.op == "add" else None,
+                              cores=inst.cores if action.op == "add" else None, reason=action.reason)
+            if kind == "add":
+                out.instances[iid] = replace(inst, add_sent_at=now)
+            elif kind == "offline":
+                out.instances[iid] = replace(inst, state="draining", state_at=now, drain_at=now, idle_since=None)
+            elif kind == "online":
+                out.instances[iid] = replace(inst, state="joined", state_at=now, drain_at=None, idle_since=None)
+            out.actions.append(Planned(msg.command_id, kind, iid, inst.site, action.reason, msg))
+        seen.add((iid, kind))
+
+    if launches:
+        active = len(view.active) + sum(int(new.active) - int(by_id[iid].active)
+                                        for iid, new in out.instances.items() if iid in by_id)
+        room = max(0, view.max_nodes - active)
+        if len(launches) > room:
+            out.notes.append(f"max_nodes={view.max_nodes}: {len(launches) - room} launch(es) dropped")
+            launches = launches[:room]
+        placed = place(len(launches), placement.order, placement.strategy, placement.infos,
+                       {**placement.health, **out.sites}, placement.live, placement.unproven, now)
+        out.notes += placed.why if placed.unplaced else []
+        for launch, site in zip(launches, placed.sites, strict=False):
+            out.actions.append(launch_action(view.domain, site, launch.cores, launch.reason, now,
+                                             placement, out, make_id))
+    return out
+
+
+def launch_action(domain: str, site: str, cores: int, reason: str, now: float, placement: PlacementInput,
+                  out: Plan, make_id: Callable[[], str] = new_id) -> Planned:
+    launch_id = make_id()
+    name = node_name_for(domain, launch_id)
+    info = placement.infos.get(site)
+    site_cores = max(cores, info.cores if info else cores)
+    msg = LaunchRequest(launch_id=launch_id, domain=domain, site=site, node_name=name, cores=site_cores)
+    out.instances[launch_id] = Instance(launch_id, domain, site, name, site_cores, "requested", now, now,
+                                        reason=reason)
+    return Planned(launch_id, "launch", launch_id, site, reason, msg)

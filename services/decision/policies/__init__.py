@@ -1,0 +1,43 @@
+"""Policy registry: name → (parameter schema, pure ``decide``).
+
+Find a policy's arithmetic in its own module here; nothing in this package does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.decision.policies import fixed, load, queue_demand, spare, threshold
+from services.decision.policies.base import Params, Policy
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (queue_demand.POLICY, threshold.POLICY, spare.POLICY,
+                                                    load.POLICY, fixed.POLICY)}
+
+
+class PolicyError(ValueError):
+    """A policy name or parameters that cannot be used; the message says why."""
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise PolicyError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})") from None
+
+
+def validate_params(name: str, params: dict[str, Any]) -> Params:
+    policy = get_policy(name)
+    try:
+        return policy.params.model_validate(params)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "params"
+            msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
+            parts.append(f"{name}.{key}: {msg}")
+        raise PolicyError("; ".join(parts)) from None
+
+
+__all__ = ["POLICIES", "Params", "Policy", "PolicyError", "get_policy", "validate_params"]

@@ -1,0 +1,76 @@
+"""spare — CLUES-style (github.com/grycap/clues): serve the queue and keep ``spare_nodes``
+idle nodes ready; power off a node idle for ``idle_seconds``, but — billing-period aware —
+only within ``billing_margin_seconds`` of the end of its paid period (a paid hour is kept
+to the end, where a new job may still use it for free).
+
+    launch = nodes needed by the queue + spare_nodes − (idle workers + pending instances)
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from services.decision import lifecycle as lc
+from services.decision.actions import Action, Decision
+from services.decision.demand import nodes_needed
+from services.decision.policies.base import Params, Policy
+from services.decision.view import DomainView, Instance
+
+
+class SpareParams(Params):
+    spare_nodes: int = Field(1, ge=0)
+    idle_seconds: float = Field(300.0, ge=0)
+    billing_period_seconds: float = Field(3600.0, ge=0)
+    """0 = billed per second (no period to wait for)."""
+    billing_margin_seconds: float = Field(300.0, ge=0)
+
+
+def near_period_end(inst: Instance, now: float, period: float, margin: float) -> bool:
+    if period <= 0:
+        return True
+    used = (now - inst.launched_at) % period
+    return used >= period - margin
+
+
+def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # type: ignore[override]
+    actions: list[Action] = []
+    notes: list[str] = []
+    gone = lc.stalled(view, params.stall_seconds)
+    gone_ids = {i.instance_id for i in gone}
+    actions += lc.give_up(view, gone, params.stall_seconds)
+    pending = [i for i in view.pending if i.instance_id not in gone_ids]
+    free = view.free_workers()
+    supply = [n.cores - n.cores_used for n in free] + [i.cores for i in pending]
+    result = nodes_needed(view.demand.shapes, supply, view.cores_per_node)
+    # bins left untouched by the queue are the spares
+    spare_now = max(0, len(free) + len(pending) - _bins_used(view, supply))
+    want = result.new_nodes + max(0, params.spare_nodes - spare_now)
+    notes.append(f"queue needs {result.new_nodes} new node(s); {spare_now} spare of {params.spare_nodes} wanted")
+    back, want = lc.reclaim(view, want)
+    active_after = len(view.active) - len(gone) + len(back)
+    launches, more = lc.bounded_launches(view, want, view.cores_per_node, "queue demand plus spare nodes",
+                                         active_after)
+    notes += more
+    actions += back + launches + lc.add_started(view)
+    excess = spare_now - params.spare_nodes
+    if result.new_nodes == 0 and excess > 0:
+        idle = [i for i in view.idle(params.idle_seconds)
+                if near_period_end(i, now, params.billing_period_seconds, params.billing_margin_seconds)]
+        kept = len(view.idle(params.idle_seconds)) - len(idle)
+        if kept:
+            notes.append(f"{kept} idle node(s) kept until near the end of their paid period")
+        actions += lc.scale_down(view, idle, excess, "idle beyond the spare count, paid period ending",
+                                 active_after + len(launches))
+    actions += lc.finish_drains(view)
+    return Decision(actions, None, notes)
+
+
+def _bins_used(view: DomainView, supply: list[int]) -> int:
+    """How many supply bins the queue occupies (single-node shapes; an upper bound otherwise)."""
+    used = 0
+    for (m, n), k in view.demand.shapes.items():
+        used += k * n if m else 0
+    return min(used, len(supply))
+
+
+POLICY = Policy("spare", SpareParams, decide, "CLUES (GRyCAP, UPV), power management with spare nodes")  # type: ignore[arg-type]

@@ -1,0 +1,108 @@
+"""The one interface every batch system sits behind.
+
+Why a small protocol rather than a base class: the service only needs two calls — read the
+cluster, change one node — and each backend (Torque, Slurm, HTCondor, simulated) is free to
+implement them however its batch system wants. Parsers live in their own pure modules; a
+backend is the imperative shell that runs commands and hands their text to a parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from common.messages import NodeInfo, QueuedJob, is_valid_hostname
+
+ACTIONS = ("add", "offline", "online", "remove")
+
+
+class BackendUnavailable(RuntimeError):
+    """The batch system could not be read or reached (daemon down, command timed out, ...).
+
+    Transient by nature: the service publishes ``available=False`` and retries with backoff.
+    """
+
+
+class InvalidNodeName(ValueError):
+    """A node name that is not an RFC 1123 host name: it never reaches a command line."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one read of the batch system saw: the parts of a ``SensorSnapshot``.
+
+    ``held_jobs``/``blocked_jobs``/``finished_jobs`` count what is *not* demand, so operators see
+    it was seen and excluded. Held and blocked jobs are also in ``jobs`` with their state.
+    """
+
+    jobs: list[QueuedJob] = field(default_factory=list)
+    nodes: list[NodeInfo] = field(default_factory=list)
+    running_jobs: int = 0
+    finished_jobs: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def queued_jobs(self) -> int:
+        return sum(j.count for j in self.jobs if j.state == "queued")
+
+    @property
+    def queued_cores(self) -> int:
+        return sum(j.count * j.cores * j.nodes for j in self.jobs if j.state == "queued")
+
+    @property
+    def held_jobs(self) -> int:
+        return sum(j.count for j in self.jobs if j.state == "held")
+
+    @property
+    def blocked_jobs(self) -> int:
+        return sum(j.count for j in self.jobs if j.state == "blocked")
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    """Result of one node command.
+
+    ``changed`` says the cluster is different now (so a fresh snapshot is published at once);
+    ``transient`` says the failure may go away by itself (batch system unreachable, timeout) —
+    such results are not remembered by the dedupe log, so a re-sent command runs again.
+    ``output`` carries the batch system's own text, ``error`` our one-line explanation.
+    """
+
+    ok: bool
+    changed: bool = False
+    output: str = ""
+    error: str | None = None
+    transient: bool = False
+
+
+@runtime_checkable
+class BatchBackend(Protocol):
+    name: str
+
+    def snapshot(self) -> Observation:
+        """Read queue and nodes. Raises ``BackendUnavailable`` when the batch system cannot be read."""
+        ...
+
+    def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
+                reason: str = "", force: bool = False) -> CommandOutcome:
+        """Run ``add``/``offline``/``online``/``remove`` for ``node``; idempotent per action."""
+        ...
+
+
+def check_node_name(node: str) -> str:
+    """Refuse anything but an RFC 1123 host name before it can reach a command line.
+
+    This also refuses a leading ``-`` (option injection) and any whitespace, quote, ``;``, ``$``
+    or path separator, so even a command that passes the name inside a string (``qmgr -c``)
+    cannot be subverted.
+    """
+    if not isinstance(node, str) or not node or not is_valid_hostname(node):
+        raise InvalidNodeName(f"refusing node name {node!r}: not a valid RFC 1123 host name "
+                              "(letters, digits, '-', dots between labels; at most 253 characters)")
+    return node
+
+
+def check_action(action: str) -> str:
+    if action not in ACTIONS:
+        raise ValueError(f"unknown node action {action!r}; expected one of {', '.join(ACTIONS)}")
+    return action

@@ -1,0 +1,44 @@
+"""Pick and configure the backend named in ``[sensor] backend`` from ``[sensor.options]``.
+
+Options per backend (all optional):
+
+* simulated: ``nodes`` (table name → cores) or ``node_count``/``node_cores``/``node_prefix``
+* torque: ``bin_dir`` (where qstat/pbsnodes/qmgr live), ``server``, ``use_pbs_python`` (default true)
+* slurm: ``bin_dir``, ``partition`` (where added nodes go), ``features``, ``conf`` (SLURM_CONF)
+* htcondor: ``pool`` (collector host), ``schedd`` (schedd name), ``drain_check_expr``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.clock import Clock
+from common.config import SensorConfig
+from services.sensor.backend import BatchBackend
+
+
+def make_backend(sc: SensorConfig, clock: Clock, backend: str | None = None) -> BatchBackend:
+    name = backend or sc.backend
+    opts: dict[str, Any] = dict(sc.options)
+    timeout = sc.command_timeout_seconds
+    if name == "simulated":
+        from services.sensor.simulated import SimulatedBatch
+
+        nodes = opts.get("nodes")
+        if nodes is None:
+            n = int(opts.get("node_count", 0))
+            nodes = {f"{opts.get('node_prefix', 'sim')}{i:03d}": int(opts.get("node_cores", 4)) for i in range(n)}
+        return SimulatedBatch(clock, nodes={str(k): int(v) for k, v in nodes.items()})
+    if name == "torque":
+        from services.sensor.torque.backend import TorqueBackend
+
+        return TorqueBackend.from_options(opts, timeout=timeout, clock=clock)
+    if name == "slurm":
+        from services.sensor.slurm.backend import SlurmBackend
+
+        return SlurmBackend.from_options(opts, timeout=timeout, clock=clock)
+    if name == "htcondor":
+        from services.sensor.htcondor.backend import HTCondorBackend
+
+        return HTCondorBackend.from_options(opts, timeout=timeout, clock=clock)
+    raise ValueError(f"unknown sensor backend {name!r}")

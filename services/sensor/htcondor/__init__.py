@@ -1,0 +1,1 @@
+"""HTCondor backend through the ``htcondor2``/``classad2`` bindings."""

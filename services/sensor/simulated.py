@@ -1,0 +1,356 @@
+"""A simulated batch cluster: jobs really run on nodes for their duration, then finish.
+
+Why it exists: the embedded demo (and tests of the loop above the sensor) need a cluster whose
+queue drains when EPU adds nodes and whose nodes go idle when work runs out — in virtual or
+scaled time. Time comes from an injected ``Clock`` (design rule 6): nothing sleeps here;
+every public call first brings the cluster up to ``clock.now()`` by replaying job completions
+in time order and scheduling after each.
+
+Scheduling: FIFO with EASY-style backfill — the head job gets a reservation at the earliest
+time enough nodes free up (its *shadow time*); a later job may jump ahead only if it fits now
+and ends before that time, so backfill never delays the head job. Placement packs jobs onto
+the fullest node that fits, so idle nodes stay idle and can be scaled down.
+
+Node commands behave like a real batch system, idempotently: ``add`` of an existing node is
+a no-op, ``remove`` of a missing one too; ``remove`` of a node running jobs is refused unless
+``force`` (then its jobs go back to the head of the queue, like a requeue).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from dataclasses import dataclass, field
+
+from common.clock import Clock, RealClock
+from common.messages import NodeInfo, QueuedJob
+from services.sensor.backend import (
+    BackendUnavailable,
+    CommandOutcome,
+    Observation,
+    check_action,
+    check_node_name,
+)
+
+
+@dataclass
+class SimNode:
+    name: str
+    cores: int
+    offline: bool = False
+    down: bool = False
+    jobs: dict[str, int] = field(default_factory=dict)
+    """job id → cores used on this node."""
+    state_since: float = 0.0
+    last_state: str = "free"
+
+    @property
+    def used(self) -> int:
+        return sum(self.jobs.values())
+
+    @property
+    def free_cores(self) -> int:
+        return self.cores - self.used
+
+    def usable(self) -> bool:
+        return not self.offline and not self.down
+
+    def state(self) -> str:
+        if self.down:
+            return "down"
+        if self.offline:
+            return "offline"
+        return "busy" if self.used >= self.cores else "free"
+
+
+@dataclass
+class SimJob:
+    job_id: str
+    cores: int
+    nodes: int
+    duration: float
+    submit_time: float
+    queue: str = "batch"
+    held: bool = False
+    start_time: float | None = None
+    end_time: float | None = None
+    placed_on: list[str] = field(default_factory=list)
+    array_id: str | None = None
+
+
+class SimulatedBatch:
+    """The demo's batch system. Thread-safe: the demo submits from one thread while the sensor
+    service reads and commands from another."""
+
+    name = "simulated"
+
+    def __init__(self, clock: Clock | None = None, *, nodes: dict[str, int] | None = None,
+                 queue: str = "batch") -> None:
+        self.clock = clock or RealClock()
+        self.queue_name = queue
+        self._lock = threading.RLock()
+        self._nodes: dict[str, SimNode] = {}
+        self._queue: list[SimJob] = []
+        self._running: dict[str, SimJob] = {}
+        self._ends: list[tuple[float, int, str]] = []  # (end_time, seq, job_id) heap
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self._now = self.clock.now()
+        self.submitted = 0
+        self._completed = 0
+        self.available = True
+        self.unavailable_reason = "simulated batch server not responding"
+        for name, cores in (nodes or {}).items():
+            self._add(name, cores)
+
+    # ------------------------------------------------------------------ demo-facing API
+    def submit(self, cores: int = 1, nodes: int = 1, duration: float = 60.0, count: int = 1,
+               queue: str | None = None, hold: bool = False) -> list[str]:
+        """Queue ``count`` jobs, each needing ``nodes`` nodes with ``cores`` free cores for
+        ``duration`` seconds of clock time. ``count`` > 1 makes an array (ids ``N[i]``)."""
+        if cores < 1 or nodes < 1 or count < 1 or duration < 0:
+            raise ValueError("cores, nodes and count must be >= 1 and duration >= 0")
+        with self._lock:
+            self._advance()
+            base = next(self._ids)
+            ids = []
+            for i in range(count):
+                job_id = f"{base}[{i}]" if count > 1 else str(base)
+                self._queue.append(SimJob(job_id, cores, nodes, duration, self._now,
+                                          queue or self.queue_name, held=hold,
+                                          array_id=str(base) if count > 1 else None))
+                ids.append(job_id)
+            self.submitted += count
+            self._schedule()
+            return ids
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            for job in self._queue:
+                if job.job_id == job_id or job.array_id == job_id:
+                    job.held = False
+            self._schedule()
+
+    @property
+    def completed(self) -> int:
+        with self._lock:
+            self._advance()
+            return self._completed
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            self._advance()
+            return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            self._advance()
+            return sum(1 for j in self._queue if not j.held)
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    def node(self, name: str) -> SimNode | None:
+        with self._lock:
+            self._advance()
+            return self._nodes.get(name)
+
+    def fail_node(self, name: str) -> None:
+        """The node's daemon dies: it goes down and its jobs are requeued."""
+        with self._lock:
+            self._advance()
+            node = self._nodes[name]
+            self._requeue_jobs_of(node)
+            node.down = True
+            self._touch(node)
+
+    def set_available(self, available: bool, reason: str | None = None) -> None:
+        """Make the batch server unreadable (``snapshot`` raises) — to exercise the sensor's
+        ``available=False`` path."""
+        with self._lock:
+            self.available = available
+            if reason:
+                self.unavailable_reason = reason
+
+    def advance(self) -> None:
+        """Bring the cluster up to the clock's now (every other call does this too)."""
+        with self._lock:
+            self._advance()
+
+    # ------------------------------------------------------------------ BatchBackend
+    def snapshot(self) -> Observation:
+        with self._lock:
+            if not self.available:
+                raise BackendUnavailable(self.unavailable_reason)
+            self._advance()
+            jobs: list[QueuedJob] = []
+            arrays: dict[tuple[str, bool], int] = {}
+            first: dict[tuple[str, bool], SimJob] = {}
+            for job in self._queue:
+                if job.array_id is not None:
+                    key = (job.array_id, job.held)
+                    arrays[key] = arrays.get(key, 0) + 1
+                    first.setdefault(key, job)
+                    continue
+                jobs.append(self._queued(job, job.job_id, 1))
+            for key, n in arrays.items():
+                jobs.append(self._queued(first[key], f"{key[0]}[]", n))
+            nodes = [NodeInfo(name=n.name, state=n.state(), cores=n.cores, cores_used=n.used,  # type: ignore[arg-type]
+                              jobs=sorted(n.jobs), state_since=n.state_since, native_state=n.state())
+                     for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+            return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
+                               finished_jobs=self._completed)
+
+    def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
+                reason: str = "", force: bool = False) -> CommandOutcome:
+        check_action(action)
+        check_node_name(node)
+        with self._lock:
+            if not self.available:
+                return CommandOutcome(False, error=self.unavailable_reason, transient=True)
+            self._advance()
+            existing = self._nodes.get(node)
+            if action == "add":
+                if existing is not None:
+                    return CommandOutcome(True, output=f"node {node} already exists")
+                self._add(node, cores or 1)
+                self._schedule()
+                return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
+            if existing is None:
+                if action == "remove":
+                    return CommandOutcome(True, output=f"node {node} does not exist (already removed)")
+                return CommandOutcome(False, error=f"unknown node {node}", output=f"Unknown node {node}")
+            if action == "offline":
+                if existing.offline:
+                    return CommandOutcome(True, output=f"node {node} already offline")
+                existing.offline = True
+                self._touch(existing)
+                return CommandOutcome(True, changed=True, output=f"node {node} offline ({reason or 'no reason'})")
+            if action == "online":
+                if not existing.offline:
+                    return CommandOutcome(True, output=f"node {node} already online")
+                existing.offline = False
+                self._touch(existing)
+                self._schedule()
+                return CommandOutcome(True, changed=True, output=f"node {node} online")
+            # remove
+            if existing.jobs and not force:
+                return CommandOutcome(False, error=f"node {node} runs {len(existing.jobs)} job(s): "
+                                                   "offline it and wait for them, or force",
+                                      output=", ".join(sorted(existing.jobs)))
+            self._requeue_jobs_of(existing)
+            del self._nodes[node]
+            self._schedule()
+            return CommandOutcome(True, changed=True, output=f"node {node} removed")
+
+    # ------------------------------------------------------------------ internals
+    def _queued(self, job: SimJob, job_id: str, count: int) -> QueuedJob:
+        return QueuedJob(job_id=job_id, cores=job.cores, nodes=job.nodes, queue=job.queue,
+                         submit_time=job.submit_time, wait_seconds=max(0.0, self._now - job.submit_time),
+                         state="held" if job.held else "queued", count=count)
+
+    def _add(self, name: str, cores: int) -> None:
+        self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now)
+
+    def _touch(self, node: SimNode) -> None:
+        state = node.state()
+        if state != node.last_state:
+            node.last_state = state
+            node.state_since = self._now
+
+    def _advance(self) -> None:
+        target = max(self._now, self.clock.now())
+        while self._ends and self._ends[0][0] <= target:
+            end, _, job_id = heapq.heappop(self._ends)
+            job = self._running.get(job_id)
+            if job is None or job.end_time != end:
+                continue  # requeued meanwhile: stale heap entry
+            self._now = max(self._now, end)
+            self._finish(job)
+            # everything else ending at the same instant first, then schedule once
+            while self._ends and self._ends[0][0] <= end:
+                _, _, other_id = heapq.heappop(self._ends)
+                other = self._running.get(other_id)
+                if other is not None and other.end_time is not None and other.end_time <= end:
+                    self._finish(other)
+            self._schedule()
+        self._now = target
+        self._schedule()
+
+    def _finish(self, job: SimJob) -> None:
+        del self._running[job.job_id]
+        for name in job.placed_on:
+            node = self._nodes.get(name)
+            if node is not None:
+                node.jobs.pop(job.job_id, None)
+                self._touch(node)
+        self._completed += 1
+
+    def _requeue_jobs_of(self, node: SimNode) -> None:
+        for job_id in list(node.jobs):
+            job = self._running.pop(job_id, None)
+            if job is None:
+                continue
+            for name in job.placed_on:
+                other = self._nodes.get(name)
+                if other is not None:
+                    other.jobs.pop(job_id, None)
+                    self._touch(other)
+            job.start_time = job.end_time = None
+            job.placed_on = []
+            self._queue.insert(0, job)
+        self._touch(node)
+
+    def _fit(self, job: SimJob, free: dict[str, int]) -> list[str] | None:
+        """Nodes for ``job`` given free cores per usable node, fullest first (packing)."""
+        candidates = sorted((c, name) for name, c in free.items() if c >= job.cores)
+        if len(candidates) < job.nodes:
+            return None
+        return [name for _, name in candidates[: job.nodes]]
+
+    def _shadow_time(self, job: SimJob, free: dict[str, int]) -> float:
+        """Earliest time the head job could start if nothing else starts (EASY reservation)."""
+        free = dict(free)
+        for run in sorted(self._running.values(), key=lambda j: j.end_time or 0.0):
+            for name in run.placed_on:
+                if name in free:
+                    free[name] += self._nodes[name].jobs.get(run.job_id, 0)
+            if self._fit(job, free) is not None:
+                return run.end_time or self._now
+        return float("inf")
+
+    def _schedule(self) -> None:
+        free = {n.name: n.free_cores for n in self._nodes.values() if n.usable()}
+        if not free or not self._queue:
+            return
+        shadow: float | None = None
+        remaining: list[SimJob] = []
+        for job in self._queue:
+            if job.held:
+                remaining.append(job)
+                continue
+            placement = self._fit(job, free)
+            if placement is not None and (shadow is None or self._now + job.duration <= shadow):
+                self._start(job, placement)
+                for name in placement:
+                    free[name] -= job.cores
+                continue
+            if shadow is None:  # first job that cannot start: it holds the reservation
+                shadow = self._shadow_time(job, free)
+            remaining.append(job)
+        self._queue = remaining
+
+    def _start(self, job: SimJob, placement: list[str]) -> None:
+        job.start_time = self._now
+        job.end_time = self._now + job.duration
+        job.placed_on = placement
+        self._running[job.job_id] = job
+        for name in placement:
+            node = self._nodes[name]
+            node.jobs[job.job_id] = job.cores
+            self._touch(node)
+        heapq.heappush(self._ends, (job.end_time, next(self._seq), job.job_id))

@@ -1,0 +1,1 @@
+"""Slurm backend: ``squeue --json``/``sinfo --json`` in, ``scontrol`` out."""

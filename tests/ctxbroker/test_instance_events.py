@@ -1,0 +1,96 @@
+"""Over the real RabbitMQ: a terminated instance's node leaves its context; joins/leaves are published."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kombu import Queue
+
+from common.broker import Broker, Publisher
+from common.config import parse_config
+from common.messages import ContextMembership, InstanceEvent
+from common.runtime import Service
+from common.testing import drain, wait_for
+from services.ctxbroker.app import CtxBrokerService, build_service
+from services.ctxbroker.client import AdminClient, NodeClient
+from services.ctxbroker.server import BrokerServer, ServerSettings
+from tests.ctxbroker.conftest import ADMIN_TOKEN, node
+
+
+@pytest.fixture
+def service(broker: Broker, sqlite_url: str, tls_files: tuple[str, str]) -> Iterator[CtxBrokerService]:
+    server = BrokerServer(ServerSettings("127.0.0.1", 0, tls_files[0], tls_files[1], ADMIN_TOKEN, sqlite_url))
+    svc = CtxBrokerService(server, Service("ctxbroker", broker))
+    svc.start_in_thread()
+    assert svc.service.wait_ready(15)
+    yield svc
+    svc.close()
+
+
+def _tap(broker: Broker) -> str:
+    """A queue bound to context.member.# (declared now, so it sees every later event)."""
+    name = broker.topology.n("test.ctx-members")
+    with broker.connection() as conn:
+        ch = conn.channel()
+        broker.topology.events_exchange(ch).declare()
+        Queue(name, exchange=broker.topology.events_exchange, routing_key="context.member.#",
+              durable=False, auto_delete=False)(ch).declare()
+    return name
+
+
+def test_terminated_instance_leaves_its_context(service: CtxBrokerService, broker: Broker,
+                                                tls_files: tuple[str, str]) -> None:
+    tap = _tap(broker)
+    admin = AdminClient(service.server.public_url, ADMIN_TOKEN, ca_file=tls_files[0])
+    ctx = admin.create("cluster")
+    nc = NodeClient(ctx["uri"], ctx["key"], ctx["secret"], ca_file=tls_files[0])
+    nc.join(node(1, instance_id="i-1"))
+    nc.join(node(2, instance_id="i-2"))
+    publisher = Publisher(broker, source="test-provisioner")
+    common = dict(domain="alpha", site="sim", at=time.time(), node_name="wn-1")
+    # a non-terminal state is not even routed here; a terminated one removes the node
+    publisher.publish(InstanceEvent(instance_id="i-1", state="joined", **common))
+    publisher.publish(InstanceEvent(instance_id="i-1", state="terminated", reason="idle", seq=5, **common))
+    publisher.publish(InstanceEvent(instance_id="i-1", state="terminated", seq=5, **common))  # duplicate
+    publisher.publish(InstanceEvent(instance_id="i-unknown", state="failed", **common))
+    wait_for(lambda: [n["hostname"] for n in admin.nodes(ctx["id"])] == ["wn-2"], timeout=15,
+             message="wn-1 removed after its instance terminated")
+    doc = nc.updates(0)
+    assert [(e["id"], e["kind"], e["hostname"]) for e in doc["entries"]] == [
+        (1, "join", "wn-1"), (2, "join", "wn-2"), (3, "leave", "wn-1")]
+    assert doc["entries"][2]["reason"] == "instance terminated: idle"
+
+    events: list[ContextMembership] = []
+
+    def collect() -> bool:
+        events.extend(m for _env, m in drain(broker, tap) if isinstance(m, ContextMembership))
+        return len(events) >= 3
+
+    wait_for(collect, timeout=15, message="three ContextMembership events")
+    assert [(e.entry_id, e.kind, e.hostname, e.context_id) for e in events] == [
+        (1, "join", "wn-1", ctx["id"]), (2, "join", "wn-2", ctx["id"]), (3, "leave", "wn-1", ctx["id"])]
+    publisher.close()
+    nc.close()
+    admin.close()
+
+
+def test_build_service_from_config(tmp_path: Path, rabbit_url: str, prefix: str) -> None:
+    config = parse_config({
+        "broker": {"url": rabbit_url, "prefix": prefix},
+        "ctxbroker": {"port": 0, "store_url": f"sqlite:///{tmp_path / 'ctx.db'}",
+                      "admin_token_file": str(tmp_path / "admin.token")},
+    }, environ={})
+    svc = build_service(config)
+    svc.start_in_thread()
+    try:
+        token = (tmp_path / "admin.token").read_text().strip()
+        assert (tmp_path / "admin.token").stat().st_mode & 0o777 == 0o600
+        cert = tmp_path / "epu-ctxbroker-tls" / "cert.pem"
+        admin = AdminClient(svc.server.public_url, token, ca_file=str(cert))
+        assert admin.create("x")["uri"].startswith(svc.server.public_url)
+        admin.close()
+    finally:
+        svc.close()

@@ -1,0 +1,76 @@
+"""The SQL store on both engines: dense ordered ids, idempotent joins/leaves, concurrent appends."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from services.ctxbroker.core import NodeFields, fold
+from services.ctxbroker.store import ContextNotFound, Store
+from tests.ctxbroker.conftest import node
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest) -> Store:
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    s = Store(url)
+    yield s
+    s.close()
+
+
+def n(i: int, **kw: object) -> NodeFields:
+    return NodeFields.model_validate(node(i, **kw))
+
+
+def test_ordered_list_and_members(store: Store) -> None:
+    store.create_context("c1", "one", "k1", "h1")
+    store.create_context("c2", "two", "k2", "h2")
+    assert store.join("c1", n(1))[1] == 1
+    assert store.join("c1", n(1)) == (None, 1)  # no change, no entry
+    assert store.join("c2", n(1))[1] == 1  # ids are per context
+    assert store.join("c1", n(2))[1] == 2
+    assert store.leave("c1", "wn-1", "bye")[1] == 3
+    assert store.leave("c1", "wn-1") == (None, 3)
+    es = store.entries("c1")
+    assert [(e.entry_id, e.kind, e.hostname) for e in es] == [(1, "join", "wn-1"), (2, "join", "wn-2"),
+                                                              (3, "leave", "wn-1")]
+    assert es[2].reason == "bye"
+    assert [e.entry_id for e in store.entries("c1", after=1)] == [2, 3]
+    assert [m.hostname for m in store.members("c1")] == ["wn-2"]
+    assert fold(es) == {m.hostname: m for m in store.members("c1")}
+    assert store.heads() == {"c1": 3, "c2": 1}
+    with pytest.raises(ContextNotFound):
+        store.join("nope", n(1))
+    assert store.delete_context("c1") and not store.delete_context("c1")
+    assert store.entries("c1") == [] and store.get_context("c1") is None
+
+
+def test_members_by_instance(store: Store) -> None:
+    store.create_context("c1", "one", "k1", "h1")
+    store.create_context("c2", "two", "k2", "h2")
+    store.join("c1", n(1, instance_id="i-1"))
+    store.join("c2", n(1, instance_id="i-1"))
+    store.join("c1", n(2, instance_id="i-2"))
+    assert sorted(store.contexts_of_instance("i-1")) == [("c1", "wn-1"), ("c2", "wn-1")]
+
+
+def test_concurrent_appends_get_dense_unique_ids(store: Store) -> None:
+    store.create_context("c1", "one", "k1", "h1")
+    errors: list[BaseException] = []
+
+    def worker(base: int) -> None:
+        try:
+            for i in range(base, base + 10):
+                store.join("c1", n(i))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(b * 10,)) for b in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [e.entry_id for e in store.entries("c1")] == list(range(1, 41))
+    assert len(store.members("c1")) == 40

@@ -1,0 +1,43 @@
+"""Pure parts of the CLI: key=value parsing and the status board fold."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.messages import ActionRecord, DecisionRecord, InstanceEvent, ViewSummary
+from services.decision.cli import UsageError, parse_assignments
+from services.decision.status import Board, render
+from tests.decision.helpers import jobs, node, snapshot
+
+
+def test_parse_assignments():
+    got = parse_assignments(["policy=threshold", "jobs_per_vm=2", "max_nodes=7", "sites=a, b",
+                             "paused=false", "upper=0.8", "placement=cheapest", "params.note=hello"])
+    assert got == {"policy": "threshold", "max_nodes": 7, "sites": ["a", "b"], "paused": False,
+                   "placement": "cheapest", "params": {"jobs_per_vm": 2, "upper": 0.8, "note": "hello"}}
+    with pytest.raises(UsageError):
+        parse_assignments(["max_nodes"])
+
+
+def test_board_folds_events():
+    b = Board("d")
+    assert b.apply(snapshot(queued=jobs(3, cores=2), nodes=[node("a"), node("b", "busy")]))
+    ev = dict(domain="d", site="s1", at=1.0)
+    assert b.apply(InstanceEvent(instance_id="i1", state="pending", seq=1, **ev))
+    assert b.apply(InstanceEvent(instance_id="i2", state="started", seq=2, **ev))
+    assert not b.apply(InstanceEvent(instance_id="i2", state="pending", seq=1, **ev))  # stale
+    assert b.apply(InstanceEvent(instance_id="i1", state="terminated", seq=5, **ev))
+    assert not b.apply(snapshot("other"))
+    rec = DecisionRecord(domain="d", iteration=4, policy="queue-demand", saw=ViewSummary(), at=2.0,
+                         actions=[ActionRecord(kind="launch", site="s1")], notes=["why"])
+    assert b.apply(rec)
+    (st,) = b.as_json()
+    assert st["queue"] == {"jobs": 3, "cores": 6} and st["nodes_by_state"] == {"free": 1, "busy": 1}
+    assert st["instances_by_site"] == {"s1": {"started": 1}}
+    assert st["last_decision"]["iteration"] == 4 and st["last_decision"]["notes"] == ["why"]
+    from rich.console import Console
+
+    console = Console(record=True, width=120)
+    console.print(render(b))
+    text = console.export_text()
+    assert "domain d" in text and "3 jobs, 6 cores" in text and "launch×1" in text

@@ -1,0 +1,80 @@
+"""Fixtures for the provisioner: a simulated cloud, a store, and a Provisioner wired to both."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from common.clock import ManualClock
+from common.config.provisioner import SiteConfig
+from common.messages import InstanceEvent
+from services.provisioner.cloud import LibcloudSite
+from services.provisioner.provisioner import Provisioner, ProvisionerSettings
+from services.provisioner.runner import RetryPolicy
+from services.provisioner.sim import SimulatedNodeDriver
+from services.provisioner.store import Store
+from services.provisioner.userdata import UserdataRenderer
+
+FAST_RETRY = RetryPolicy(attempts=5, initial=0.001, maximum=0.01, jitter=0.005)
+
+
+class Events:
+    """Collects published events; thread-safe, like the real publisher."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.items: list[InstanceEvent] = []
+
+    def __call__(self, event: InstanceEvent) -> None:
+        with self._lock:
+            self.items.append(event)
+
+    def for_(self, instance_id: str) -> list[InstanceEvent]:
+        with self._lock:
+            return [e for e in self.items if e.instance_id == instance_id]
+
+    def states(self, instance_id: str) -> list[str]:
+        return [e.state for e in self.for_(instance_id)]
+
+
+def site_config(**kw: object) -> SiteConfig:
+    base: dict[str, object] = {"driver": "epu-sim", "image": "sim-image", "size": "sim.1core",
+                               "rate_limit_per_second": 1000.0, "max_in_flight": 8}
+    base.update(kw)
+    return SiteConfig.model_validate(base)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def cloud(tmp_path, clock: ManualClock) -> SimulatedNodeDriver:
+    return SimulatedNodeDriver(path=str(tmp_path / "cloud.db"), boot_time_min=10, boot_time_max=20,
+                               clock=clock, seed=1)
+
+
+@pytest.fixture
+def make_provisioner(sqlite_url: str, clock: ManualClock) -> Iterator[Callable[..., tuple[Provisioner, Events]]]:
+    made: list[Provisioner] = []
+
+    def make(drivers: dict[str, SimulatedNodeDriver], *, url: str | None = None, deployment: str = "epu",
+             grace: float = 600.0, site_kw: dict[str, object] | None = None,
+             clock_: object = None) -> tuple[Provisioner, Events]:
+        events = Events()
+        sites = {name: LibcloudSite(name, site_config(**(site_kw or {})), d, deployment)
+                 for name, d in drivers.items()}
+        renderers = {name: UserdataRenderer.from_path() for name in drivers}
+        prov = Provisioner(Store(url or sqlite_url), sites, events, clock=clock_ or clock, renderers=renderers,
+                           settings=ProvisionerSettings(deployment=deployment, orphan_grace_seconds=grace,
+                                                        retry=FAST_RETRY))
+        made.append(prov)
+        return prov, events
+
+    yield make
+    for p in made:
+        p.shutdown(wait=True)
+        p.store.close()

@@ -1,0 +1,66 @@
+"""`epu instances list|terminate`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.broker import Broker
+from common.cli import main
+from common.messages import LaunchRequest, TerminateRequest
+from common.testing import drain
+from services.provisioner.store import Store
+
+
+def write_config(tmp_path, store_url: str, broker: Broker | None = None) -> str:
+    text = f'[provisioner]\nstore_url = "{store_url}"\n'
+    if broker is not None:
+        text += f'[broker]\nurl = "{broker.url}"\nprefix = "{broker.topology.prefix}"\n'
+    path = tmp_path / "epu.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def seed(url: str) -> None:
+    store = Store(url)
+    for i, domain in ((1, "alpha"), (2, "beta")):
+        store.record_launch(LaunchRequest(launch_id=f"i{i}", domain=domain, site="sim", node_name=f"w{i}"), 100.0)
+    store.advance("i1", "started", 101.0, cloud_id="c-1", ip="10.0.0.1", reason="node running")
+    store.close()
+
+
+def test_list_table_and_json(tmp_path, sqlite_url, capsys) -> None:
+    seed(sqlite_url)
+    cfg = write_config(tmp_path, sqlite_url)
+    assert main(["instances", "list", "-c", cfg]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["INSTANCE", "DOMAIN", "SITE", "STATE"]
+    assert "10.0.0.1" in out[1] and "started" in out[1]
+    assert main(["instances", "list", "-c", cfg, "--domain", "beta", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(d["instance_id"], d["state"]) for d in doc] == [("i2", "requested")]
+
+
+@pytest.mark.rabbitmq
+def test_terminate_sends_a_request(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
+    seed(sqlite_url)
+    cfg = write_config(tmp_path, sqlite_url, broker)
+    with broker.connection() as conn:
+        broker.topology.declare(conn.channel(), [broker.topology.provisioner_spec()])
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck"]) == 0
+    assert "terminate requested" in capsys.readouterr().out
+    [(envelope, msg)] = drain(broker, broker.topology.n("epu.provisioner"))
+    assert isinstance(msg, TerminateRequest) and msg.instance_id == "i1" and msg.domain == "alpha"
+    assert msg.reason == "stuck"
+    assert main(["instances", "terminate", "unknown-id", "-c", cfg]) == 2
+
+
+def test_help_reads_like_a_man_page(capsys) -> None:
+    for argv in (["instances", "list", "--help"], ["instances", "terminate", "--help"]):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            assert exc.code == 0
+        text = capsys.readouterr().out
+        assert "examples:" in text and "exit status" in text

@@ -1,0 +1,247 @@
+"""The provisioner against the simulated cloud: idempotency, errors, polling, reconciliation."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.clock import ManualClock
+from common.messages import LaunchRequest, TerminateRequest
+from common.testing import wait_for
+from services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH
+from services.provisioner.sim import SimulatedNodeDriver
+
+
+def launch(i: int = 1, site: str = "sim", **kw: object) -> LaunchRequest:
+    return LaunchRequest(launch_id=f"launch-{i}", domain="alpha", site=site, node_name=f"worker-{i}", **kw)
+
+
+def test_duplicate_and_redelivered_launch_make_one_instance(make_provisioner, cloud: SimulatedNodeDriver) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    for _ in range(5):
+        prov.handle_launch(launch())
+    assert prov.wait_idle()
+    prov.handle_launch(launch())  # a late redelivery after the launch landed
+    assert prov.wait_idle()
+    assert cloud.ex_count() == 1
+    rec = prov.store.get("launch-1")
+    assert rec.state == "pending" and rec.cloud_id
+    assert events.states("launch-1") == ["requested", "pending"]
+    [node] = cloud.list_nodes()
+    assert node.extra["tags"][TAG_LAUNCH] == "launch-1" and node.extra["tags"]["epu-domain"] == "alpha"
+    assert node.extra["client_token"] == "launch-1"
+    assert node.extra["userdata_bytes"] > 0
+
+
+def test_events_carry_node_name_ip_and_increasing_seq(make_provisioner, cloud, clock: ManualClock) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    prov.handle_launch(launch(cores=4))
+    assert prov.wait_idle()
+    assert prov.poll("sim") == 0
+    clock.advance(30)
+    assert prov.poll("sim") == 1
+    assert prov.poll("sim") == 0  # each transition published once
+    started = events.for_("launch-1")[-1]
+    assert started.state == "started" and started.node_name == "worker-1" and started.ip and started.cores == 4
+    assert [e.seq for e in events.for_("launch-1")] == [1, 2, 3]
+    prov.handle_terminate(TerminateRequest(request_id="t1", instance_id="launch-1", domain="alpha", reason="idle"))
+    assert prov.wait_idle()
+    prov.poll("sim")
+    assert events.states("launch-1") == ["requested", "pending", "started", "terminating", "terminated"]
+    # idempotent: repeating the terminate changes nothing
+    prov.handle_terminate(TerminateRequest(request_id="t1", instance_id="launch-1", domain="alpha"))
+    assert prov.wait_idle() and len(events.for_("launch-1")) == 5
+
+
+def test_unknown_terminate_recorded_terminal(make_provisioner, cloud) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    rec = prov.handle_terminate(TerminateRequest(request_id="t", instance_id="nobody", domain="alpha"))
+    assert rec.state == "terminated" and events.states("nobody") == ["terminated"]
+    # a launch arriving later for that id is not started
+    prov.handle_launch(LaunchRequest(launch_id="nobody", domain="alpha", site="sim", node_name="n"))
+    assert prov.wait_idle() and cloud.ex_count() == 0
+
+
+def test_transient_errors_converge(make_provisioner, cloud) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    cloud.inject("transient", 3)
+    prov.handle_launch(launch())
+    assert prov.wait_idle()
+    assert prov.store.get("launch-1").state == "pending" and cloud.ex_count() == 1
+    assert cloud.calls["create"] == 4
+
+
+def test_capacity_reported_at_once(make_provisioner, cloud) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    cloud.set_knobs(quota=0)
+    prov.handle_launch(launch())
+    assert prov.wait_idle()
+    failed = events.for_("launch-1")[-1]
+    assert failed.state == "failed" and failed.error_kind == "capacity" and "InstanceLimitExceeded" in failed.reason
+    assert cloud.calls["create"] == 1  # not retried: the engine fails over instead
+
+
+def test_site_quota_is_a_capacity_error(make_provisioner, cloud) -> None:
+    prov, events = make_provisioner({"sim": cloud}, site_kw={"quota": 2})
+    for i in range(3):
+        prov.handle_launch(launch(i))
+    assert prov.wait_idle()
+    last = events.for_("launch-2")[-1]
+    assert last.state == "failed" and last.error_kind == "capacity" and "quota" in last.reason
+    assert cloud.ex_count() == 2
+
+
+def test_permanent_errors_fail_with_reason(make_provisioner, cloud) -> None:
+    prov, events = make_provisioner({"sim": cloud}, site_kw={"image": "no-such-image"})
+    cloud.set_knobs(images=["sim-image"])
+    prov.handle_launch(launch(1))
+    prov.handle_launch(launch(2, site="nowhere"))
+    assert prov.wait_idle()
+    one, two = events.for_("launch-1")[-1], events.for_("launch-2")[-1]
+    assert one.state == "failed" and one.error_kind == "permanent" and "InvalidAMIID" in one.reason
+    assert two.state == "failed" and two.error_kind == "permanent" and "unknown site" in two.reason
+
+
+def test_lost_answers_never_make_a_second_node(make_provisioner, cloud) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    cloud.inject("lost", 2)  # created, but the answer timed out: retried with the same token
+    prov.handle_launch(launch(1))
+    assert prov.wait_idle()
+    cloud.client_tokens = False  # a provider without client tokens: the tag lookup guards
+    cloud.inject("lost", 2)
+    prov.handle_launch(launch(2))
+    assert prov.wait_idle()
+    assert cloud.ex_count() == 2
+    assert prov.store.get("launch-1").state == prov.store.get("launch-2").state == "pending"
+
+
+def test_transient_errors_exhausted_then_swept(make_provisioner, cloud, clock: ManualClock) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    cloud.client_tokens = False
+    cloud.inject("lost", 1)  # the node is made but its answer lost ...
+    cloud.inject("transient", 50, call="list")  # ... and the cloud stays unreachable
+    prov.handle_launch(launch())
+    assert prov.wait_idle()
+    failed = events.for_("launch-1")[-1]
+    assert failed.state == "failed" and failed.error_kind == "transient"
+    assert cloud.ex_count() == 1
+    cloud._injected["list"].clear()  # the cloud is back: reconciliation sweeps the node
+    report = prov.reconcile("sim")
+    assert len(report.swept) == 1 and cloud.ex_count() == 0
+
+
+def test_slow_site_does_not_block_another(make_provisioner, tmp_path, clock: ManualClock) -> None:
+    slow = SimulatedNodeDriver(path=str(tmp_path / "slow.db"), api_latency=1.0, clock=clock)
+    fast = SimulatedNodeDriver(path=str(tmp_path / "fast.db"), clock=clock)
+    prov, events = make_provisioner({"slow": slow, "fast": fast}, site_kw={"max_in_flight": 2})
+    for i in range(4):
+        prov.handle_launch(launch(i, site="slow"))
+    for i in range(10, 16):
+        prov.handle_launch(launch(i, site="fast"))
+    wait_for(lambda: fast.ex_count() == 6, timeout=0.9, message="fast site done while slow site busy")
+    assert slow.ex_count() <= 2
+    assert prov.wait_idle(10)
+
+
+def test_vanished_nodes_are_marked_terminated(make_provisioner, cloud, clock: ManualClock) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    prov.handle_launch(launch())
+    assert prov.wait_idle()
+    cloud.ex_vanish(prov.store.get("launch-1").cloud_id)
+    prov.poll("sim")
+    assert prov.store.get("launch-1").state == "pending"  # one miss is not enough
+    prov.poll("sim")
+    last = events.for_("launch-1")[-1]
+    assert last.state == "terminated" and "vanished" in last.reason
+
+
+def test_boot_failure_reported(make_provisioner, cloud, clock: ManualClock) -> None:
+    cloud.set_knobs(boot_failure_rate=1.0)
+    prov, events = make_provisioner({"sim": cloud})
+    prov.handle_launch(launch())
+    assert prov.wait_idle()
+    clock.advance(30)
+    prov.poll("sim")
+    assert events.states("launch-1")[-1] == "failed"
+
+
+def test_reconcile_adopts_known_and_sweeps_unknown_after_grace(make_provisioner, cloud, clock: ManualClock) -> None:
+    prov, events = make_provisioner({"sim": cloud}, grace=60)
+    # a launch stored, whose node exists in the cloud but the store never heard of it
+    prov.store.record_launch(launch(1), clock.now())
+    prov.store.note_cloud_attempt("launch-1", clock.now())
+    tags = {TAG_DEPLOYMENT: "epu", TAG_LAUNCH: "launch-1"}
+    cloud.create_node("worker-1", cloud.list_sizes()[0], cloud.list_images()[0], ex_metadata=tags)
+    # an orphan: tagged with our deployment, launch id unknown
+    cloud.create_node("stray", cloud.list_sizes()[0], cloud.list_images()[0],
+                      ex_metadata={TAG_DEPLOYMENT: "epu", TAG_LAUNCH: "who-knows"})
+    # someone else's node: never touched
+    cloud.create_node("other", cloud.list_sizes()[0], cloud.list_images()[0],
+                      ex_metadata={TAG_DEPLOYMENT: "other", TAG_LAUNCH: "x"})
+    report = prov.reconcile("sim")
+    assert report.adopted == ["launch-1"] and report.swept == [] and len(report.waiting_orphans) == 1
+    assert prov.store.get("launch-1").cloud_id
+    clock.advance(61)
+    report = prov.reconcile("sim")
+    assert len(report.swept) == 1
+    live = {n.name for n in cloud.list_nodes() if n.state.value != "terminated"}
+    assert live == {"worker-1", "other"}
+
+
+def test_terminate_while_launch_in_flight(make_provisioner, tmp_path, clock: ManualClock) -> None:
+    slowish = SimulatedNodeDriver(path=str(tmp_path / "s.db"), api_latency=0.3, clock=clock)
+    prov, events = make_provisioner({"sim": slowish})
+    prov.handle_launch(launch())
+    wait_for(lambda: slowish.calls["create"] == 1, message="create call started")
+    prov.handle_terminate(TerminateRequest(request_id="t", instance_id="launch-1", domain="alpha"))
+    assert prov.wait_idle(10)
+    wait_for(lambda: (prov.poll("sim"), prov.store.get("launch-1").state)[1] == "terminated", timeout=10,
+             message="terminated")
+    assert slowish.ex_count() == 0
+
+
+def test_unpublished_transitions_are_published_by_the_outbox(make_provisioner, cloud, clock: ManualClock) -> None:
+    prov, events = make_provisioner({"sim": cloud})
+    real = prov._publish
+    down = {"on": True}
+
+    def flaky(event):  # the broker is unreachable for a while
+        if down["on"]:
+            raise ConnectionError("broker down")
+        return real(event)
+
+    prov._publish = flaky
+    prov.handle_launch(launch())
+    assert prov.wait_idle()
+    assert events.items == []
+    down["on"] = False
+    clock.advance(30)
+    assert prov.flush_outbox() == 2
+    assert events.states("launch-1") == ["requested", "pending"]
+    assert prov.flush_outbox() == 0  # once
+
+
+def test_competing_provisioners_share_store_and_cloud(make_provisioner, tmp_path, sqlite_url, clock) -> None:
+    path = str(tmp_path / "shared-cloud.db")
+    a, ev_a = make_provisioner({"sim": SimulatedNodeDriver(path=path, clock=clock, api_latency=0.01)})
+    b, ev_b = make_provisioner({"sim": SimulatedNodeDriver(path=path, clock=clock, api_latency=0.01)})
+    for i in range(20):  # every request delivered to both (a redelivery after a lost ack)
+        a.handle_launch(launch(i))
+        b.handle_launch(launch(i))
+    assert a.wait_idle(20) and b.wait_idle(20)
+    assert SimulatedNodeDriver(path=path, clock=clock).ex_count() == 20
+    assert {r.state for r in a.store.list()} == {"pending"}
+    for i in range(20):  # each transition announced by exactly one of them
+        states = [e.state for e in ev_a.for_(f"launch-{i}") + ev_b.for_(f"launch-{i}")]
+        assert sorted(states) == ["pending", "requested"]
+
+
+@pytest.mark.postgres
+def test_provisioner_on_postgresql(pg_url, make_provisioner, cloud, clock: ManualClock) -> None:
+    prov, events = make_provisioner({"sim": cloud}, url=pg_url)
+    for _ in range(3):
+        prov.handle_launch(launch())
+    assert prov.wait_idle()
+    clock.advance(30)
+    prov.poll("sim")
+    assert cloud.ex_count() == 1 and events.states("launch-1") == ["requested", "pending", "started"]
+    assert [h["to_state"] for h in prov.store.history("launch-1")] == ["requested", "pending", "started"]

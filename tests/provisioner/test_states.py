@@ -1,0 +1,62 @@
+"""The pure state machine and error classes: fast, no I/O."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from libcloud.common.exceptions import BaseHTTPError
+from libcloud.common.types import InvalidCredsError, LibcloudError
+from libcloud.compute.types import NodeState
+
+from common.messages import INSTANCE_STATE_ORDER
+from services.provisioner.errors import classify
+from services.provisioner.states import check_transition, map_node_state
+
+STATES = list(INSTANCE_STATE_ORDER)
+
+
+def test_forward_moves_allowed_and_may_skip() -> None:
+    assert check_transition("requested", "pending").allowed
+    assert check_transition("requested", "started").allowed
+    assert check_transition("started", "terminating").allowed
+    assert check_transition("pending", "failed").allowed
+
+
+def test_backwards_same_and_terminal_refused() -> None:
+    assert not check_transition("started", "pending").allowed
+    assert check_transition("started", "started").why == "no change"
+    assert not check_transition("terminated", "started").allowed
+    assert not check_transition("failed", "terminated").allowed
+    assert not check_transition("terminated", "failed").allowed
+    assert not check_transition("requested", "bogus").allowed
+
+
+@given(st.lists(st.sampled_from(STATES), max_size=30))
+def test_any_sequence_of_proposals_only_moves_forward(proposals: list[str]) -> None:
+    state = "requested"
+    for p in proposals:
+        if check_transition(state, p).allowed:
+            assert INSTANCE_STATE_ORDER[p] > INSTANCE_STATE_ORDER[state]
+            state = p
+    assert state in STATES
+
+
+def test_libcloud_states_map() -> None:
+    assert map_node_state(NodeState.PENDING) == "pending"
+    assert map_node_state(NodeState.RUNNING) == "started"
+    assert map_node_state(NodeState.TERMINATED) == "terminated"
+    assert map_node_state(NodeState.ERROR) == "failed"
+    assert map_node_state(NodeState.STOPPED) is None
+    assert map_node_state("running") == "started"
+
+
+def test_error_classes() -> None:
+    assert classify(BaseHTTPError(503, "ServiceUnavailable")) == "transient"
+    assert classify(BaseHTTPError(429, "slow down")) == "transient"
+    assert classify(TimeoutError("read timed out")) == "transient"
+    assert classify(Exception("RequestLimitExceeded: Request limit exceeded.")) == "transient"
+    assert classify(LibcloudError("InsufficientInstanceCapacity: none left")) == "capacity"
+    assert classify(Exception("InstanceLimitExceeded: Your quota allows for 0 more")) == "capacity"
+    assert classify(InvalidCredsError("AuthFailure")) == "permanent"
+    assert classify(Exception("InvalidAMIID.NotFound: The image id 'ami-1' does not exist")) == "permanent"
+    assert classify(ValueError("something odd")) == "permanent"

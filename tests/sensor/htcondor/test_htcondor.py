@@ -1,0 +1,214 @@
+"""HTCondor normalization on real classad2 ads, and commands through a bindings double."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import classad2
+import htcondor2
+import pytest
+
+from services.sensor.backend import BackendUnavailable, InvalidNodeName
+from services.sensor.htcondor.backend import HTCondorBackend, verified_command
+from services.sensor.htcondor.parse import normalize_jobs, normalize_startds
+from services.sensor.states import HTCONDOR_JOB_STATUS, HTCONDOR_SLOT_STATES
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "htcondor"
+NOW = 1795323000.0
+
+
+def ads(name: str) -> list[classad2.ClassAd]:
+    return list(classad2.parseAds((FIXTURES / name).read_text()))
+
+
+@pytest.fixture(scope="module")
+def nodes() -> dict[str, Any]:
+    return {n.name.split(".")[0]: n for n in normalize_startds(ads("startds.ads"))}
+
+
+@pytest.mark.parametrize(("machine", "state", "cores", "used", "jobs"), [
+    ("exec01", "free", 2, 1, ["102.0"]),            # static slots, one claimed
+    ("exec02", "free", 4, 3, ["107.0", "107.1"]),   # partitionable, 1 core left
+    ("exec03", "busy", 4, 4, ["109.0"]),            # partitionable, all cores in a dynamic slot
+    ("exec04", "offline", 8, 0, []),                # Owner
+    ("exec05", "offline", 4, 2, ["110.0"]),         # Drained/Retiring while draining
+    ("exec06", "free", 1, 0, []),                   # Backfill
+    ("exec07", "busy", 1, 1, []),                   # Matched
+    ("exec08", "busy", 1, 1, ["111.0"]),            # Preempting
+    ("exec09", "unknown", 1, 0, []),                # a state no table knows
+    ("exec10", "free", 2, 0, []),                   # Delete (dynamic slot going away)
+])
+def test_every_slot_state(nodes: dict[str, Any], machine: str, state: str, cores: int, used: int,
+                          jobs: list[str]) -> None:
+    n = nodes[machine]
+    assert (n.state, n.cores, n.cores_used, n.jobs) == (state, cores, used, jobs)
+
+
+def test_fixture_covers_every_table_state() -> None:
+    seen = {str(ad["State"]) for ad in ads("startds.ads")}
+    assert set(HTCONDOR_SLOT_STATES) <= seen
+    statuses = {int(ad["JobStatus"]) for ad in ads("jobs.ads")}
+    assert set(HTCONDOR_JOB_STATUS) <= statuses
+
+
+def test_unknown_slot_state_warns(caplog: pytest.LogCaptureFixture) -> None:
+    warnings: list[str] = []
+    with caplog.at_level(logging.WARNING):
+        normalize_startds(ads("startds.ads"), warnings)
+    assert len(warnings) == 1 and "Hibernating" in warnings[0] and "Hibernating" in caplog.text
+
+
+def test_jobs_demand_held_blocked_arrays_parallel_and_expressions() -> None:
+    jobs = normalize_jobs(ads("jobs.ads"), NOW)
+    by_id = {j.job_id: j for j in jobs.queued}
+    assert (by_id["100.*"].count, by_id["100.*"].cores) == (5, 1)          # 5 idle procs of cluster 100
+    assert by_id["101.0"].state == "held"
+    assert (by_id["103.0"].cores, by_id["103.0"].memory_mb) == (4, 8192)
+    assert (by_id["104.0"].nodes, by_id["104.0"].cores) == (3, 2)          # parallel universe
+    assert by_id["105.0"].cores == 2                                        # RequestCpus = 1 + 1
+    assert by_id["106.0"].state == "blocked"                                # deferred to the future
+    assert jobs.running == 3 and jobs.finished == 2                         # 2, 6, 7 / 3, 4
+    assert by_id["103.0"].wait_seconds == NOW - 1795321000
+    demand = [j for j in jobs.queued if j.state == "queued"]
+    assert sum(j.count * j.cores * j.nodes for j in demand) == 5 + 4 + 6 + 2
+
+
+# ------------------------------------------------------------------ commands through a bindings double
+class FakeStartd:
+    def __init__(self, log: list[Any], ad: Any) -> None:
+        self.log, self.ad = log, ad
+
+    def drainJobs(self, drain_type: Any, reason: str | None = None, **_: Any) -> str:  # noqa: N802
+        self.log.append(("drain", str(self.ad["Machine"]), drain_type, reason))
+        return "drain-1"
+
+    def cancelDrainJobs(self, request_id: str | None = None) -> None:  # noqa: N802
+        self.log.append(("cancel", str(self.ad["Machine"])))
+
+
+class FakeCollector:
+    def __init__(self, world: FakeCondor) -> None:
+        self.world = world
+
+    def query(self, ad_type: Any = None, constraint: str | None = None, projection: Any = None) -> list[Any]:
+        if self.world.down:
+            raise htcondor2.HTCondorException("Failed to fetch ads from collector")
+        pool = self.world.startds if ad_type == htcondor2.AdTypes.Startd else self.world.masters
+        if constraint is None:
+            return pool
+        return [ad for ad in pool if classad2.ExprTree(constraint).eval(ad) is True]
+
+    def locateAll(self, daemon_type: Any) -> list[Any]:  # noqa: N802
+        return [classad2.ClassAd({"Name": "schedd@head"})]
+
+
+class FakeSchedd:
+    def __init__(self, world: FakeCondor) -> None:
+        self.world = world
+
+    def query(self, constraint: str = "True", projection: Any = ()) -> list[Any]:
+        self.world.log.append(("schedd.query", constraint, tuple(projection)))
+        return [ad for ad in self.world.jobs if classad2.ExprTree(constraint).eval(ad) is True]
+
+
+class FakeCondor:
+    """Stands in for the ``htcondor2`` module: real enums and ClassAds, recorded calls."""
+
+    AdTypes = htcondor2.AdTypes
+    DrainTypes = htcondor2.DrainTypes
+    DaemonTypes = htcondor2.DaemonTypes
+
+    def __init__(self, daemon_commands: Any = htcondor2.DaemonCommands) -> None:
+        self.DaemonCommands = daemon_commands
+        self.log: list[Any] = []
+        self.down = False
+        self.startds = ads("startds.ads")
+        self.masters = [classad2.ClassAd({"MyType": "DaemonMaster", "Name": m, "Machine": m})
+                        for m in {str(a["Machine"]) for a in self.startds}]
+        self.jobs = ads("jobs.ads")
+
+    def Collector(self, pool: str | None = None) -> FakeCollector:  # noqa: N802
+        return FakeCollector(self)
+
+    def Schedd(self, ad: Any = None) -> FakeSchedd:  # noqa: N802
+        return FakeSchedd(self)
+
+    def Startd(self, ad: Any) -> FakeStartd:  # noqa: N802
+        return FakeStartd(self.log, ad)
+
+    def send_command(self, ad: Any, command: Any, target: str | None = None) -> None:
+        self.log.append(("send_command", str(ad["Machine"]), int(command)))
+
+
+@pytest.fixture
+def condor() -> FakeCondor:
+    return FakeCondor()
+
+
+def test_snapshot_queries_with_projection(condor: FakeCondor) -> None:
+    obs = HTCondorBackend(condor).snapshot()
+    query = next(e for e in condor.log if e[0] == "schedd.query")
+    assert "RequestCpus" in query[2] and "RequestMemory" in query[2]
+    assert obs.queued_jobs == 5 + 1 + 1 + 1 and obs.held_jobs == 1 and obs.blocked_jobs == 1
+    assert len(obs.nodes) == 10 and obs.warnings
+
+
+def test_unreachable_collector_is_unavailable(condor: FakeCondor) -> None:
+    condor.down = True
+    with pytest.raises(BackendUnavailable, match="Failed to fetch ads"):
+        HTCondorBackend(condor).snapshot()
+    out = HTCondorBackend(condor).execute("offline", "exec01.example.org")
+    assert not out.ok and out.transient
+
+
+def test_add_is_a_no_op(condor: FakeCondor) -> None:
+    out = HTCondorBackend(condor).execute("add", "exec11.example.org", cores=4)
+    assert out.ok and not out.changed and "by themselves" in out.output and condor.log == []
+
+
+def test_offline_drains_and_online_cancels(condor: FakeCondor) -> None:
+    b = HTCondorBackend(condor)
+    out = b.execute("offline", "exec02.example.org", reason="epu: idle")
+    assert out.ok and out.changed
+    assert condor.log[-1] == ("drain", "exec02.example.org", htcondor2.DrainTypes.Graceful, "epu: idle")
+    # already draining: nothing sent twice
+    assert b.execute("offline", "exec05.example.org").changed is False
+    assert b.execute("online", "exec05.example.org").changed
+    assert condor.log[-1] == ("cancel", "exec05.example.org")
+    assert b.execute("online", "exec01.example.org").changed is False
+
+
+def test_remove_is_a_peaceful_shutdown_with_verified_command_number(condor: FakeCondor) -> None:
+    b = HTCondorBackend(condor)
+    refused = b.execute("remove", "exec01.example.org")
+    assert not refused.ok and "claimed" in (refused.error or "")
+    out = b.execute("remove", "exec10.example.org")
+    assert out.ok and condor.log[-1] == ("send_command", "exec10.example.org", 484)
+    gone = b.execute("remove", "exec99.example.org")
+    assert gone.ok and not gone.changed
+
+
+def test_swapped_command_numbers_are_refused(condor: FakeCondor) -> None:
+    swapped = SimpleNamespace(DaemonsOffPeaceful=htcondor2.DaemonCommands.DaemonsOn)
+    with pytest.raises(RuntimeError, match="refusing"):
+        verified_command(SimpleNamespace(DaemonCommands=swapped), "DaemonsOffPeaceful")
+    condor.DaemonCommands = swapped
+    out = HTCondorBackend(condor).execute("remove", "exec10.example.org")
+    assert not out.ok and "refusing" in (out.error or "")
+    assert not any(e[0] == "send_command" for e in condor.log)
+
+
+def test_installed_bindings_alias_daemon_off_peaceful_to_daemon_on() -> None:
+    """The trap the issue warns about, as seen in the installed bindings: never use this member."""
+    assert int(htcondor2.DaemonCommands.DaemonsOffPeaceful) == 484
+    assert int(htcondor2.DaemonCommands.DaemonOffPeaceful) in (469, 486)
+
+
+@pytest.mark.parametrize("bad", ['exec01" || true || "', "-f", "a b", "$(id)"])
+def test_hostile_names_refused(condor: FakeCondor, bad: str) -> None:
+    with pytest.raises(InvalidNodeName):
+        HTCondorBackend(condor).execute("offline", bad)
+    assert condor.log == []

@@ -1,0 +1,167 @@
+"""The sensor core without a broker: polling schedule, backoff, unavailable snapshots, dedupe."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from common.clock import ManualClock
+from common.messages import Message, NodeCommand, NodeCommandResult, SensorSnapshot, new_id
+from services.sensor.core import PollSchedule, SensorCore
+from services.sensor.dedupe import MemoryCommandLog, SqliteCommandLog
+from services.sensor.simulated import SimulatedBatch
+
+
+class Bus(list):
+    def __call__(self, message: Message, correlation_id: str | None) -> None:
+        self.append(message)
+
+    def snapshots(self) -> list[SensorSnapshot]:
+        return [m for m in self if isinstance(m, SensorSnapshot)]
+
+    def results(self) -> list[NodeCommandResult]:
+        return [m for m in self if isinstance(m, NodeCommandResult)]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(5000.0)
+
+
+def make(clock: ManualClock, backend: SimulatedBatch | None = None, log=None) -> tuple[SensorCore, Bus, SimulatedBatch]:
+    bus = Bus()
+    b = backend or SimulatedBatch(clock, nodes={"w1": 2})
+    core = SensorCore("alpha", b, clock, log or MemoryCommandLog(), bus,
+                      PollSchedule(poll_seconds=60, retry_initial_seconds=2))
+    return core, bus, b
+
+
+def cmd(action: str, node: str = "w2", **kw) -> NodeCommand:
+    return NodeCommand(command_id=kw.pop("command_id", new_id()), domain="alpha", action=action, node=node, **kw)
+
+
+def test_polls_every_period(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    b.submit(cores=2, count=2, duration=600)
+    core.tick()
+    assert len(bus.snapshots()) == 1
+    core.tick()
+    clock.advance(59)
+    core.tick()
+    assert len(bus.snapshots()) == 1
+    clock.advance(1)
+    core.tick()
+    snap = bus.snapshots()[-1]
+    assert len(bus.snapshots()) == 2 and snap.available and snap.domain == "alpha" and snap.backend == "simulated"
+    assert snap.running_jobs == 1 and sum(j.count for j in snap.queued_demand()) == 1
+    assert snap.taken_at == clock.now()
+
+
+def test_unreadable_batch_system_is_never_an_empty_queue(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    b.submit(count=5, duration=600)
+    b.set_available(False, "qstat: cannot connect to server")
+    core.tick()
+    snap = bus.snapshots()[-1]
+    assert not snap.available and "cannot connect" in (snap.error or "")
+    # retries with backoff: 2, 4, 8, ... capped at the poll period
+    delays = []
+    for _ in range(7):
+        before = len(bus.snapshots())
+        waited = 0
+        while len(bus.snapshots()) == before:
+            clock.advance(1)
+            waited += 1
+            core.tick()
+        delays.append(waited)
+    assert delays == [2, 4, 8, 16, 32, 60, 60]
+    assert all(not s.available for s in bus.snapshots())
+    b.set_available(True)
+    clock.advance(60)
+    core.tick()
+    assert bus.snapshots()[-1].available and core.failures == 0
+    assert core.next_poll_at == clock.monotonic() + 60
+
+
+def test_a_crashing_parser_is_reported_unavailable(clock: ManualClock) -> None:
+    class Broken(SimulatedBatch):
+        def snapshot(self):
+            raise KeyError("job_state")
+
+    core, bus, _ = make(clock, Broken(clock))
+    core.tick()
+    assert not bus.snapshots()[0].available and "KeyError" in (bus.snapshots()[0].error or "")
+
+
+def test_command_runs_once_and_its_result_is_resent(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    c = cmd("add", cores=4)
+    first = core.handle(c)
+    assert first.ok and not first.duplicate
+    assert len(bus.snapshots()) == 1  # published right after the change
+    assert {n.name for n in bus.snapshots()[0].nodes} == {"w1", "w2"}
+    b.execute("remove", "w2")  # someone removed it meanwhile: a re-run would add it back
+    again = core.handle(c)
+    assert again.duplicate and again.ok and again.command_id == c.command_id
+    assert "w2" not in b.node_names()
+    assert len(bus.results()) == 2 and len(bus.snapshots()) == 1  # nothing changed the second time
+
+
+def test_failed_command_carries_native_error_and_no_snapshot(clock: ManualClock) -> None:
+    core, bus, _ = make(clock)
+    res = core.handle(cmd("offline", "ghost"))
+    assert not res.ok and "unknown node ghost" in (res.error or "") and "Unknown node" in res.output
+    assert bus.snapshots() == []
+
+
+def test_transient_failures_are_not_remembered(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    c = cmd("offline", "w1")
+    b.set_available(False)
+    assert not core.handle(c).ok
+    b.set_available(True)
+    res = core.handle(c)
+    assert res.ok and not res.duplicate  # re-sent after the outage: it runs now
+
+
+def test_command_for_another_domain_is_refused(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    c = NodeCommand(command_id=new_id(), domain="beta", action="add", node="w9")
+    assert not core.handle(c).ok and "w9" not in b.node_names()
+
+
+@pytest.mark.parametrize("bad", ["-rf", "a;reboot", "a b", "$(id)", "", "node\n1", "a" * 300])
+def test_hostile_node_names_never_become_commands(bad: str) -> None:
+    with pytest.raises(ValidationError):
+        NodeCommand(command_id="c1", domain="alpha", action="remove", node=bad)
+
+
+def test_backend_check_refuses_even_a_constructed_command(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    c = NodeCommand.model_construct(command_id="c1", domain="alpha", action="add", node="x;reboot",
+                                    cores=1, address=None, reason="", force=False, instance_id=None)
+    res = core.handle(c)
+    assert not res.ok and "refusing node name" in (res.error or "")
+
+
+def test_sqlite_dedupe_survives_a_restart(clock: ManualClock, tmp_path) -> None:
+    path = tmp_path / "sensor.sqlite3"
+    core, bus, b = make(clock, log=SqliteCommandLog(path))
+    c = cmd("add", cores=2)
+    core.handle(c)
+    core.command_log.close()
+    b.execute("remove", "w2")
+    core2, bus2, _ = make(clock, backend=b, log=SqliteCommandLog(path))
+    res = core2.handle(c)
+    assert res.duplicate and res.ok and "w2" not in b.node_names()
+
+
+def test_state_since_is_tracked_for_backends_that_do_not_say(clock: ManualClock) -> None:
+    from common.messages import NodeInfo
+    from services.sensor.core import StateSince
+
+    s = StateSince()
+    first = s.fill([NodeInfo(name="a", state="free")], 10.0)
+    assert first[0].state_since == 10.0
+    assert s.fill([NodeInfo(name="a", state="free")], 20.0)[0].state_since == 10.0
+    assert s.fill([NodeInfo(name="a", state="busy")], 30.0)[0].state_since == 30.0
