@@ -146,6 +146,27 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> CtxBroker
     settings = server_settings(config)
     server = BrokerServer(settings)
     c = config.ctxbroker
+    hub = server.hub
     service = Service("ctxbroker", config.broker_obj(), clock=clock or RealClock(),
-                      settings=RuntimeSettings(metrics_port=c.metrics_port, metrics_host=c.metrics_host))
+                      settings=RuntimeSettings(
+                          metrics_port=c.metrics_port, metrics_host=c.metrics_host,
+                          extra_health={"https": lambda: {"url": server.public_url, "serving": not hub.closing,
+                                                          "contexts": len(hub.contexts),
+                                                          "waiting": hub.waiting}}))
+    register_metrics(service, server)
     return CtxBrokerService(server, service)
+
+
+def register_metrics(service: Service, server: BrokerServer) -> None:
+    """Broker gauges on the service's /metrics (read live from the hub; no bookkeeping on the hot path)."""
+    from prometheus_client import Gauge
+
+    hub, r = server.hub, service.metrics.registry
+    Gauge("epu_ctxbroker_contexts", "Contexts cached by this broker process", registry=r).set_function(
+        lambda: len(hub.contexts))
+    Gauge("epu_ctxbroker_waiting_polls", "Long-polls parked right now", registry=r).set_function(
+        lambda: hub.waiting)
+    Gauge("epu_ctxbroker_updates_requests", "Update requests answered since start (monotonic)",
+          registry=r).set_function(lambda: hub.requests)
+    Gauge("epu_ctxbroker_direct_answers", "Long-polls answered from the wake-up loop since start (monotonic)",
+          registry=r).set_function(lambda: hub.direct_answers)

@@ -182,3 +182,19 @@ def test_openapi_is_served_and_matches_the_committed_copy(broker_server: BrokerS
     committed = json.loads((Path(__file__).resolve().parents[2] / "docs" / "ctxbroker-openapi.json").read_text())
     assert served == committed
     assert "/v1/contexts/{context_id}/updates" in served["paths"]
+
+
+def test_plain_asgi_servers_get_standard_messages() -> None:
+    """The one-write shortcut only applies to uvicorn's protocol; any other server gets plain ASGI."""
+    import asyncio
+
+    from services.ctxbroker.api import _send
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    asyncio.run(_send(send, 200, b"{}", {"WWW-Authenticate": "Basic"}))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert (b"www-authenticate", b"Basic") in sent[0]["headers"]  # type: ignore[operator]

@@ -81,7 +81,7 @@ def test_build_service_from_config(tmp_path: Path, rabbit_url: str, prefix: str)
     config = parse_config({
         "broker": {"url": rabbit_url, "prefix": prefix},
         "ctxbroker": {"port": 0, "store_url": f"sqlite:///{tmp_path / 'ctx.db'}",
-                      "admin_token_file": str(tmp_path / "admin.token")},
+                      "admin_token_file": str(tmp_path / "admin.token"), "metrics_port": 0},
     }, environ={})
     svc = build_service(config)
     svc.start_in_thread()
@@ -92,5 +92,13 @@ def test_build_service_from_config(tmp_path: Path, rabbit_url: str, prefix: str)
         admin = AdminClient(svc.server.public_url, token, ca_file=str(cert))
         assert admin.create("x")["uri"].startswith(svc.server.public_url)
         admin.close()
+        assert svc.service.wait_ready(15)
+        port = wait_for(lambda: svc.service._health_server and svc.service._health_server.port)
+        import httpx
+
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert "epu_ctxbroker_contexts 1.0" in metrics and "epu_ctxbroker_waiting_polls" in metrics
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
+        assert health["https"]["serving"] is True and health["https"]["contexts"] == 1
     finally:
         svc.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.ctxbroker.core import NodeFields, fold
 from services.ctxbroker.store import ContextNotFound, Store
@@ -74,3 +76,31 @@ def test_concurrent_appends_get_dense_unique_ids(store: Store) -> None:
     assert not errors
     assert [e.entry_id for e in store.entries("c1")] == list(range(1, 41))
     assert len(store.members("c1")) == 40
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["join", "leave"]), st.integers(0, 4), st.integers(0, 2)),
+                    max_size=25),
+       reads=st.lists(st.integers(0, 30), max_size=5))
+def test_store_list_folds_to_its_members_for_any_interleaving(ops: list[tuple[str, int, int]],
+                                                               reads: list[int]) -> None:
+    """Whatever the interleaving, the stored list is dense and, read in any batches, folds to the
+    members table: what every agent ends with equals what the broker says."""
+    s = Store("sqlite://")
+    try:
+        s.create_context("c", "c", "k", "h")
+        for kind, host, variant in ops:
+            if kind == "join":
+                s.join("c", n(host, ip=f"10.2.{variant}.{host + 1}"))
+            else:
+                s.leave("c", f"wn-{host}")
+        full = s.entries("c")
+        assert [e.entry_id for e in full] == list(range(1, len(full) + 1))
+        members, applied = {}, 0
+        for cut in sorted(reads) + [len(full)]:
+            batch = [e for e in s.entries("c", after=applied) if e.entry_id <= max(cut, applied)]
+            members = fold(batch, members)
+            applied = batch[-1].entry_id if batch else applied
+        assert members == {m.hostname: m for m in s.members("c")}
+    finally:
+        s.close()
