@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES = (
     "common.cli_core",
+    "common.cli_record",
     "services.sensor.cli",
     "services.decision.cli",
     "services.provisioner.cli",
