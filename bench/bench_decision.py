@@ -63,7 +63,7 @@ def make_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1,
         inst_state = "draining" if state == "offline" else "joined"
         insts.append(Instance(f"{name}i{i}", name, f"s{i % 3}", node_name, CORES, inst_state, NOW - 3600,
                               NOW - 3600, joined_at=NOW - 3000, idle_since=NOW - 100 if state == "free" else None,
-                              add_sent_at=NOW - 3500))
+                              add_sent_at=NOW - 3500, missing_since=NOW - 60 if state == "down" else None))
     for i in range(n_nodes * 3 // 100):
         insts.append(Instance(f"{name}p{i}", name, "s0", f"{name}-p{i:06x}", CORES, "pending", NOW - 60, NOW - 60))
     jobs = []

@@ -1,8 +1,8 @@
 """``epu``: the one command for operators and services.
 
 Subcommands come from small modules so a reader finds each where its service lives:
-``common.cli_core`` (run, demo, tap, config, status) and ``services.<name>.cli``
-(sensor, policy, instances, ctx). Each module exposes ``register(subparsers)``.
+``common.cli_core`` (run, demo, tap, config, deploy), ``common.cli_record`` (record) and
+``services.<name>.cli`` (sensor; policy and status; instances; ctx). Each module exposes ``register(subparsers)``.
 """
 
 from __future__ import annotations

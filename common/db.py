@@ -21,6 +21,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if not path or path == ":memory:":
+            # one shared in-memory database, not a new empty one per connection
+            from sqlalchemy.pool import StaticPool
+
+            kwargs.setdefault("poolclass", StaticPool)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
 
         @event.listens_for(engine, "connect")

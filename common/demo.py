@@ -28,6 +28,7 @@ from typing import Any
 
 from common.messages import (
     TERMINAL_INSTANCE_STATES,
+    ContextMembership,
     DecisionRecord,
     Envelope,
     InstanceEvent,
@@ -36,6 +37,8 @@ from common.messages import (
 )
 
 RAW = argparse.RawDescriptionHelpFormatter
+#: A syntactically valid OpenSSH host key line for the simulated nodes' context joins.
+DEMO_HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq3mQm1xq5cS0n2yP1vJ4m0x8JYVbq0mYb2p6kq3N1c demo"
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Observed:
     last_snapshot: SensorSnapshot | None = None
     events: int = 0
     first_job_running: float | None = None
+    context_members: set[str] = field(default_factory=set)
+    context_joins: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def elapsed(self) -> float:
@@ -116,6 +121,12 @@ class Observed:
                 for a in msg.actions:
                     where = f"@{a.site}" if a.site else ""
                     self.decisions.append(f"{self.elapsed():5.1f}s {a.kind:<9} {a.target}{where}  {a.reason}")
+            elif isinstance(msg, ContextMembership):
+                if msg.kind == "join":
+                    self.context_joins += 1
+                    self.context_members.add(msg.hostname)
+                else:
+                    self.context_members.discard(msg.hostname)
             elif isinstance(msg, SensorSnapshot):
                 self.last_snapshot = msg
                 if self.first_job_running is None and msg.running_jobs:
@@ -166,6 +177,12 @@ class Demo:
 
         self.batch = SimulatedBatch()
         self.rng = random.Random(s.seed)
+        self.context: dict[str, Any] | None = None
+        self._ctx_cert: str | None = None
+        self._joined: set[str] = set()
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._agents = ThreadPoolExecutor(max_workers=2, thread_name_prefix="demo-agent")
 
     def start(self) -> None:
         from common.runtime import Service, run_in_thread
@@ -175,12 +192,14 @@ class Demo:
 
         broker = self.config.broker_obj()
         tap = Service("demo-tap", broker)
-        tap.consume_queue(broker.topology.tap_queue("#"), self.obs.on_event)
+        tap.consume_queue(broker.topology.tap_queue("#"), self.on_event)
         self.services = [tap]
+        ctx_service = None
         if self.s.with_ctxbroker:
             from services.ctxbroker.app import build_service as build_ctx
 
-            self.services.append(build_ctx(self.config))
+            ctx_service = build_ctx(self.config)
+            self.services.append(ctx_service)
         self.services += [build_provisioner(self.config), build_sensor(self.config, backend=self.batch),
                           build_decision(self.config)]
         for svc in self.services:
@@ -192,6 +211,52 @@ class Demo:
                 t = threading.Thread(target=svc.run, name="svc-ctxbroker", daemon=True)
                 t.start()
                 self.threads.append(t)
+        if ctx_service is not None:
+            self._ctx_cert = ctx_service.server.settings.cert_file
+            self._start_context(ctx_service)
+
+    def _start_context(self, ctx_service: Any) -> None:
+        """Create the cluster's context, as an operator would with ``epu ctx create``."""
+        from services.ctxbroker.client import AdminClient
+
+        server = ctx_service.server
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                admin = AdminClient(server.public_url, server.settings.admin_token,
+                                    ca_file=server.settings.cert_file)
+                self.context = admin.create("demo")
+                admin.close()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _agent_join(self, msg: InstanceEvent) -> None:
+        """What the context agent on a booted node does first: join with its host facts.
+        (A terminated instance leaves through the provisioner's event; no agent goodbye needed.)"""
+        from services.ctxbroker.client import NodeClient
+
+        ctx = self.context
+        client = NodeClient(ctx["uri"], ctx["key"], ctx["secret"], ca_file=self._ctx_cert)
+        try:
+            client.join({"hostname": msg.node_name, "fqdn": f"{msg.node_name}.demo.cluster",
+                         "ip": msg.ip or "10.0.0.1", "instance_id": msg.instance_id,
+                         "ssh_host_key": DEMO_HOST_KEY, "data": f"slots={self.s.cores_per_node}"})
+        except Exception as exc:  # the demo goes on; the display shows fewer members
+            import logging
+
+            logging.getLogger("epu.demo").warning("demo agent join failed", extra={"error": str(exc)})
+        finally:
+            client.close()
+
+    def on_event(self, msg: Message, env: Envelope) -> None:
+        self.obs.on_event(msg, env)
+        if (self.context and isinstance(msg, InstanceEvent) and msg.state == "started"
+                and msg.instance_id not in self._joined):
+            self._joined.add(msg.instance_id)
+            self._agents.submit(self._agent_join, msg)
 
     def submit_burst(self) -> None:
         for _ in range(self.s.jobs):
@@ -203,6 +268,7 @@ class Demo:
                 and not self.batch.node_names() and self.obs.instance_state != {})
 
     def stop(self) -> None:
+        self._agents.shutdown(wait=True)
         for svc in reversed(self.services):
             svc.stop()
         for t in self.threads:
@@ -224,6 +290,8 @@ class Demo:
             "seconds_to_first_job_running": o.first_job_running,
             "seconds_total": round(o.elapsed(), 1),
             "decision_records": o.decision_count,
+            "context_joins": o.context_joins,
+            "context_members_final": len(o.context_members),
             "events_seen": o.events,
             "timed_out": timed_out,
         }
@@ -258,6 +326,8 @@ def render(demo: Demo) -> Any:
     for site in ("cloud-a", "cloud-b"):
         s.add_row(site, str(by_site.get(site, 0)))
     s.add_row("failed", str(o.failed))
+    if demo.context is not None:
+        s.add_row("context", f"{len(o.context_members)} nodes")
     top = Columns([Panel(q, title="batch queue"), Panel(n, title="nodes (sensor)"),
                    Panel(i, title="instances"), Panel(s, title="by site")])
     dec = Table.grid()
@@ -364,7 +434,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "  epu demo --json | jq .peak_instances   # one JSON summary object for scripts\n\n"
             "JSON keys: jobs_submitted, jobs_completed, instances_launched, instances_failed,\n"
             "instances_by_site, peak_instances, final_instances, final_batch_nodes, seconds_to_peak,\n"
-            "seconds_to_first_job_running, seconds_total, decision_records, events_seen, timed_out."))
+            "seconds_to_first_job_running, seconds_total, decision_records, context_joins,\n"
+            "context_members_final, events_seen, timed_out."))
     d = DemoSettings()
     p.add_argument("--jobs", type=_positive(int), default=d.jobs, help=f"jobs in the burst (default {d.jobs})")
     p.add_argument("--job-seconds", type=_positive(float), default=d.job_seconds,

@@ -15,6 +15,10 @@ other exception is retried in-process ``max_attempts`` times with backoff, then 
 Shutdown (SIGTERM/SIGINT, or ``stop()``): the message in hand is finished and acked, then the
 connection closes; prefetched but unhandled messages return to the queue via the broker.
 Broker loss: reconnect with exponential backoff and jitter, redeclare, resume.
+
+Timers fire on real (monotonic) time: they pace I/O loops. What the periodic tasks compute
+uses the injected ``clock``, so virtual-time tests call the cores directly (e.g. an engine's
+``iterate()``) instead of waiting on timers.
 """
 
 from __future__ import annotations

@@ -21,13 +21,25 @@ def add_started(view: DomainView) -> list[Action]:
 
 
 def stalled(view: DomainView, stall_seconds: float) -> list[Instance]:
-    """Pending instances older than ``stall_seconds`` that never joined."""
-    return [i for i in view.pending if view.now - i.launched_at >= stall_seconds]
+    """Instances making no progress for ``stall_seconds``: pending ones that never joined, and
+    joined ones whose node has been missing from the batch system (or ``down``) that long."""
+    now = view.now
+    out = [i for i in view.pending if now - i.launched_at >= stall_seconds]
+    if view.available:
+        out += [i for i in view.joined if i.missing_since is not None and now - i.missing_since >= stall_seconds]
+    return out
 
 
 def give_up(view: DomainView, insts: list[Instance], stall_seconds: float) -> list[Action]:
     out: list[Action] = []
     for i in insts:
+        if i.state == "joined":
+            assert i.missing_since is not None
+            why = f"lost: node missing or down for {int(view.now - i.missing_since)}s (limit {int(stall_seconds)}s)"
+            if view.node_of(i) is not None:
+                out.append(Node("remove", i.instance_id, why))
+            out.append(Terminate(i.instance_id, why))
+            continue
         why = f"stalled: not joined {int(view.now - i.launched_at)}s after launch (limit {int(stall_seconds)}s)"
         if i.add_sent_at is not None:
             out.append(Node("remove", i.instance_id, why))

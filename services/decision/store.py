@@ -83,6 +83,7 @@ instances = Table(
     Column("removed", Boolean, nullable=False, default=False),
     Column("terminate_sent", Boolean, nullable=False, default=False),
     Column("reason", Text, nullable=False, default=""),
+    Column("missing_since", Float),
 )
 actions = Table(
     "decision_actions", metadata,
@@ -145,7 +146,22 @@ class Store:
 
     def create(self) -> Store:
         metadata.create_all(self.engine)
+        self._add_missing_columns()
         return self
+
+    def _add_missing_columns(self) -> None:
+        """Columns added after a table was first created (nullable ones only): add them in place,
+        so a store from an earlier version keeps working."""
+        from sqlalchemy import inspect, text
+
+        insp = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in metadata.sorted_tables:
+                have = {c["name"] for c in insp.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name not in have and col.nullable:
+                        kind = col.type.compile(dialect=self.engine.dialect)
+                        conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}'))
 
     # ------------------------------------------------------------------ configs
     def current_config(self, domain: str) -> tuple[int, DomainConfig] | None:
@@ -183,7 +199,18 @@ class Store:
 
     def seed_config(self, domain: str, cfg: DomainConfig, now: float) -> int:
         """Make the file's config current when it is new or the file changed since last seeded;
-        otherwise keep the current version (an operator's change survives a restart)."""
+        otherwise keep the current version (an operator's change survives a restart).
+
+        Two engines starting together may race on the same version number: the loser's insert
+        fails on the primary key, and its second attempt finds the winner's seed."""
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            return self._seed_config(domain, cfg, now)
+        except IntegrityError:
+            return self._seed_config(domain, cfg, now)
+
+    def _seed_config(self, domain: str, cfg: DomainConfig, now: float) -> int:
         text = cfg.model_dump_json()
         with self.engine.begin() as conn:
             row = conn.execute(select(domain_state.c.file_config).where(domain_state.c.domain == domain)).first()

@@ -39,6 +39,8 @@ class Instance:
     removed: bool = False
     terminate_sent: bool = False
     reason: str = ""
+    missing_since: float | None = None
+    """Joined, but its node is absent from the snapshot or ``down`` since then (lost)."""
 
     @property
     def pending(self) -> bool:
@@ -188,6 +190,9 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo], now: fl
             idle = node is not None and node.state == "free" and not node.jobs and not node.cores_used
             if idle != (inst.idle_since is not None):
                 inst = replace(inst, idle_since=now if idle else None)
+            lost = node is None or node.state == "down"
+            if lost != (inst.missing_since is not None):
+                inst = replace(inst, missing_since=now if lost else None)
         elif state in PENDING_STATES:
             node = get(inst.node_name)
             if node is not None and not inst.terminate_sent:

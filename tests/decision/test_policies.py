@@ -249,3 +249,26 @@ def test_params_defaults():
     assert validate_params("queue-demand", {}).stall_seconds == 600
     assert validate_params("threshold", {}).jobs_per_vm == 4
     assert validate_params("spare", {}).billing_period_seconds == 3600
+
+
+@pytest.mark.parametrize(("node_state", "missing_for", "expected"), [
+    (None, 600, [("terminate", "a"), ("launch", "")]),          # node gone from the batch system: lost
+    ("down", 600, [("remove", "a"), ("terminate", "a"), ("launch", "")]),
+    ("down", 599, [("launch", "")]),                           # not yet: only the queue launches
+])
+def test_lost_joined_instance_is_replaced(node_state, missing_for, expected):
+    nodes = [node("n-a", node_state)] if node_state else []
+    v = view(queued=jobs(1), nodes=nodes, instances=[inst("a", missing_since=T0 - missing_for)])
+    assert kinds(qd(v)) == expected
+
+
+def test_refresh_sets_missing_since_only_on_available_snapshots():
+    from services.decision.view import refresh
+
+    a = inst("a")
+    (got,) = refresh([a], {}, T0, True)
+    assert got.missing_since == T0
+    (got,) = refresh([a], {}, T0, False)
+    assert got.missing_since is None
+    (got,) = refresh([got], {"n-a": node("n-a", "busy", used=1, jobs_=["1"])}, T0 + 5, True)
+    assert got.missing_since is None

@@ -65,3 +65,16 @@ def test_file_change_seeds_a_new_version(sqlite_url):
     assert store.seed_config("d", DomainConfig(max_nodes=4), 3.0) == 2
     store.save_sites([SiteHealth("s", failures=2, backoff_until=9.0, last_error="x", stalls=1)])
     assert store.site_health()["s"].stalls == 1
+
+
+def test_store_from_an_earlier_version_gains_new_columns(sqlite_url):
+    from sqlalchemy import text
+
+    store = Store(sqlite_url).create()
+    with store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE decision_instances DROP COLUMN missing_since"))
+    Store(sqlite_url).create()
+    assert Store(sqlite_url).create().instances() == []
+    with store.engine.connect() as conn:
+        cols = [r[1] for r in conn.execute(text("PRAGMA table_info(decision_instances)"))]
+    assert "missing_since" in cols

@@ -43,7 +43,8 @@ def decide(view: DomainView, params: LoadParams, now: float) -> Decision:  # typ
     gone = lc.stalled(view, params.stall_seconds)
     actions += lc.give_up(view, gone, params.stall_seconds)
     active_after = len(view.active) - len(gone)
-    pending = len(view.pending) - len(gone)
+    gone_ids = {i.instance_id for i in gone}
+    pending = sum(1 for i in view.pending if i.instance_id not in gone_ids)
     util = utilisation(view)
     samples = [(t, u) for t, u in view.memory.get("samples", []) if now - t < params.window_seconds]
     if util is not None:

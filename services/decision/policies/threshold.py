@@ -32,7 +32,8 @@ def decide(view: DomainView, params: ThresholdParams, now: float) -> Decision:  
     waiting = view.demand.jobs
     gone = lc.stalled(view, params.stall_seconds)
     actions += lc.give_up(view, gone, params.stall_seconds)
-    pending = len(view.pending) - len(gone)
+    gone_ids = {i.instance_id for i in gone}
+    pending = sum(1 for i in view.pending if i.instance_id not in gone_ids)
     active_after = len(view.active) - len(gone)
     launches: list[Action] = []
     if waiting > params.waiting_jobs_threshold:
