@@ -159,6 +159,7 @@ class SlurmTestCluster:
         return self
 
     def stop(self) -> None:
+        self._cancel_jobs_before_stop()
         for name in sorted(self._procs, key=lambda n: (n == "munged", n == "slurmctld")):
             proc = self._procs[name]
             if proc.poll() is None:
@@ -170,9 +171,23 @@ class SlurmTestCluster:
                 proc.kill()
                 proc.wait(timeout=5)
             self._procs.pop(name, None)
-        # slurmstepd of jobs still running would linger: kill what runs under our spool
         if self._own_dir and hasattr(self, "workdir"):
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _cancel_jobs_before_stop(self) -> None:
+        """Jobs still running when slurmd stops leave their slurmstepd behind: cancel them
+        all and wait (bounded) until every node is done completing."""
+        ctld = self._procs.get("slurmctld")
+        if ctld is None or ctld.poll() is not None:
+            return
+        try:
+            ids = self.run("squeue", "-h", "-o", "%i", check=False, timeout=10).stdout.split()
+            if ids:
+                self.run("scancel", *ids, check=False, timeout=10)
+                wait_until(lambda: not self.run("squeue", "-h", "-t", "PD,CF,R,S,CG", "-o", "%i", check=False,
+                                                timeout=10).stdout.strip(), 20, "jobs cancelled", interval=0.2)
+        except (TimeoutError, subprocess.TimeoutExpired, FileNotFoundError):
+            pass  # stopping anyway
 
     # ------------------------------------------------------------------ munge
     def _start_munge(self) -> None:
