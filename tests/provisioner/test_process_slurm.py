@@ -1,5 +1,6 @@
-"""The process site with real Slurm: each instance is a dynamic ``slurmd`` that registers as
-the instance's node, and terminating the instance stops it."""
+"""The process site with real Slurm: each instance is a ``slurmd`` serving a pre-declared CLOUD
+pool node on its own port (how several workers share one host; see docs/sensor.md), and
+terminating the instance stops it."""
 
 from __future__ import annotations
 
@@ -11,29 +12,38 @@ from common.clock import RealClock
 from common.messages import LaunchRequest, TerminateRequest
 from common.testing import wait_for
 from services.provisioner.process_site import ProcessNodeDriver
-from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster, find_exe
+from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster, find_exe, free_port
 
 pytestmark = [pytest.mark.slurm]
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmTestCluster]:
-    c = SlurmTestCluster(nodes=[SlurmNodeSpec("head1", cpus=1)])
+    c = SlurmTestCluster(nodes=[SlurmNodeSpec("head1", cpus=1)],
+                         cloud_nodes=[SlurmNodeSpec("elastic1", cpus=1, port=free_port(), state="CLOUD")])
     c.start()
     yield c
     c.stop()
 
 
 def test_instances_are_slurmd_workers(cluster: SlurmTestCluster, tmp_path, make_provisioner) -> None:
-    argv = [find_exe("slurmd"), "-D", "-N", "{node_name}", "-f", str(cluster.conf_path), "-Z", "--conf",
-            "CPUs=1 RealMemory=500 NodeHostname=localhost NodeAddr=127.0.0.1"]
+    (cluster.workdir / "spool" / "slurmd.elastic1").mkdir(parents=True, exist_ok=True)
+    argv = [find_exe("slurmd"), "-D", "-N", "{node_name}", "-f", str(cluster.conf_path)]
     site = ProcessNodeDriver(argv=argv, env=cluster.client_env, path=str(tmp_path / "procs.db"), stop_timeout=15)
     prov, events = make_provisioner({"slurm": site}, site_kw={"driver": "epu-process"}, clock_=RealClock())
     prov.handle_launch(LaunchRequest(launch_id="s1", domain="alpha", site="slurm", node_name="elastic1"))
     assert prov.wait_idle(15)
-    wait_for(lambda: "elastic1" in cluster.node_states(), timeout=30, message="slurmd registered elastic1")
-    states = cluster.wait_node_state("elastic1", lambda s: "IDLE" in s, timeout=30)
-    assert "IDLE" in states
+    # what the sensor's "add" does for a pool node: power it up, then it serves jobs
+    cluster.run("scontrol", "update", "NodeName=elastic1", "State=POWER_UP")
+    cluster.run("scontrol", "update", "NodeName=elastic1", "State=RESUME", check=False)
+    states = cluster.wait_node_state("elastic1", lambda s: "IDLE" in s and "POWERED_DOWN" not in s
+                                     and "NOT_RESPONDING" not in s and "POWERING_UP" not in s
+                                     and "DRAIN" not in s,
+                                     timeout=60)
+    assert "IDLE" in states and not {"POWERING_UP", "POWERED_DOWN", "NOT_RESPONDING"} & set(states), states
+    # the worker really serves: a job step runs on it
+    out = cluster.run("srun", "-w", "elastic1", "-N1", "-t", "1", "echo", "ran-on-elastic1", timeout=60)
+    assert "ran-on-elastic1" in out.stdout
     prov.poll("slurm")
     assert prov.store.get("s1").state == "started"
 
