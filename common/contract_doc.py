@@ -95,9 +95,10 @@ def _type_name(ann: Any) -> str:
 
 
 def _doc(cls: type, name: str) -> str:
-    src = Path(sys.modules[cls.__module__].__file__ or "").read_text()
-    # attribute docstrings: the string literal right after the field line
-    lines = src.splitlines()
+    import inspect
+
+    # attribute docstrings: the string literal right after the field line, in this class only
+    lines = inspect.getsource(cls).splitlines()
     for i, line in enumerate(lines):
         if line.strip().startswith(f"{name}:") and i + 1 < len(lines) and lines[i + 1].strip().startswith('"""'):
             text = []

@@ -111,26 +111,40 @@ class QueuedJob(Model):
     array elements (demand counts each element)."""
 
     job_id: str
+    """The batch system's job id (array elements as the system writes them)."""
     cores: Annotated[int, Field(ge=1)] = 1
     """Cores per node requested."""
     nodes: Annotated[int, Field(ge=1)] = 1
     """Nodes requested; a job asking N nodes x M cores needs N nodes with M free cores each."""
     memory_mb: NonNegInt = 0
+    """Memory per node requested, 0 when unknown."""
     queue: str = ""
+    """Queue (Torque), partition (Slurm) or pool."""
     submit_time: float = 0.0
+    """When the job was submitted (epoch seconds)."""
     wait_seconds: float = 0.0
+    """How long it has waited so far, at the snapshot's time."""
     state: JobState = "queued"
+    """queued (demand), held or blocked (reported, not demand)."""
     count: Annotated[int, Field(ge=1)] = 1
+    """Identical pending array elements this entry stands for."""
 
 
 class NodeInfo(Model):
     name: str
+    """Node name in the batch system (the instance's node_name for EPU workers)."""
     state: NodeState
+    """Normalized state; docs/sensor-states.md maps every native state."""
     cores: NonNegInt = 0
+    """Cores the batch system may use on the node."""
     cores_used: NonNegInt = 0
+    """Cores allocated to running jobs."""
     jobs: list[str] = Field(default_factory=list)
+    """Ids of the jobs running on the node."""
     state_since: float | None = None
+    """When the node entered its current state, if the batch system says."""
     native_state: str = ""
+    """The batch system's own state text, for operators."""
 
 
 @register
@@ -140,13 +154,21 @@ class SensorSnapshot(Message):
 
     TYPE: ClassVar[str] = "sensor.snapshot"
     domain: Name
+    """The domain (batch cluster) this sensor serves."""
     backend: str
+    """torque, slurm, htcondor or simulated."""
     available: bool = True
+    """False when the batch system could not be read: ignore the lists."""
     error: str | None = None
+    """Why the batch system could not be read."""
     taken_at: float
+    """When the batch system was read (epoch seconds)."""
     jobs: list[QueuedJob] = Field(default_factory=list)
+    """Jobs not running: queued, held and blocked."""
     nodes: list[NodeInfo] = Field(default_factory=list)
+    """Every node of the batch system."""
     running_jobs: NonNegInt = 0
+    """How many jobs are running."""
 
     def routing_key(self) -> str:
         return f"sensor.snapshot.{self.domain}"
@@ -161,15 +183,23 @@ class NodeCommand(Message):
 
     TYPE: ClassVar[str] = "node.command"
     command_id: Id
+    """Unique id; a repeated id is answered from the stored result, not re-run."""
     domain: Name
+    """Whose sensor must act."""
     action: NodeAction
+    """add to the batch system, offline (drain), online (resume) or remove."""
     node: Hostname
+    """Host name (RFC 1123); anything else is refused before a command line."""
     instance_id: Id | None = None
+    """The provisioner's instance behind the node, if any."""
     address: str | None = None
     """Where the batch system reaches the node (IP or host), when it differs from ``node``."""
     cores: Annotated[int, Field(ge=1)] | None = None
+    """Cores the node offers (for add)."""
     reason: str = ""
+    """Why, recorded in the batch system where it keeps one (e.g. drain reason)."""
     force: bool = False
+    """Remove even if jobs run on the node (operators only)."""
 
     def routing_key(self) -> str:
         return f"sensor.{self.domain}"
@@ -179,11 +209,14 @@ class NodeCommand(Message):
 class NodeCommandResult(Message):
     TYPE: ClassVar[str] = "node.result"
     command_id: Id
+    """The command this answers (also the envelope's correlation_id)."""
     domain: Name
     action: NodeAction
     node: str
     ok: bool
+    """Whether the batch system did it."""
     error: str | None = None
+    """Why not, in a sentence."""
     output: str = ""
     """The batch system's own text (stdout/stderr) so an operator sees the native error."""
     duplicate: bool = False
@@ -203,10 +236,14 @@ class LaunchRequest(Message):
 
     TYPE: ClassVar[str] = "instance.launch"
     launch_id: Id
+    """Also the instance id, the cloud client token and a tag on the instance."""
     domain: Name
     site: Name
+    """Which configured cloud site to launch on."""
     node_name: Hostname
+    """Host name the instance gets and the batch system will know it by."""
     cores: Annotated[int, Field(ge=1)] = 1
+    """Cores wanted (the site's size should offer them)."""
     attributes: dict[str, str] = Field(default_factory=dict)
     """Extra values for the userdata template (e.g. context URI)."""
 
@@ -218,10 +255,14 @@ class LaunchRequest(Message):
 class TerminateRequest(Message):
     TYPE: ClassVar[str] = "instance.terminate"
     request_id: Id
+    """Unique id of this request."""
     instance_id: Id
+    """The instance (launch id) to terminate; unknown ids are recorded as terminal."""
     domain: Name
     reason: str = ""
+    """Why, kept in the instance's history."""
     force: bool = False
+    """Terminate even if the engine thinks the node runs a job."""
 
     def routing_key(self) -> str:
         return "provisioner"
@@ -234,18 +275,29 @@ class InstanceEvent(Message):
 
     TYPE: ClassVar[str] = "instance.state"
     instance_id: Id
+    """The instance (its launch id)."""
     domain: Name
     site: Name
+    """The cloud site it runs on."""
     state: InstanceState
+    """The state it moved to."""
     previous: InstanceState | None = None
+    """The state it left."""
     seq: NonNegInt = 0
+    """Per-instance sequence number: ignore an event whose seq is not above the last applied."""
     node_name: str = ""
+    """The host name from the launch request."""
     ip: str | None = None
+    """Address once the cloud reports one."""
     cloud_id: str | None = None
+    """The cloud's own id for the instance."""
     cores: NonNegInt = 0
     reason: str = ""
+    """Why it moved (failure text from the cloud, vanished, terminated by request...)."""
     error_kind: ErrorKind | None = None
+    """For failed launches: transient, capacity (fail over to another site) or permanent."""
     at: float
+    """When the transition happened (epoch seconds)."""
 
     def routing_key(self) -> str:
         return f"instance.state.{self.domain}.{self.state}"
@@ -267,9 +319,13 @@ class ActionRecord(Model):
     kind: str
     """launch, terminate, add, offline, online, remove."""
     target: str = ""
+    """Node or instance acted on."""
     site: str = ""
+    """Cloud site, for launches and terminations."""
     reason: str = ""
+    """Why, in words an operator can check against the numbers."""
     action_id: str = ""
+    """Id of the command sent (launch_id, command_id, request_id)."""
 
 
 @register
@@ -279,10 +335,15 @@ class DecisionRecord(Message):
     TYPE: ClassVar[str] = "decision.record"
     domain: Name
     iteration: NonNegInt
+    """The engine's iteration counter for the domain."""
     policy: str
+    """Policy that decided."""
     policy_version: NonNegInt = 0
+    """Version of the domain's configuration in force."""
     saw: ViewSummary
+    """Summary of the view the policy decided on."""
     actions: list[ActionRecord] = Field(default_factory=list)
+    """What it did, each with why."""
     at: float
     notes: list[str] = Field(default_factory=list)
     """The policy's arithmetic and the guard rails that applied (why it did what it did)."""
@@ -297,14 +358,23 @@ class PolicyChange(Message):
 
     TYPE: ClassVar[str] = "policy.change"
     change_id: Id
+    """Unique id; the outcome event carries it."""
     domain: Name
+    """The domain to change."""
     policy: str | None = None
+    """New policy name (queue-demand, threshold, spare, load, fixed)."""
     params: dict[str, Any] = Field(default_factory=dict)
+    """Policy parameters to set (validated against the policy's schema)."""
     min_nodes: NonNegInt | None = None
+    """New lower bound on workers."""
     max_nodes: NonNegInt | None = None
+    """New upper bound on workers."""
     sites: list[str] | None = None
+    """Sites the domain may use, in order of preference."""
     paused: bool | None = None
+    """True pauses the domain (no actions), false resumes it."""
     operator: str = ""
+    """Who asked, for the record."""
     placement: str | None = None
     """Site selection strategy (rank, cheapest, spread); ``None`` leaves it unchanged."""
 
@@ -316,11 +386,16 @@ class PolicyChange(Message):
 class PolicyOutcome(Message):
     TYPE: ClassVar[str] = "policy.outcome"
     change_id: str
+    """The change this answers."""
     domain: str
     applied: bool
+    """True when validated and stored; it takes effect at the next iteration."""
     version: NonNegInt | None = None
+    """The domain configuration's new version when applied."""
     reason: str = ""
+    """Why it was rejected."""
     config: dict[str, Any] = Field(default_factory=dict)
+    """The domain's configuration after the change."""
 
     def routing_key(self) -> str:
         # domain may be invalid in a rejected change; keep the key routable
@@ -335,12 +410,17 @@ class PolicyOutcome(Message):
 class ContextMembership(Message):
     TYPE: ClassVar[str] = "context.member"
     context_id: KeyId
+    """The context (see docs/ctxbroker.md)."""
     entry_id: Annotated[int, Field(ge=1)]
+    """Position in the context's ordered list of joins and leaves."""
     kind: Literal["join", "leave"]
+    """join or leave."""
     hostname: str
+    """Short host name of the node."""
     fqdn: str = ""
     ip: str = ""
     reason: str = ""
+    """Why a node left (e.g. its instance terminated)."""
     at: float
 
     def routing_key(self) -> str:
