@@ -247,11 +247,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arg(s)
     s.set_defaults(func=cmd_set)
 
+    pause_help = {
+        "pause": ("stop acting on a domain: no launch, no scale-down, no node command",
+                  "Pause DOMAIN: the engine keeps watching and recording but takes no action until\n"
+                  "resumed. Instances and nodes stay as they are. Answered like `policy set`."),
+        "resume": ("act on a paused domain again",
+                   "Resume DOMAIN: the next iteration decides on the current view as usual."),
+    }
     for name, pause in (("pause", True), ("resume", False)):
-        s = psub.add_parser(name, help=f"{name} the domain's decisions (no launch, no scale-down)")
-        s.add_argument("domain")
-        s.add_argument("--timeout", type=float, default=30.0)
-        s.add_argument("--json", action="store_true")
+        short, long_ = pause_help[name]
+        s = psub.add_parser(name, help=short, description=long_, formatter_class=RAW,
+                            epilog=f"Example: epu policy {name} alpha -c /etc/epu/epu.toml\n"
+                                   "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
+        s.add_argument("domain", help="the domain to " + name)
+        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+        s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
         add_config_arg(s)
         s.set_defaults(func=cmd_pause, pause=pause)
 
