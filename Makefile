@@ -15,6 +15,7 @@ help:
 	@echo "make test   — the whole test suite (sets up venv, RabbitMQ, PostgreSQL, Slurm)"
 	@echo "make lint   — ruff"
 	@echo "make bench  — benchmarks in bench/ (figures printed; see docs/performance.md)"
+	@echo "make e2e    — the real thing on one machine: an elastic Slurm cluster driven by all services"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "epu: need Python >= 3.11: sudo apt-get install -y python3 python3-venv"; exit 1; }
@@ -34,9 +35,11 @@ services:
 run: $(STAMP)
 	$(BIN)/epu demo $(ARGS)
 
+# The real-Slurm end-to-end scenario and its fault tests (tests/e2e, `make e2e`) are not yet
+# part of `make test`: they are being made reliable enough to gate CI (see tests/e2e/README.md).
 test: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

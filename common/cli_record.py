@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.timeline import INSTANCE_STATES, NODE_STATES, Timeline, csv_header, csv_rows
+from common.timeline import NODE_STATES, Timeline, csv_header, csv_rows
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -72,14 +72,14 @@ def plot(timeline: Timeline, path: Path, summary: dict[str, Any] | None = None) 
         for site in timeline.sites:
             x, y = _steps(rows, lambda r, s=site: r.instances_by_site().get(s, 0))
             ax_i.step(x, y, where="post", linewidth=2, label=f"site {site}: live instances")
-            x, joined = _steps(rows, lambda r, s=site: sum(n for (st, state), n in r.instances.items()
-                                                             if st == s and state in ("joined", "draining")))
-            ax_i.step(x, joined, where="post", linestyle="--", label=f"site {site}: in the batch system")
+            x, booting = _steps(rows, lambda r, s=site: sum(n for (st, state), n in r.instances.items()
+                                                              if st == s and state in ("requested", "pending")))
+            ax_i.step(x, booting, where="post", linestyle="--", label=f"site {site}: of which booting")
     ax_q.set_title("Batch queue (from the sensor)", fontsize=10, loc="left")
     ax_q.set_ylabel("jobs")
     ax_n.set_title("Batch nodes by state (from the sensor)", fontsize=10, loc="left")
     ax_n.set_ylabel("nodes")
-    ax_i.set_title(f"Cloud instances by site (from the provisioner; live = {', '.join(INSTANCE_STATES[:3])}…)",
+    ax_i.set_title("Cloud instances by site (from the provisioner: launched and not yet terminated)",
                    fontsize=10, loc="left")
     ax_i.set_ylabel("instances")
     ax_i.set_xlabel("seconds since the recording started")

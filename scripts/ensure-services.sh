@@ -47,3 +47,8 @@ if ! port_open 5432; then
   fi
   wait_port 5432 PostgreSQL
 fi
+
+# ---- systemd-analyze (the tests verify deploy/systemd units with it)
+if ! command -v systemd-analyze >/dev/null; then
+  apt_install systemd-analyze systemd
+fi

@@ -36,6 +36,10 @@ class DomainConfig(Section):
     placement: Literal["rank", "cheapest", "spread"] = "rank"
     cores_per_node: int = Field(1, ge=1)
     paused: bool = False
+    node_names: list[str] = Field(default_factory=list)
+    """Names for new workers, first free one first: the batch system's pre-declared slots
+    (e.g. Slurm ``NodeName=... State=CLOUD`` lines). Empty: ``<domain>-<launch id>``. A name
+    is free again once its instance is terminated or failed; launches beyond the list wait."""
 
     @model_validator(mode="after")
     def _bounds(self) -> DomainConfig:

@@ -156,7 +156,8 @@ class Engine:
         out = Plan()
         pin = self._placement_input(cfg, health, live, unproven)
         out.actions.append(launch_action(inst.domain, placed.sites[0], inst.cores,
-                                         f"capacity failover from {inst.site}", now, pin, out))
+                                         f"capacity failover from {inst.site}", now, pin, out,
+                                         name=inst.node_name if pin.node_names else None))
         self.store.store_actions(inst.domain, out, now)
         self._send(inst.domain, out, now, iteration=None, notes=[f"capacity error at {inst.site}: failover"])
 
@@ -239,7 +240,7 @@ class Engine:
                          unproven: dict[str, int]) -> PlacementInput:
         return PlacementInput(cfg.sites or list(self.site_infos), cfg.placement, self.site_infos, health,
                               live, unproven, self.settings.backoff_initial_seconds,
-                              self.settings.backoff_max_seconds)
+                              self.settings.backoff_max_seconds, tuple(cfg.node_names))
 
     def _site_context(self) -> tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]:
         """Site health and live/unproven counts over all domains (quota is per site)."""

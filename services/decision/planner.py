@@ -54,6 +54,8 @@ class PlacementInput:
     unproven: dict[str, int]
     backoff_initial: float = 300.0
     backoff_max: float = 1800.0
+    node_names: tuple[str, ...] = ()
+    """The domain's pool of worker names (empty: generated names)."""
 
 
 def node_name_for(domain: str, launch_id: str) -> str:
@@ -127,19 +129,29 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if len(launches) > room:
             out.notes.append(f"max_nodes={view.max_nodes}: {len(launches) - room} launch(es) dropped")
             launches = launches[:room]
+        names: list[str | None] = [None] * len(launches)
+        if placement.node_names:
+            # a name is free once its instance is over AND its node has left the batch system
+            # (a slot still draining or powering down would be taken for the new worker's node)
+            used = {i.node_name for i in view.instances if i.state not in ("terminated", "failed")} | set(view.nodes)
+            free = [n for n in placement.node_names if n not in used]
+            if len(launches) > len(free):
+                out.notes.append(f"node_names: {len(launches) - len(free)} launch(es) wait for a free name")
+                launches = launches[:len(free)]
+            names = list(free[:len(launches)])
         placed = place(len(launches), placement.order, placement.strategy, placement.infos,
                        {**placement.health, **out.sites}, placement.live, placement.unproven, now)
         out.notes += placed.why if placed.unplaced else []
-        for launch, site in zip(launches, placed.sites, strict=False):
+        for launch, site, name in zip(launches, placed.sites, names, strict=False):
             out.actions.append(launch_action(view.domain, site, launch.cores, launch.reason, now,
-                                             placement, out, make_id))
+                                             placement, out, make_id, name=name))
     return out
 
 
 def launch_action(domain: str, site: str, cores: int, reason: str, now: float, placement: PlacementInput,
-                  out: Plan, make_id: Callable[[], str] = new_id) -> Planned:
+                  out: Plan, make_id: Callable[[], str] = new_id, *, name: str | None = None) -> Planned:
     launch_id = make_id()
-    name = node_name_for(domain, launch_id)
+    name = name or node_name_for(domain, launch_id)
     info = placement.infos.get(site)
     site_cores = max(cores, info.cores if info else cores)
     msg = LaunchRequest(launch_id=launch_id, domain=domain, site=site, node_name=name, cores=site_cores)

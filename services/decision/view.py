@@ -15,6 +15,7 @@ from typing import Any
 from common.messages import NodeInfo, QueuedJob, SensorSnapshot
 
 PENDING_STATES = frozenset({"requested", "pending", "started"})
+IN_SERVICE = frozenset({"free", "busy"})
 LIVE_STATES = frozenset({"requested", "pending", "started", "joined", "draining", "terminating"})
 
 
@@ -195,7 +196,10 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo], now: fl
                 inst = replace(inst, missing_since=now if lost else None)
         elif state in PENDING_STATES:
             node = get(inst.node_name)
-            if node is not None and not inst.terminate_sent:
+            # joined = in service. A name that is merely known to the batch system (a
+            # pre-declared, powered-down pool slot; a node still offline or down) has not
+            # joined: the instance still needs its "add".
+            if node is not None and node.state in IN_SERVICE and not inst.terminate_sent:
                 idle = node.state == "free" and not node.jobs and not node.cores_used
                 inst = replace(inst, state="joined", state_at=now, joined_at=now,
                                idle_since=now if idle else None)

@@ -38,6 +38,8 @@ from libcloud.compute.base import Node, NodeDriver, NodeImage, NodeLocation, Nod
 from libcloud.compute.types import NodeState
 
 PROVIDER_NAME = "epu-process"
+SPAWN_GRACE_SECONDS = 30.0
+"""A node recorded but with no process after this long never started (its create crashed)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS procs (
@@ -65,6 +67,24 @@ def _start_ticks(pid: int) -> str | None:
     if rest[0] in ("Z", "X"):
         return None
     return rest[19]
+
+
+def _find_spawned(node_id: str) -> tuple[int, str] | None:
+    """(pid, start ticks) of the live process whose environment says ``EPU_CLOUD_ID=node_id``:
+    the child of a create that crashed between starting it and recording its pid."""
+    needle = f"EPU_CLOUD_ID={node_id}".encode()
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            env = (pid_dir / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in env:
+            ticks = _start_ticks(int(pid_dir.name))
+            if ticks is not None:
+                return int(pid_dir.name), ticks
+    return None
 
 
 def _free_port() -> int:
@@ -116,9 +136,24 @@ class ProcessNodeDriver(NodeDriver):
                 if child.poll() is not None:
                     del self._children[pid]
 
+    def _adopt_spawned(self, row: sqlite3.Row) -> sqlite3.Row:
+        """A row recorded before its process started (pid 0) whose create never finished:
+        adopt the process if it started after all, so it is listed, found by tag and stopped."""
+        if row["pid"] != 0 or row["destroyed_at"] is not None:
+            return row
+        found = _find_spawned(row["id"])
+        if found is None:
+            return row
+        with self._db() as db:
+            db.execute("UPDATE procs SET pid = ?, start_ticks = ? WHERE id = ? AND pid = 0", (*found, row["id"]))
+            return db.execute("SELECT * FROM procs WHERE id = ?", (row["id"],)).fetchone()
+
     def _to_node(self, row: sqlite3.Row, now: float) -> Node:
+        row = self._adopt_spawned(row)
         if row["destroyed_at"] is not None:
             state = NodeState.TERMINATED
+        elif row["pid"] == 0:  # recorded, process not (yet) started: being created, or never was
+            state = NodeState.PENDING if now - row["created_at"] < SPAWN_GRACE_SECONDS else NodeState.ERROR
         elif _start_ticks(row["pid"]) == row["start_ticks"]:
             state = NodeState.RUNNING
         else:
@@ -167,18 +202,23 @@ class ProcessNodeDriver(NodeDriver):
             log_path = node_dir / "output.log"
             env = {**os.environ, **{k: v.format(**values) for k, v in self.env.items()},
                    "EPU_NODE_NAME": name, "EPU_CLOUD_ID": node_id}
+            # Intent first: the row (pid 0: spawning) is stored before the process starts, so
+            # a crash in between leaves a node the provisioner finds by its tags (and a
+            # process found by EPU_CLOUD_ID), never an untracked worker and a second one.
+            db.execute("INSERT INTO procs (id, name, client_token, pid, start_ticks, created_at, tags, log_path) "
+                       "VALUES (?, ?, ?, 0, 'spawning', ?, ?, ?)",
+                       (node_id, name, ex_clienttoken or None, time.time(),
+                        json.dumps(ex_metadata or {}, sort_keys=True), str(log_path)))
             with open(log_path, "ab") as log:
                 try:
                     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                              cwd=self.cwd, env=env, start_new_session=True)
                 except OSError as exc:
+                    db.execute("DELETE FROM procs WHERE id = ?", (node_id,))
                     raise LibcloudError(f"InvalidParameter: cannot start {argv[0]!r}: {exc.strerror}", self) from None
             self._children[child.pid] = child
             ticks = _start_ticks(child.pid) or "?"
-            db.execute("INSERT INTO procs (id, name, client_token, pid, start_ticks, created_at, tags, log_path) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (node_id, name, ex_clienttoken or None, child.pid, ticks, time.time(),
-                        json.dumps(ex_metadata or {}, sort_keys=True), str(log_path)))
+            db.execute("UPDATE procs SET pid = ?, start_ticks = ? WHERE id = ?", (child.pid, ticks, node_id))
             row = db.execute("SELECT * FROM procs WHERE id = ?", (node_id,)).fetchone()
         return self._to_node(row, time.time())
 
@@ -187,6 +227,7 @@ class ProcessNodeDriver(NodeDriver):
             row = db.execute("SELECT * FROM procs WHERE id = ?", (node.id,)).fetchone()
         if row is None:
             raise LibcloudError(f"InvalidInstanceID.NotFound: no process node {node.id}", self)
+        row = self._adopt_spawned(row)
         pid = row["pid"]
         if _start_ticks(pid) == row["start_ticks"]:
             self._signal_group(pid, signal.SIGTERM)

@@ -1,0 +1,298 @@
+"""The end-to-end harness: a private Slurm with a CLOUD pool, the four services as separate
+``epu run`` processes, the recorder, and a census of real worker processes.
+
+Why a module: the scenario and the fault tests share every piece; each test only says what
+happens and what must hold. Built on tests/support/slurm.py (SlurmTestCluster) and on the
+example config deploy/examples/e2e-slurm.toml, which is rendered, not copied, so the
+example stays the truth about what runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.broker import Broker
+from common.messages import SensorSnapshot
+from common.runtime import Service, run_in_thread
+from common.testing import wait_for
+from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster, find_exe, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "deploy" / "examples" / "e2e-slurm.toml"
+EPU = [sys.executable, "-m", "common.cli"]
+POOL = [f"elastic{i:02d}" for i in range(1, 7)]
+SERVICES = ("ctxbroker", "provisioner", "decision", "sensor")
+
+
+def render_config(workdir: Path, broker_url: str, prefix: str, ctx_port: int, **replace: str) -> Path:
+    """The example config with this run's directory, interpreter, broker and ports."""
+    text = EXAMPLE.read_text()
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    text = text.replace("/tmp/epu-e2e/ctx-scripts", str(ROOT / "deploy" / "ctx-scripts"))
+    text = text.replace("/tmp/epu-e2e", str(workdir))
+    text = text.replace('"python3"', json.dumps(sys.executable))
+    text = text.replace('"/usr/sbin/slurmd"', json.dumps(find_exe("slurmd")))
+    text = text.replace('url = "amqp://guest:guest@127.0.0.1:5672//"', f"url = {json.dumps(broker_url)}")
+    text = text.replace('prefix = "e2e"', f"prefix = {json.dumps(prefix)}")
+    text = text.replace("18443", str(ctx_port))
+    path = workdir / "epu.toml"
+    path.write_text(text)
+    return path
+
+
+def slurmd_census(conf: Path) -> Counter[str]:
+    """Live slurmd daemons of this cluster, by node name (``-N NAME``), read from /proc.
+
+    A slurmd forks briefly (e.g. before exec'ing slurmstepd) and the child shows the same
+    command line: a process whose parent is a matching slurmd is that fork, not a second daemon."""
+    found: dict[int, tuple[int, str]] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            argv = (pid_dir / "cmdline").read_bytes().split(b"\0")
+            fields = (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] in ("Z", "X") or not argv or not argv[0].endswith(b"slurmd"):
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if str(conf) in args and "-N" in args:
+            found[int(pid_dir.name)] = (int(fields[1]), args[args.index("-N") + 1])
+    return Counter(name for ppid, name in found.values() if ppid not in found)
+
+
+@dataclass
+class Census:
+    """Samples the slurmd census in a thread: the most processes ever seen per node name
+    (above one is a duplicate worker) and the live count now."""
+
+    conf: Path
+    interval: float = 0.2
+    peak: Counter[str] = field(default_factory=Counter)
+    max_total: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Census:
+        self._thread = threading.Thread(target=self._run, name="census", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> Counter[str]:
+        now = slurmd_census(self.conf)
+        for name, n in now.items():
+            self.peak[name] = max(self.peak[name], n)
+        self.max_total = max(self.max_total, sum(now.values()))
+        return now
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def duplicates(self) -> list[str]:
+        return sorted(n for n, c in self.peak.items() if c > 1)
+
+
+class ElasticSlurm(SlurmTestCluster):
+    """The harness's cluster with shorter timeouts, so the stalled-worker test fits its budget:
+    a slot EPU added whose slurmd never registers (a worker that never starts) is marked down
+    and its jobs requeued after ``ResumeTimeout`` 15 s (not 60), and a requeued job may start
+    again after ``cred_expire`` 10 s (Slurm holds it back that long; default 120)."""
+
+    resume_timeout: int = 15
+    cred_expire: int = 10
+
+    def write_conf(self) -> None:
+        super().write_conf()
+        text = self.conf_path.read_text().replace("ResumeTimeout=60", f"ResumeTimeout={self.resume_timeout}")
+        text = text.replace("AuthInfo=socket=", f"AuthInfo=cred_expire={self.cred_expire},socket=")
+        self.conf_path.write_text(text)
+
+
+class SnapshotWatch:
+    """The test's own tap on sensor snapshots, so it waits on what the sensor (and so the
+    recorder) has seen rather than on a clock."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._lock = threading.Lock()
+        self.snapshots: list[SensorSnapshot] = []
+        self._service = Service("e2e-watch", broker)
+        self._service.consume_queue(broker.topology.tap_queue("sensor.snapshot.#"), self._on)
+        self._thread = run_in_thread(self._service)
+        if not self._service.wait_ready(15):
+            raise RuntimeError("snapshot tap did not start")
+
+    def _on(self, msg: object, envelope: object) -> None:
+        if isinstance(msg, SensorSnapshot):
+            with self._lock:
+                self.snapshots.append(msg)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.snapshots)
+
+    def empty_cluster_seen(self, after: int = 0) -> bool:
+        """An available snapshot (the ``after``-th or later) with no node, no queue, no job."""
+        with self._lock:
+            return any(s.available and not s.nodes and not s.queued_demand() and not s.running_jobs
+                       for s in self.snapshots[after:])
+
+    def wait_settled(self, after: int, timeout: float = 60) -> None:
+        """Wait for an empty-cluster snapshot (the ``after``-th or later: not the empty cluster
+        before the jobs), then for one more: by then every tap, the recorder's too, had it."""
+        wait_for(lambda: self.empty_cluster_seen(after), timeout, interval=0.1, message="the sensor reports an empty cluster")
+        n = self.count()
+        wait_for(lambda: self.count() > n, 30, interval=0.1, message="one more snapshot")
+
+    def stop(self) -> None:
+        self._service.stop()
+        self._thread.join(10)
+
+
+@dataclass
+class E2E:
+    """One run: cluster, config, services, recorder. Use as a context manager."""
+
+    workdir: Path
+    broker_url: str
+    prefix: str
+    replace: dict[str, str] = field(default_factory=dict)
+    cluster: ElasticSlurm = field(init=False)
+    config: Path = field(init=False)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    census: Census = field(init=False)
+
+    def __enter__(self) -> E2E:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        # the cluster's own short temp dir: slurmstepd's socket paths must stay under 108 bytes
+        self.cluster = ElasticSlurm(nodes=[], cloud_nodes=[SlurmNodeSpec(n, cpus=2, state="CLOUD") for n in POOL])
+        self.cluster.start()
+        for name in POOL:  # what slurmd of a pre-declared slot expects to find
+            (self.cluster.workdir / "spool" / f"slurmd.{name}").mkdir(parents=True, exist_ok=True)
+        self.config = render_config(self.workdir, self.broker_url, self.prefix, free_port(),
+                                    **{"/tmp/epu-e2e/slurm/etc/slurm.conf": str(self.cluster.conf_path),
+                                       **self.replace})
+        self.census = Census(self.cluster.conf_path).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for name in list(self.procs):
+                self.stop(name)
+        finally:
+            self.census.stop()
+            self._kill_stray_workers()
+            self.cluster.stop()
+
+    # ------------------------------------------------------------------ processes
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_CONF": str(self.cluster.conf_path)}
+
+    def start(self, name: str, argv: list[str] | None = None) -> subprocess.Popen[bytes]:
+        """Start a service (``epu run NAME``) or any argv, logging to logs/NAME.log."""
+        service = name.split("#")[0]
+        argv = argv or [*EPU, "run", service, "-c", str(self.config)]
+        log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        proc = subprocess.Popen(argv, env=self.env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def kill9(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait(5)
+
+    def start_recorder(self, out: Path) -> None:
+        ready = self.workdir / "recorder.ready"
+        self.start("recorder", [*EPU, "record", "--out", str(out), "--ready-file", str(ready), "-c", str(self.config)])
+        wait_for(ready.exists, 30, interval=0.1, message="recorder bound to the events exchange")
+
+    def stop_recorder(self, out: Path) -> dict[str, Any]:
+        self.stop("recorder", signal.SIGINT, timeout=60)
+        return json.loads((out / "summary.json").read_text())
+
+    def start_services(self) -> None:
+        self.start("ctxbroker")
+        self.create_context()
+        for name in SERVICES[1:]:
+            self.start(name)
+
+    def create_context(self) -> dict[str, Any]:
+        """Create the cluster's context and write what a worker's userdata would carry."""
+        def created() -> dict[str, Any] | None:
+            proc = subprocess.run([*EPU, "ctx", "create", "e2e", "--json", "--insecure", "-c", str(self.config)],
+                                  env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=30)
+            return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+        ctx = wait_for(created, 30, interval=0.3, message="context broker answering: context created")
+        (self.workdir / "context.env").write_text(
+            f"EPU_CTX_URI={ctx['uri']}\nEPU_CTX_KEY={ctx['key']}\nEPU_CTX_SECRET={ctx['secret']}\n")
+        return ctx
+
+    def _kill_stray_workers(self) -> None:
+        """Test hygiene only (after the assertions): never leave a slurmd behind."""
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            try:
+                args = (pid_dir / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(str(self.workdir).encode() in a for a in args) and b"tests.e2e.worker" in b" ".join(args):
+                try:
+                    os.killpg(int(pid_dir.name), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    # ------------------------------------------------------------------ Slurm
+    def submit(self, *args: str, wrap: str | None = None, script: Path | None = None,
+               output: str = "/dev/null") -> str:
+        argv = ["sbatch", "--parsable", "-o", output, "-e", output, f"--chdir={self.workdir}", *args]
+        argv += [f"--wrap={wrap}"] if wrap is not None else [str(script)]
+        return self.cluster.run(*argv).stdout.strip().split(";")[0]
+
+    def job_states(self, ids: list[str]) -> dict[str, str]:
+        out = self.cluster.run("squeue", "-h", "-t", "all", "-o", "%i %T", check=False).stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        return {i: states.get(i, "GONE") for i in ids}
+
+    def slurm_nodes_in_service(self) -> list[str]:
+        """Pool slots that are not back to powered-down (what the sensor would call a node)."""
+        return sorted(n for n, s in self.cluster.node_states().items() if "POWERED_DOWN" not in s)
+
+    def diagnostics(self) -> str:
+        parts = [f"census: {dict(slurmd_census(self.cluster.conf_path))}",
+                 f"slurm nodes: {self.cluster.node_states()}"]
+        for log in sorted((self.workdir / "logs").glob("*.log")):
+            parts.append(self.cluster.tail_file(log, 25))
+        parts.append(self.cluster.tail("slurmctld", 25))
+        return "\n".join(parts)
