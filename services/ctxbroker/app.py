@@ -78,7 +78,10 @@ class CtxBrokerService:
             log.info("node removed for a gone instance",
                      extra={"context": context_id, "hostname": entry.hostname,
                             "instance": message.instance_id})
-            self.server.hub.changed_threadsafe(context_id)
+            refreshed = self.server.hub.changed_threadsafe(context_id)
+            if refreshed is not None:
+                # announce (and ack) only once agents can read the leave
+                refreshed.result(timeout=10)
             # published from this (consumer) thread: the message is acked after the event is out
             self.service.publish(membership_message(context_id, entry))
 

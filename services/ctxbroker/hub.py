@@ -19,6 +19,7 @@ How a replica learns about entries another replica appended (documented in docs/
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -193,12 +194,14 @@ class Hub:
             st.deleted = True
             st.wake()
 
-    def changed_threadsafe(self, context_id: str) -> None:
-        """Called from other threads (the AMQP consumer, the LISTEN thread) after a store change."""
+    def changed_threadsafe(self, context_id: str) -> concurrent.futures.Future[None] | None:
+        """Called from other threads (the AMQP consumer, the LISTEN thread) after a store change.
+        Returns a future done once the cache shows the change (callers that must not announce a
+        change before agents can read it wait on it); ``None`` when no loop runs."""
         loop = self.loop
         if loop is None or loop.is_closed():
-            return
-        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._safe_refresh(context_id)))
+            return None
+        return asyncio.run_coroutine_threadsafe(self._safe_refresh(context_id), loop)
 
     async def _safe_refresh(self, context_id: str) -> None:
         try:

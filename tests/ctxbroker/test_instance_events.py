@@ -58,7 +58,12 @@ def test_terminated_instance_leaves_its_context(service: CtxBrokerService, broke
     publisher.publish(InstanceEvent(instance_id="i-unknown", state="failed", **common))
     wait_for(lambda: [n["hostname"] for n in admin.nodes(ctx["id"])] == ["wn-2"], timeout=15,
              message="wn-1 removed after its instance terminated")
-    doc = nc.updates(0)
+    # the store is the truth; what agents read follows it within a loop tick
+    def updates_with_leave() -> dict | None:
+        d = nc.updates(0)
+        return d if len(d["entries"]) == 3 else None
+
+    doc = wait_for(updates_with_leave, timeout=10, message="the leave visible to agents")
     assert [(e["id"], e["kind"], e["hostname"]) for e in doc["entries"]] == [
         (1, "join", "wn-1"), (2, "join", "wn-2"), (3, "leave", "wn-1")]
     assert doc["entries"][2]["reason"] == "instance terminated: idle"
