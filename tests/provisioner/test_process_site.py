@@ -55,6 +55,12 @@ def test_process_site_runs_real_workers(tmp_path, make_provisioner) -> None:
     prov.poll("local")
     assert prov.store.get("p1").state == "terminated"
     assert prov.store.get("p2").state == "started"
+    # and the other one, so the test leaves no process behind
+    prov.handle_terminate(TerminateRequest(request_id="t2", instance_id="p2", domain="alpha"))
+    assert prov.wait_idle(10)
+    pid2 = next(n.extra["pid"] for n in nodes if n.name == "pw2")
+    wait_for(lambda: not alive(pid2), message="worker pw2 stopped")
+    assert not (tmp_path / "pw2.alive").exists()
 
 
 def test_worker_that_dies_is_failed_and_argv_never_uses_a_shell(tmp_path, make_provisioner) -> None:

@@ -31,6 +31,15 @@ def test_instances_are_slurmd_workers(cluster: SlurmTestCluster, tmp_path, make_
     argv = [find_exe("slurmd"), "-D", "-N", "{node_name}", "-f", str(cluster.conf_path)]
     site = ProcessNodeDriver(argv=argv, env=cluster.client_env, path=str(tmp_path / "procs.db"), stop_timeout=15)
     prov, events = make_provisioner({"slurm": site}, site_kw={"driver": "epu-process"}, clock_=RealClock())
+    try:
+        _launch_use_and_terminate(cluster, site, prov, events)
+    finally:  # never leave a slurmd behind, even when an assertion failed
+        for n in site.list_nodes():
+            if n.state.value != "terminated":
+                site.destroy_node(n)
+
+
+def _launch_use_and_terminate(cluster: SlurmTestCluster, site: ProcessNodeDriver, prov, events) -> None:
     prov.handle_launch(LaunchRequest(launch_id="s1", domain="alpha", site="slurm", node_name="elastic1"))
     assert prov.wait_idle(15)
     # what the sensor's "add" does for a pool node: power it up, then it serves jobs
