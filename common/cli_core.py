@@ -65,55 +65,32 @@ def format_event(envelope: Any, message: Any, routing_key: str) -> str:
 
 
 def cmd_tap(args: argparse.Namespace) -> int:
-    from common.codec import decode
-    from common.messages import DecodeError
+    from common.tap import follow
 
     config = load_or_exit(args.config)
     broker = config.broker_obj()
-    topo = broker.topology
-    queue = topo.tap_queue(args.pattern)
     seen = 0
-    deadline = time.monotonic() + args.seconds if args.seconds else None
-    with broker.connection() as conn:
-        channel = conn.channel()
-        if broker.declare:
-            topo.events_exchange(channel).declare()
 
-        def on_message(message: Any) -> None:
-            nonlocal seen
-            rk = (message.delivery_info or {}).get("routing_key", "")
-            try:
-                envelope, msg = decode(message.body)
-            except DecodeError as exc:
-                line = (json.dumps({"routing_key": rk, "error": str(exc)}) if args.json
-                        else f"{rk}: undecodable: {exc}")
-            else:
-                if args.json:
-                    line = json.dumps({"routing_key": rk, **envelope.model_dump(mode="json")}, default=str)
-                else:
-                    line = format_event(envelope, msg, rk)
-            print(line, flush=True)
-            message.ack()
-            seen += 1
+    def on_event(rk: str, envelope: Any, msg: Any, error: Any) -> None:
+        nonlocal seen
+        if error is not None:
+            line = json.dumps({"routing_key": rk, "error": str(error)}) if args.json else f"{rk}: undecodable: {error}"
+        elif args.json:
+            line = json.dumps({"routing_key": rk, **envelope.model_dump(mode="json")}, default=str)
+        else:
+            line = format_event(envelope, msg, rk)
+        print(line, flush=True)
+        seen += 1
 
-        from kombu import Consumer
+    def bound() -> None:
+        print(f"# tapping {broker.topology.events_exchange.name} with pattern {args.pattern!r} "
+              f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
 
-        with Consumer(channel, queues=[queue], on_message=on_message, no_ack=False):
-            print(f"# tapping {topo.events_exchange.name} with pattern {args.pattern!r} "
-                  f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
-
-            try:
-                while True:
-                    if deadline and time.monotonic() > deadline:
-                        break
-                    if args.count and seen >= args.count:
-                        break
-                    try:
-                        conn.drain_events(timeout=0.5)
-                    except TimeoutError:
-                        pass
-            except KeyboardInterrupt:
-                pass
+    try:
+        follow(broker, args.pattern, on_event, stop=lambda: bool(args.count and seen >= args.count),
+               seconds=args.seconds, on_bound=bound)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

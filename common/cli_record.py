@@ -109,11 +109,8 @@ def record(config_path: str | None, out: Path, seconds: float = 0.0, *, pattern:
     """Tap the events exchange until ``seconds`` have passed (0: until SIGTERM/SIGINT), then
     write the results folder. ``ready_file`` is created once the tap queue is bound, so a
     caller can wait for it instead of sleeping."""
-    from kombu import Consumer
-
     from common.cli_core import load_or_exit
-    from common.codec import decode
-    from common.messages import DecodeError
+    from common.tap import follow
 
     config = load_or_exit(config_path)
     broker = config.broker_obj()
@@ -126,29 +123,13 @@ def record(config_path: str | None, out: Path, seconds: float = 0.0, *, pattern:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    deadline = time.monotonic() + seconds if seconds else None
-    with broker.connection() as conn:
-        channel = conn.channel()
-        if broker.declare:
-            broker.topology.events_exchange(channel).declare()
 
-        def on_message(message: Any) -> None:
-            try:
-                envelope, msg = decode(message.body)
-            except DecodeError:
-                message.ack()
-                return
+    def on_event(_rk: str, _envelope: Any, msg: Any, error: Any) -> None:
+        if error is None:
             timeline.observe(msg, time.time())
-            message.ack()
 
-        with Consumer(channel, queues=[broker.topology.tap_queue(pattern)], on_message=on_message, no_ack=False):
-            if ready_file is not None:
-                ready_file.write_text("ready\n")
-            while not stop and not (deadline and time.monotonic() > deadline):
-                try:
-                    conn.drain_events(timeout=0.25)
-                except TimeoutError:
-                    pass
+    follow(broker, pattern, on_event, stop=lambda: stop, seconds=seconds,
+           on_bound=(lambda: ready_file.write_text("ready\n")) if ready_file is not None else None)
     return write_results(timeline, out)
 
 
