@@ -2,8 +2,22 @@
 
 A job asking N nodes × M cores needs N *distinct* nodes with M free cores each — not N×M
 cores anywhere — so an MPI job gets its whole allocation. Supply is a histogram of free
-cores per bin (free workers, pending instances); demand is packed into it largest shape
-first, and what does not fit opens new bins of ``node_cores`` cores.
+cores per bin (free workers, pending instances).
+
+The answer is the smallest number T of new ``node_cores`` bins for which the queue fits
+into supply + T, placed by *worst fit*: jobs in a fixed order (widest per-node chunk
+first), each job's chunks on the N bins with the most free cores. Worst fit is chosen over
+tighter heuristics because it is monotone: if bins A dominate bins B (sorted, each A bin
+≥ the B bin of the same rank), every job that fits B fits A and leaves A still dominating.
+So adding supply — a free worker, a pending instance, one more new node — never makes a
+queue stop fitting, which gives the two properties an autoscaler must have: more free
+nodes never launch *more*, and T can be found by binary search. (A greedy that packed
+tighter was measured launching 3 nodes with an extra free node where it launched 2
+without; the property test in tests/decision/test_demand.py guards this.)
+
+Jobs wider per node than ``node_cores`` can only run on an existing bigger node: no new
+node is launched for them; they are placed on what the rest leaves, and reported as
+unsatisfiable if nothing left holds them.
 
 With 1-core jobs and 1-core nodes this is exactly the paper's
 ``launch = queued − (free workers + pending instances)``.
@@ -14,97 +28,106 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+Job = tuple[int, int, int]
+"""(cores per node, nodes, how many such jobs)."""
+
 
 @dataclass
 class DemandResult:
     new_nodes: int
     unsatisfiable: dict[tuple[int, int], int] = field(default_factory=dict)
-    """Shapes no node of ``node_cores`` can ever hold (cores per node > node_cores)."""
+    """Shapes (cores, nodes) → jobs that no new node can hold (cores per node > node_cores)
+    and no free node left over holds either."""
 
 
 def nodes_needed(shapes: dict[tuple[int, int], int], supply: list[int], node_cores: int) -> DemandResult:
-    """Pack ``shapes`` ((cores, nodes) → jobs) into ``supply`` (free cores per existing bin)."""
-    hist: Counter[int] = Counter(c for c in supply if c > 0)
-    fresh: Counter[int] = Counter()  # leftover capacity of bins we opened (same packing)
-    new_nodes = 0
+    """Smallest number of new ``node_cores`` bins the queue ``shapes`` ((cores, nodes) → jobs)
+    needs on top of ``supply`` (free cores per existing bin)."""
+    order = sorted(((m, n, k) for (m, n), k in shapes.items() if k > 0), reverse=True)
+    fitting = [j for j in order if j[0] <= node_cores]
+    oversize = [j for j in order if j[0] > node_cores]
+    bins: Counter[int] = Counter(c for c in supply if c > 0)
+
+    # Lower bound: the cores supply does not cover. Upper bound: one new node per chunk
+    # always fits (each chunk leaves at least as many untouched new nodes as chunks remain).
+    cores = sum(m * n * k for m, n, k in fitting)
+    lo = max(0, -(-(cores - sum(c * cnt for c, cnt in bins.items())) // node_cores))
+    hi = max(lo, sum(n * k for _m, n, k in fitting))
+    # Probe upwards from the lower bound (the answer is usually close to it), then bisect.
+    step = 1
+    probe = lo
+    while probe < hi and _place(fitting, bins, node_cores, probe) is None:
+        lo = probe + 1
+        probe = min(hi, probe + step)
+        step *= 2
+    hi = probe
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _place(fitting, bins, node_cores, mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    left = _place(fitting, bins, node_cores, lo)
+    assert left is not None  # the upper bound always fits
+
     unsat: dict[tuple[int, int], int] = {}
+    for m, n, k in oversize:
+        placed = _place_shape(left, m, n, k)
+        if placed < k:
+            unsat[(m, n)] = k - placed
+    return DemandResult(lo, unsat)
 
-    def take(cap_hist: Counter[int], m: int, k: int) -> int:
-        """Place ``k`` single-node chunks of ``m`` cores; return how many remain."""
-        for cap in sorted((c for c in cap_hist if c >= m), reverse=True):
-            if k == 0:
-                break
-            per_bin = cap // m
-            n_bins = cap_hist[cap]
-            bins = min(n_bins, -(-k // per_bin))
-            placed = min(k, bins * per_bin)
-            k -= placed
-            cap_hist[cap] -= bins
-            if cap_hist[cap] == 0:
-                del cap_hist[cap]
-            last = placed % per_bin
-            rest_full = cap - per_bin * m
-            if rest_full:
-                cap_hist[rest_full] += bins - (1 if last else 0)
-            if last:
-                cap_hist[cap - last * m] += 1
-        return k
 
-    for (m, n), k in sorted(shapes.items(), key=lambda kv: (kv[0][0], kv[0][1]), reverse=True):
-        if m > node_cores and not any(c >= m for c in hist):
-            unsat[(m, n)] = k
+def _place(jobs: list[Job], supply: Counter[int], node_cores: int, new_nodes: int) -> Counter[int] | None:
+    """Free cores per bin left after placing every job on supply + ``new_nodes`` fresh
+    bins, or ``None`` if some job does not fit."""
+    bins = Counter(supply)
+    if new_nodes:
+        bins[node_cores] += new_nodes
+    for m, n, k in jobs:
+        if _place_shape(bins, m, n, k) < k:
+            return None
+    return bins
+
+
+def _place_shape(bins: Counter[int], m: int, n: int, k: int) -> int:
+    """Place up to ``k`` jobs of ``n`` chunks × ``m`` cores, each on the ``n`` bins with the
+    most free cores (worst fit); update ``bins``; return how many were placed.
+
+    Bins with equal free cores are interchangeable, so identical jobs are placed in
+    batches: while the fullest level holds ``n`` bins or more, ``count // n`` jobs take
+    their chunks from it at once (what is left of those bins sits below that level)."""
+    placed = 0
+    while placed < k:
+        levels = sorted((c for c, cnt in bins.items() if cnt > 0), reverse=True)
+        if not levels or levels[0] < m:
+            break
+        top = levels[0]
+        batch = min(k - placed, bins[top] // n)
+        if batch:
+            _move(bins, top, top - m, batch * n)
+            placed += batch
             continue
-        if n == 1:
-            k = take(hist, m, k)
-            k = take(fresh, m, k)
-            if k:
-                if m > node_cores:
-                    unsat[(m, n)] = k
-                    continue
-                per_bin = node_cores // m
-                opened = -(-k // per_bin)
-                new_nodes += opened
-                last = k - (opened - 1) * per_bin
-                if node_cores - per_bin * m:
-                    fresh[node_cores - per_bin * m] += opened - 1
-                if node_cores - last * m:
-                    fresh[node_cores - last * m] += 1
-            continue
-        # multi-node: each job needs n distinct bins with >= m free cores
-        for done in range(k):
-            if not any(c >= m for c in hist) and not any(c >= m for c in fresh):
-                # supply exhausted: the remaining jobs open nodes in closed form (n nodes per
-                # group of node_cores // m jobs, one chunk of each job per node)
-                rest = k - done
-                if m > node_cores:
-                    unsat[(m, n)] = unsat.get((m, n), 0) + rest
-                    break
-                per_bin = node_cores // m
-                groups = -(-rest // per_bin)
-                new_nodes += n * groups
-                last = rest - (groups - 1) * per_bin
-                if node_cores - per_bin * m:
-                    fresh[node_cores - per_bin * m] += n * (groups - 1)
-                if node_cores - last * m:
-                    fresh[node_cores - last * m] += n
+        # the fullest level has fewer than n bins: one job, across the top levels
+        picks: list[tuple[int, int]] = []
+        need = n
+        for level in levels:
+            if level < m or need == 0:
                 break
-            need = n
-            for pool in (hist, fresh):
-                for cap in sorted((c for c in pool if c >= m), reverse=True):
-                    if need == 0:
-                        break
-                    bins = min(pool[cap], need)
-                    need -= bins
-                    pool[cap] -= bins
-                    if pool[cap] == 0:
-                        del pool[cap]
-                    if cap - m:
-                        pool[cap - m] += bins
-            if need:
-                if m > node_cores:
-                    unsat[(m, n)] = unsat.get((m, n), 0) + 1
-                    continue
-                new_nodes += need
-                if node_cores - m:
-                    fresh[node_cores - m] += need
-    return DemandResult(new_nodes, unsat)
+            take = min(bins[level], need)
+            picks.append((level, take))
+            need -= take
+        if need:
+            break
+        for level, take in picks:
+            _move(bins, level, level - m, take)
+        placed += 1
+    return placed
+
+
+def _move(bins: Counter[int], src: int, dst: int, count: int) -> None:
+    bins[src] -= count
+    if bins[src] == 0:
+        del bins[src]
+    if dst > 0:
+        bins[dst] += count

@@ -10,8 +10,10 @@ node name cannot inject a command.
 State (pid, its kernel start time, tags, client token) lives in SQLite (``path``), so a
 restarted provisioner still finds, lists and stops the processes the previous one started;
 the start time guards against a recycled pid. A node is RUNNING while its process lives,
-ERROR if it exited on its own, TERMINATED once destroyed (listed for ``terminated_linger``
-seconds, then gone). ``destroy_node`` sends SIGTERM to the process group, then SIGKILL
+ERROR if it exited on its own, STOPPING from the moment ``destroy_node`` signals it, and
+TERMINATED once destroyed (listed for ``terminated_linger`` seconds, then gone). The stop is
+recorded before the signal so a poll that sees the process gone mid-destroy reports it
+TERMINATED, not failed. ``destroy_node`` sends SIGTERM to the process group, then SIGKILL
 after ``stop_timeout`` seconds.
 """
 
@@ -50,6 +52,7 @@ CREATE TABLE IF NOT EXISTS procs (
     start_ticks TEXT NOT NULL,
     created_at REAL NOT NULL,
     destroyed_at REAL,
+    stopping_at REAL,
     tags TEXT NOT NULL DEFAULT '{}',
     log_path TEXT NOT NULL
 );
@@ -123,6 +126,9 @@ class ProcessNodeDriver(NodeDriver):
         self._lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(procs)")}
+            if "stopping_at" not in columns:  # a state file from before the column existed
+                db.execute("ALTER TABLE procs ADD COLUMN stopping_at REAL")
 
     def _db(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -150,11 +156,14 @@ class ProcessNodeDriver(NodeDriver):
 
     def _to_node(self, row: sqlite3.Row, now: float) -> Node:
         row = self._adopt_spawned(row)
+        alive = row["pid"] != 0 and _start_ticks(row["pid"]) == row["start_ticks"]
         if row["destroyed_at"] is not None:
             state = NodeState.TERMINATED
+        elif row["stopping_at"] is not None:
+            state = NodeState.STOPPING if alive else NodeState.TERMINATED
         elif row["pid"] == 0:  # recorded, process not (yet) started: being created, or never was
             state = NodeState.PENDING if now - row["created_at"] < SPAWN_GRACE_SECONDS else NodeState.ERROR
-        elif _start_ticks(row["pid"]) == row["start_ticks"]:
+        elif alive:
             state = NodeState.RUNNING
         else:
             state = NodeState.ERROR  # exited by itself
@@ -228,8 +237,11 @@ class ProcessNodeDriver(NodeDriver):
         if row is None:
             raise LibcloudError(f"InvalidInstanceID.NotFound: no process node {node.id}", self)
         row = self._adopt_spawned(row)
+        with self._db() as db:
+            db.execute("UPDATE procs SET stopping_at = ? WHERE id = ? AND stopping_at IS NULL",
+                       (time.time(), node.id))
         pid = row["pid"]
-        if _start_ticks(pid) == row["start_ticks"]:
+        if pid and _start_ticks(pid) == row["start_ticks"]:
             self._signal_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout
             while time.monotonic() < deadline and _start_ticks(pid) == row["start_ticks"]:

@@ -73,3 +73,37 @@ def test_worker_that_dies_is_failed_and_argv_never_uses_a_shell(tmp_path, make_p
     wait_for(lambda: site.list_nodes()[0].state.value == "error", message="worker exit noticed")
     prov.poll("local")
     assert events.states("d1")[-1] == "failed"
+
+
+STUBBORN = (  # ignores SIGTERM, as a worker still draining would; says when it does
+    "import pathlib, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "pathlib.Path(sys.argv[1]).write_text('ready')\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+def test_worker_exiting_during_a_stop_is_terminated_not_failed(tmp_path) -> None:
+    """A poll that lands while ``destroy_node`` waits for the worker to exit must not take the
+    exit for a crash: the stop is recorded before the signal, so a second driver on the same
+    state (another poll, or a provisioner restarted mid-stop) reports STOPPING, then TERMINATED."""
+    import os
+    import signal
+    import threading
+
+    ready = tmp_path / "ready"
+    site = ProcessNodeDriver(argv=[sys.executable, "-c", STUBBORN, str(ready)], path=str(tmp_path / "p.db"),
+                             stop_timeout=30)
+    node = site.create_node(name="slow")
+    wait_for(ready.exists, message="worker ignoring SIGTERM")
+    stopper = threading.Thread(target=site.destroy_node, args=(node,))
+    stopper.start()
+    try:
+        observer = ProcessNodeDriver(argv=["unused"], path=str(tmp_path / "p.db"))
+        wait_for(lambda: observer.list_nodes()[0].state.value == "stopping", message="stop recorded")
+        os.killpg(node.extra["pid"], signal.SIGKILL)  # the worker goes, destroy_node still waiting
+        wait_for(lambda: not alive(node.extra["pid"]), message="worker gone")
+        assert observer.list_nodes()[0].state.value == "terminated"
+    finally:
+        stopper.join(35)
+    assert observer.list_nodes()[0].state.value == "terminated"
