@@ -170,17 +170,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arg(p)
     p.set_defaults(func=cmd_tap)
 
-    p = sub.add_parser("config", help="validate a configuration file")
+    p = sub.add_parser("config", help="validate a configuration file",
+                       description="Configuration tools. `epu config check FILE` loads FILE as every service would\n"
+                                   "(EPU_SECTION__KEY variables applied) and reports the first bad key.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     csub = p.add_subparsers(dest="config_command", metavar="ACTION")
     c = csub.add_parser("check", help="validate FILE; errors name the key and what was expected",
                         description="Load FILE with environment overrides and validate every section.\n"
                                     "Exit 0 when valid, 2 with one line per problem otherwise.",
                         formatter_class=RAW)
-    c.add_argument("file", metavar="FILE")
+    c.add_argument("file", metavar="FILE", help="the TOML configuration to check (e.g. /etc/epu/epu.toml)")
     c.add_argument("--json", action="store_true", help="print the effective config (secrets redacted)")
     c.set_defaults(func=cmd_config_check)
 
-    p = sub.add_parser("deploy", help="generate what an operator installs")
+    p = sub.add_parser("deploy", help="generate what an operator installs",
+                       description="Generate deployment artefacts from the code, so they cannot drift from it\n"
+                                   "(deploy/rabbitmq/definitions.json is one; a test checks it is current).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     dsub = p.add_subparsers(dest="deploy_command", metavar="WHAT")
     d = dsub.add_parser(
         "rabbitmq-definitions", formatter_class=RAW,

@@ -224,7 +224,8 @@ def add_agent_args(a: argparse.ArgumentParser) -> None:
     a.add_argument("--ip", help="IP address to register (default: source address of the default route)")
     a.add_argument("--no-long-poll", action="store_true", help="plain polling every poll_interval seconds")
     a.add_argument("--daemon", action="store_true", help="detach and log to STATE/agent.log (for cloud-init runcmd)")
-    a.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    a.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="JSON log lines on stderr from this level up (default info)")
     a.set_defaults(func=cmd_agent)
 
 

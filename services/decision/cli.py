@@ -227,9 +227,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "applies them at its next iteration and answers applied or rejected (reason).")
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION")
 
-    s = psub.add_parser("show", help="the domain's current config version and effective parameters")
-    s.add_argument("domain")
-    s.add_argument("--json", action="store_true")
+    s = psub.add_parser("show", help="the domain's current config version and effective parameters",
+                        formatter_class=RAW,
+                        description="Read DOMAIN's current policy, version, bounds and sites from the engine's\n"
+                                    "store (decision.store_url), with every parameter's effective value;\n"
+                                    "parameters left at their default are marked (default).",
+                        epilog="Example: epu policy show alpha -c /etc/epu/epu.toml\n"
+                               "Exit status: 0; 1 unknown domain; 2 bad configuration.")
+    s.add_argument("domain", help="the domain, as named under [domains] in the configuration")
+    s.add_argument("--json", action="store_true", help="print the domain's config, version, source and effective_params as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_show)
 
@@ -240,8 +246,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="Examples:\n  epu policy set alpha policy=threshold jobs_per_vm=2 max_nodes=40\n"
                                "  epu policy set alpha sites=cheap,backup placement=cheapest\n"
                                "  epu policy set alpha stall_seconds=300")
-    s.add_argument("domain")
-    s.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    s.add_argument("domain", help="the domain to change")
+    s.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
+                   help="what to change; values are parsed as TOML scalars (2, 0.5, true, text)")
     s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
@@ -268,11 +275,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("status", help="live view: queue, nodes, instances by state and site, last decision",
                        formatter_class=RAW,
                        description="Built from the event stream (sensor snapshots, instance events, decision\n"
-                                   "records) through an exclusive tap queue. Without --watch, listens for\n"
-                                   "--seconds and prints what it saw.")
-    s.add_argument("domain", nargs="?")
-    s.add_argument("--json", action="store_true")
+                                   "records) through an exclusive tap queue, so it needs only read access to the\n"
+                                   "broker and never touches a service's store. Per domain: the queue (jobs,\n"
+                                   "cores), batch nodes by state, instances by site and state (terminated and\n"
+                                   "failed ones drop out), and the last decision with its actions and notes.\n"
+                                   "Without --watch, listens for --seconds and prints what it saw; instances\n"
+                                   "launched before it started appear from their next event on.",
+                       epilog="Examples:\n"
+                              "  epu status alpha -c /etc/epu/epu.toml          # a 6 s look\n"
+                              "  epu status --watch -c /etc/epu/epu.toml        # live board, every domain\n"
+                              "  epu status alpha --watch --json | jq .[0].queue  # one JSON line per change\n"
+                              "Exit status: 0; 2 on a bad configuration.")
+    s.add_argument("domain", nargs="?", help="show only this domain (default: every domain seen)")
+    s.add_argument("--json", action="store_true",
+                   help="JSON instead of the board: a list of domains; with --watch one line per change")
     s.add_argument("--watch", action="store_true", help="keep updating until Ctrl-C")
-    s.add_argument("--seconds", type=float, default=6.0, help="how long to listen without --watch")
+    s.add_argument("--seconds", type=float, default=6.0, help="how long to listen without --watch (default 6)")
     add_config_arg(s)
     s.set_defaults(func=cmd_status)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any
 
 from sqlalchemy import (
@@ -30,6 +30,7 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    bindparam,
     func,
     insert,
     select,
@@ -255,10 +256,24 @@ class Store:
 
     def save_instances(self, items: Iterable[Instance], conn: Connection | None = None) -> None:
         def do(c: Connection) -> None:
-            for inst in items:
-                values = asdict(inst)
-                iid = values.pop("instance_id")
-                _upsert(c, instances, {"instance_id": iid}, values)
+            # Batched (executemany with bound parameters): a burst of a thousand launches is
+            # one update and one insert, not a thousand statements compiled one by one.
+            rows = {inst.instance_id: {f: getattr(inst, f) for f in _INSTANCE_FIELDS} for inst in items}
+            if not rows:
+                return
+            known: set[str] = set()
+            ids = list(rows)
+            for i in range(0, len(ids), 500):  # stay under every backend's bound-parameter limit
+                known.update(c.scalars(select(instances.c.instance_id)
+                                       .where(instances.c.instance_id.in_(ids[i:i + 500]))))
+            if known:
+                stmt = (update(instances).where(instances.c.instance_id == bindparam("_id"))
+                        .values({f: bindparam(f) for f in _INSTANCE_FIELDS if f != "instance_id"}))
+                c.execute(stmt, [{**{k: v for k, v in rows[i].items() if k != "instance_id"}, "_id": i}
+                                 for i in ids if i in known])
+            new = [rows[i] for i in ids if i not in known]
+            if new:
+                c.execute(insert(instances), new)
 
         if conn is not None:
             do(conn)

@@ -50,11 +50,13 @@ def render_config(workdir: Path, broker_url: str, prefix: str, ctx_port: int, **
     return path
 
 
-def slurmd_census(conf: Path) -> Counter[str]:
-    """Live slurmd daemons of this cluster, by node name (``-N NAME``), read from /proc.
+def slurmd_pids(conf: Path) -> dict[str, set[int]]:
+    """Live slurmd processes of this cluster by node name (``-N NAME``), read from /proc.
 
-    A slurmd forks briefly (e.g. before exec'ing slurmstepd) and the child shows the same
-    command line: a process whose parent is a matching slurmd is that fork, not a second daemon."""
+    A slurmd forks before exec'ing slurmstepd, and the fork shows the same command line for
+    a moment: a process whose parent is a matching slurmd is that fork, not a second daemon.
+    (Its own fork may outlive the intermediate parent for a moment too; ``Census`` only
+    counts processes seen in two consecutive samples, which such a fork never is.)"""
     found: dict[int, tuple[int, str]] = {}
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
@@ -69,7 +71,16 @@ def slurmd_census(conf: Path) -> Counter[str]:
         args = [a.decode(errors="replace") for a in argv]
         if str(conf) in args and "-N" in args:
             found[int(pid_dir.name)] = (int(fields[1]), args[args.index("-N") + 1])
-    return Counter(name for ppid, name in found.values() if ppid not in found)
+    out: dict[str, set[int]] = {}
+    for pid, (ppid, name) in found.items():
+        if ppid not in found:
+            out.setdefault(name, set()).add(pid)
+    return out
+
+
+def slurmd_census(conf: Path) -> Counter[str]:
+    """How many slurmd run per node name now (see ``slurmd_pids``)."""
+    return Counter({name: len(pids) for name, pids in slurmd_pids(conf).items()})
 
 
 @dataclass
@@ -83,6 +94,7 @@ class Census:
     max_total: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _last: dict[str, set[int]] = field(default_factory=dict)
 
     def start(self) -> Census:
         self._thread = threading.Thread(target=self._run, name="census", daemon=True)
@@ -95,11 +107,16 @@ class Census:
             self._stop.wait(self.interval)
 
     def sample(self) -> Counter[str]:
-        now = slurmd_census(self.conf)
-        for name, n in now.items():
-            self.peak[name] = max(self.peak[name], n)
-        self.max_total = max(self.max_total, sum(now.values()))
-        return now
+        pids = slurmd_pids(self.conf)
+        for name, now in pids.items():
+            # a daemon is a process seen in two samples in a row: a fork caught between fork
+            # and exec is gone (or is slurmstepd) by the next one
+            stable = now & self._last.get(name, set())
+            self.peak[name] = max(self.peak[name], len(stable) or 1)
+        self._last = pids
+        counts = Counter({name: len(p) for name, p in pids.items()})
+        self.max_total = max(self.max_total, sum(counts.values()))
+        return counts
 
     def stop(self) -> None:
         self._stop.set()
@@ -206,12 +223,15 @@ class E2E:
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_CONF": str(self.cluster.conf_path)}
 
-    def start(self, name: str, argv: list[str] | None = None) -> subprocess.Popen[bytes]:
-        """Start a service (``epu run NAME``) or any argv, logging to logs/NAME.log."""
+    def start(self, name: str, argv: list[str] | None = None, stdout: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start a service (``epu run NAME``) or any argv, logging to logs/NAME.log (stdout to
+        ``stdout`` when given: a command whose output is the result)."""
         service = name.split("#")[0]
         argv = argv or [*EPU, "run", service, "-c", str(self.config)]
         log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
-        proc = subprocess.Popen(argv, env=self.env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
+        out = open(stdout, "ab") if stdout is not None else log  # noqa: SIM115
+        proc = subprocess.Popen(argv, env=self.env, cwd=self.workdir, stdout=out,
+                                stderr=log if stdout is not None else subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 
@@ -239,6 +259,25 @@ class E2E:
     def stop_recorder(self, out: Path) -> dict[str, Any]:
         self.stop("recorder", signal.SIGINT, timeout=60)
         return json.loads((out / "summary.json").read_text())
+
+    def start_watchers(self, out: Path, domain: str = "alpha") -> None:
+        """What an operator watches with: ``epu status DOMAIN --watch --json`` (one JSON line per
+        change) into status.jsonl and ``epu tap --json`` (every event) into tap.jsonl, both in
+        the results folder. Returns once both are bound to the events exchange."""
+        out.mkdir(parents=True, exist_ok=True)
+        self.start("tap", [*EPU, "tap", "--json", "-c", str(self.config)], stdout=out / "tap.jsonl")
+        self.start("status", [*EPU, "status", domain, "--watch", "--json", "-c", str(self.config)],
+                   stdout=out / "status.jsonl")
+        tap_log = self.workdir / "logs" / "tap.log"
+        wait_for(lambda: tap_log.exists() and "# tapping" in tap_log.read_text(), 30, interval=0.1,
+                 message="epu tap bound")
+        # status says nothing until the board changes; a snapshot changes it (the sensor's poll)
+        wait_for(lambda: (out / "status.jsonl").stat().st_size > 0, 30, interval=0.1,
+                 message="epu status showing the domain")
+
+    def stop_watchers(self) -> None:
+        for name in ("status", "tap"):
+            self.stop(name, signal.SIGINT)
 
     def start_services(self) -> None:
         self.start("ctxbroker")

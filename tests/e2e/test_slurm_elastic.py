@@ -13,6 +13,7 @@ Results go to the test's tmp dir, and to results/e2e-<timestamp>/ when E2E_RESUL
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -84,6 +85,7 @@ def test_scale_up_run_every_job_and_back_to_zero(broker: Broker, tmp_path: Path)
         try:
             run.start_recorder(out)
             run.start_services()
+            run.start_watchers(out)
             assert not slurmd_census(run.cluster.conf_path), "starts with zero workers"
 
             singles = [run.submit("-n", "1", wrap="sleep 2") for _ in range(SINGLE_JOBS)]
@@ -111,6 +113,7 @@ def test_scale_up_run_every_job_and_back_to_zero(broker: Broker, tmp_path: Path)
                      90, interval=0.5, message="idle workers drained, removed from Slurm and terminated")
             watch.wait_settled(after=done)
             summary = run.stop_recorder(out)
+            run.stop_watchers()
         except BaseException:
             print(run.diagnostics())
             raise
@@ -133,6 +136,32 @@ def test_scale_up_run_every_job_and_back_to_zero(broker: Broker, tmp_path: Path)
     assert summary["peak_workers"] >= 4, summary
     assert summary["seconds_to_first_job_running"] is not None
     assert summary["scenario_seconds"] < 240, summary
+    assert_operator_views(out)
+
+
+def assert_operator_views(out: Path) -> None:
+    """``epu status`` showed the domain live and ``epu tap`` the event stream, the whole way."""
+    boards = [json.loads(line) for line in (out / "status.jsonl").read_text().splitlines() if line.strip()]
+    alpha = [b[0] for b in boards if b and b[0]["domain"] == "alpha"]
+    assert max(a["queue"]["jobs"] for a in alpha) >= 1, "status showed the queue"
+    assert max(sum(a["instances_by_site"].get("local", {}).values()) for a in alpha) >= 4, "instances by site"
+    in_service = [sum(n for st, n in a["nodes_by_state"].items() if st in ("free", "busy")) for a in alpha]
+    assert max(in_service) >= 4, "status showed the workers' nodes by state"
+    kinds = {act["kind"] for a in alpha if a["last_decision"] for act in a["last_decision"]["actions"]}
+    assert {"launch", "add", "offline", "remove", "terminate"} <= kinds, kinds
+    assert alpha[-1]["instances_by_site"] == {}, "the last board shows no instance left"
+
+    events = [json.loads(line) for line in (out / "tap.jsonl").read_text().splitlines() if line.strip()]
+    keys = {e["routing_key"].split(".")[0] + "." + e["routing_key"].split(".")[1] for e in events}
+    assert {"sensor.snapshot", "instance.state", "decision.record", "node.result",
+            "context.member"} <= keys, keys
+    lives: dict[str, list[str]] = {}
+    for e in events:
+        if e["routing_key"].startswith("instance.state."):
+            lives.setdefault(e["body"]["instance_id"], []).append(e["body"]["state"])
+    assert len(lives) >= 4
+    # every worker was stopped by EPU on scale-down, none failed
+    assert all(states[-1] == "terminated" for states in lives.values()), lives
 
 
 def _rewrite_summary(out: Path, summary: dict) -> None:
