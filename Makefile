@@ -35,11 +35,10 @@ services:
 run: $(STAMP)
 	$(BIN)/epu demo $(ARGS)
 
-# The real-Slurm end-to-end scenario and its fault tests (tests/e2e, `make e2e`) are not yet
-# part of `make test`: they are being made reliable enough to gate CI (see tests/e2e/README.md).
+# Everything, the real-Slurm end-to-end scenario and its fault tests (tests/e2e) included.
 test: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
