@@ -4,7 +4,9 @@ Side by side in one process:
 * encode+decode of a sensor snapshot (1,000 nodes, 1,000 queued jobs): our msgpack envelope
   with strict validation vs a JSON baseline (json.dumps/loads + the same validation);
 * publishing 2,000 messages: with publisher confirms (what services do: publish() returns
-  when the broker has the message) vs fire-and-forget (the baseline, which can lose messages);
+  when the broker has the message) vs fire-and-forget (the baseline, which can lose messages),
+  and publish_many (a batch confirmed together: the engine's bursts) in batches of 100 and as
+  one batch;
 * consuming them through the service runtime (decode, validate, handle, ack).
 
 Run: make bench   (or .venv/bin/python bench/bench_messaging.py [--url amqp://...])
@@ -91,18 +93,26 @@ def bench_broker(url: str, n: int = 2000) -> None:
         unconfirmed = n / (time.perf_counter() - t0)
         print(f"publish {n} msgs to a quorum queue: with confirms {confirmed:7.0f} msg/s"
               f" | baseline without confirms {unconfirmed:7.0f} msg/s")
+        batched = {}
+        for size in (100, n):  # an engine burst; everything at once
+            t0 = time.perf_counter()
+            for i in range(0, n, size):
+                pub.publish_many(msgs[i:i + size])
+            batched[size] = n / (time.perf_counter() - t0)
+        print(f"publish_many, confirmed per batch: batches of 100 {batched[100]:7.0f} msg/s | one batch of {n} "
+              f"{batched[n]:7.0f} msg/s | x{batched[100] / confirmed:.0f} the one-by-one rate")
 
         svc = Service("bench-consumer", broker)
         svc.consume(broker.topology.decision_control_spec(), lambda m, e: got.append(1), prefetch=100)
         t0 = time.perf_counter()
         t = run_in_thread(svc)
-        wait_for(lambda: len(got) >= 2 * n, 120, interval=0.005)
-        rate = 2 * n / (time.perf_counter() - t0)
+        wait_for(lambda: len(got) >= 4 * n, 120, interval=0.005)
+        rate = 4 * n / (time.perf_counter() - t0)
         svc.stop()
         t.join(10)
         pub.close()
         pub2.close()
-        print(f"consume {2 * n} msgs through the runtime (decode, validate, handle, ack): {rate:7.0f} msg/s")
+        print(f"consume {4 * n} msgs through the runtime (decode, validate, handle, ack): {rate:7.0f} msg/s")
     finally:
         if vhost:
             subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True)

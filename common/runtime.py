@@ -129,6 +129,10 @@ class Service:
     def publish(self, message: Message, correlation_id: str | None = None) -> Envelope:
         return self.publisher.publish(message, correlation_id, timestamp=self.clock.now())
 
+    def publish_many(self, messages: list[Message], correlation_id: str | None = None) -> list[Envelope]:
+        """A batch confirmed together (``Publisher.publish_many``): for bursts."""
+        return self.publisher.publish_many(messages, correlation_id, timestamp=self.clock.now())
+
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
         self._stop.set()

@@ -27,7 +27,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
                                metrics_host=config.decision.metrics_host)
     service = Service("decision", broker, clock, settings)
     store = Store(config.decision.store_url).create()
-    engine = Engine(config, store, service.publish, service.clock)
+    engine = Engine(config, store, service.publish, service.clock, publish_many=service.publish_many)
     settings.extra_health["active_domains"] = lambda: [d for d in engine.domains if engine.is_active(d)]
     service.consume(topo.decision_input_spec(), engine.handle_input, types=INPUT_TYPES)
     service.consume(topo.decision_control_spec(), engine.handle_control, types={"policy.change"}, prefetch=1)

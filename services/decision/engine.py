@@ -62,11 +62,13 @@ class _Latest:
 
 class Engine:
     def __init__(self, config: EpuConfig, store: Store, publish: Callable[[Message], Any],
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, publish_many: Callable[[list[Message]], Any] | None = None) -> None:
         self.config = config
         self.settings = config.decision
         self.store = store
         self.publish = publish
+        self.publish_many = publish_many
+        """Sends a burst of actions with one confirm wait (the service's); without it, one by one."""
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
@@ -295,9 +297,13 @@ class Engine:
               view: DomainView | None = None, policy: str = "", version: int = 0) -> DecisionRecord | None:
         sent = []
         try:
-            for p in out.actions:
-                self.publish(p.message)
-                sent.append(p.action_id)
+            if self.publish_many is not None and len(out.actions) > 1:
+                self.publish_many([p.message for p in out.actions])
+                sent = [p.action_id for p in out.actions]
+            else:
+                for p in out.actions:
+                    self.publish(p.message)
+                    sent.append(p.action_id)
         finally:
             self.store.mark_sent(sent, now)
         if not out.actions:
@@ -321,10 +327,12 @@ class Engine:
         if not domains:
             return 0
         msgs = self.store.unsent_or_due(domains, now, self.settings.resend_seconds)
-        ids = []
-        for m in msgs:
-            self.publish(m)
-            ids.append(getattr(m, "launch_id", None) or getattr(m, "command_id", None) or m.request_id)
+        if self.publish_many is not None and len(msgs) > 1:
+            self.publish_many(msgs)
+        else:
+            for m in msgs:
+                self.publish(m)
+        ids = [getattr(m, "launch_id", None) or getattr(m, "command_id", None) or m.request_id for m in msgs]
         self.store.mark_sent(ids, now)
         return len(msgs)
 

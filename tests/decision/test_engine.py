@@ -253,3 +253,31 @@ def test_decision_record_explains():
     assert "1 free workers" in rec.notes[0] and rec.actions[0].reason.startswith("queue demand")
     assert bus.of("decision.record") == [rec]
     assert rec.at >= T0
+
+
+def test_a_burst_goes_out_as_one_batch_and_a_failed_batch_is_resent_whole():
+    e, bus, clock = make_engine()
+    batches: list[list] = []
+    broker_up = False
+
+    def publish_many(msgs):
+        if not broker_up:
+            raise ConnectionError("broker gone")
+        batches.append(list(msgs))
+        for m in msgs:
+            bus(m)
+
+    e.publish_many = publish_many
+    e.on_snapshot(snapshot(queued=jobs(3)))
+    with pytest.raises(ConnectionError):
+        e.iterate()  # the batch fails (and its re-send too): nothing counts as sent ...
+    stored = e.store.actions("d", "launch")
+    assert len(stored) == 3 and all(a["sent_at"] is None for a in stored)
+    assert bus.of("instance.launch") == []
+    broker_up = True
+    clock.advance(5)
+    e.on_snapshot(snapshot(queued=jobs(3), at=clock.now()))
+    e.iterate()  # ... and the same three launches go out next iteration as one batch, none anew
+    assert [len(b) for b in batches] == [3]
+    assert {m.launch_id for m in bus.of("instance.launch")} == {a["action_id"] for a in stored}
+    assert all(a["sent_at"] == clock.now() for a in e.store.actions("d", "launch"))
