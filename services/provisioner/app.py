@@ -19,8 +19,9 @@ from common.messages import Envelope, InstanceEvent, LaunchRequest, Message, Ter
 from common.runtime import Reject, RuntimeSettings, Service
 from services.provisioner.cloud import LibcloudSite, Site
 from services.provisioner.drivers import make_driver
+from services.provisioner.metrics import ProvisionerMetrics
 from services.provisioner.provisioner import Provisioner, ProvisionerSettings
-from services.provisioner.runner import RetryPolicy
+from services.provisioner.runner import CallObserver, RetryPolicy
 from services.provisioner.store import Store
 from services.provisioner.userdata import UserdataRenderer
 
@@ -49,7 +50,8 @@ def build_sites(config: EpuConfig, *, clock: Clock | None = None,
 
 
 def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = None,
-                      drivers: dict[str, NodeDriver] | None = None, store: Store | None = None) -> Provisioner:
+                      drivers: dict[str, NodeDriver] | None = None, store: Store | None = None,
+                      on_cloud_call: CallObserver | None = None) -> Provisioner:
     pc = config.provisioner
     sites = build_sites(config, clock=clock, drivers=drivers)
     renderers = {name: UserdataRenderer.from_path(s.userdata_template, s.userdata_max_bytes)
@@ -61,7 +63,7 @@ def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = 
                           maximum=pc.retry_max_seconds),
     )
     return Provisioner(store or Store(pc.store_url), sites, publish, clock=clock, settings=settings,
-                       renderers=renderers)
+                       renderers=renderers, on_cloud_call=on_cloud_call)
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None,
@@ -74,20 +76,14 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         "provisioner", config.broker_obj(), clock=clock,
         settings=RuntimeSettings(metrics_port=pc.metrics_port, metrics_host=pc.metrics_host),
     )
-    from prometheus_client import Counter
-
-    transitions = Counter("epu_provisioner_transitions_total", "Instance transitions published, by site and state",
-                          ["site", "state"], registry=service.metrics.registry)
-    failures = Counter("epu_provisioner_failures_total", "Failed instances, by site and error kind",
-                       ["site", "kind"], registry=service.metrics.registry)
+    metrics = ProvisionerMetrics(service.metrics.registry)
 
     def publish(event: InstanceEvent) -> None:
         service.publish(event)
-        transitions.labels(event.site, event.state).inc()
-        if event.state == "failed":
-            failures.labels(event.site, event.error_kind or "none").inc()
+        metrics.published(event)
 
-    prov = build_provisioner(config, publish, clock=clock, drivers=drivers)
+    prov = build_provisioner(config, publish, clock=clock, drivers=drivers, on_cloud_call=metrics.cloud_call)
+    metrics.watch_runners(prov.runners)
     service.provisioner = prov
     service.settings.extra_health["sites"] = prov.health
 

@@ -33,7 +33,7 @@ from common.clock import Clock, RealClock
 from common.messages import InstanceEvent, LaunchRequest, TerminateRequest
 from services.provisioner.cloud import CloudNode, LaunchSpec, Site, is_not_found
 from services.provisioner.errors import classify, describe
-from services.provisioner.runner import RetryPolicy, SiteRunner
+from services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from services.provisioner.states import check_transition
 from services.provisioner.store import InstanceRecord, Store, Transition
 from services.provisioner.userdata import UserdataError, UserdataRenderer
@@ -71,7 +71,7 @@ class Provisioner:
     def __init__(self, store: Store, sites: dict[str, Site], publish: Callable[[InstanceEvent], Any], *,
                  clock: Clock | None = None, settings: ProvisionerSettings | None = None,
                  renderers: dict[str, UserdataRenderer] | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None, on_cloud_call: CallObserver | None = None) -> None:
         self.store = store
         self.sites = sites
         self._publish = publish
@@ -80,7 +80,7 @@ class Provisioner:
         self.renderers = renderers or {}
         self.runners = {
             name: SiteRunner(name, site.config.rate_limit_per_second, site.config.max_in_flight,
-                             self.settings.retry, sleep=sleep)
+                             self.settings.retry, sleep=sleep, on_call=on_cloud_call)
             for name, site in sites.items()
         }
         self._lock = threading.Lock()

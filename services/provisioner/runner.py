@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,12 +37,16 @@ class RetryPolicy:
     jitter: float = 1.0
 
 
+CallObserver = Callable[[str, str, float, str], None]
+"""(site, call, seconds, outcome) after every cloud API attempt; outcome is ``ok`` or the
+error class (transient, capacity, permanent). The service turns it into a latency histogram."""
+
+
 class SiteRunner:
     def __init__(self, name: str, rate: float, max_in_flight: int, retry: RetryPolicy | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
-        import time
-
+                 sleep: Callable[[float], None] | None = None, on_call: CallObserver | None = None) -> None:
         self.name = name
+        self.on_call = on_call
         self.retry = retry or RetryPolicy()
         self._sleep = sleep or time.sleep
         self.bucket = TokenBucket(rate, burst=max(1.0, min(rate, float(max_in_flight))), sleep=self._sleep)
@@ -57,7 +62,16 @@ class SiteRunner:
 
         def attempt() -> T:
             self.bucket.acquire()
-            return fn()
+            if self.on_call is None:
+                return fn()
+            started, outcome = time.monotonic(), "ok"
+            try:
+                return fn()
+            except Exception as exc:
+                outcome = classify(exc)
+                raise
+            finally:
+                self.on_call(self.name, what, time.monotonic() - started, outcome)
 
         retrying = Retrying(
             retry=retry_if_exception(lambda e: classify(e) == "transient"),

@@ -26,10 +26,17 @@ class Events:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.items: list[InstanceEvent] = []
+        self._listeners: list[Callable[[InstanceEvent], object]] = []
 
     def __call__(self, event: InstanceEvent) -> None:
         with self._lock:
             self.items.append(event)
+        for listener in self._listeners:
+            listener(event)
+
+    def subscribe(self, listener: Callable[[InstanceEvent], object]) -> None:
+        """Also hand every event to ``listener`` (as the service hands them to its metrics)."""
+        self._listeners.append(listener)
 
     def for_(self, instance_id: str) -> list[InstanceEvent]:
         with self._lock:
@@ -63,14 +70,14 @@ def make_provisioner(sqlite_url: str, clock: ManualClock) -> Iterator[Callable[.
 
     def make(drivers: dict[str, SimulatedNodeDriver], *, url: str | None = None, deployment: str = "epu",
              grace: float = 600.0, site_kw: dict[str, object] | None = None,
-             clock_: object = None) -> tuple[Provisioner, Events]:
+             clock_: object = None, on_cloud_call: object = None) -> tuple[Provisioner, Events]:
         events = Events()
         sites = {name: LibcloudSite(name, site_config(**(site_kw or {})), d, deployment)
                  for name, d in drivers.items()}
         renderers = {name: UserdataRenderer.from_path() for name in drivers}
         prov = Provisioner(Store(url or sqlite_url), sites, events, clock=clock_ or clock, renderers=renderers,
                            settings=ProvisionerSettings(deployment=deployment, orphan_grace_seconds=grace,
-                                                        retry=FAST_RETRY))
+                                                        retry=FAST_RETRY), on_cloud_call=on_cloud_call)
         made.append(prov)
         return prov, events
 

@@ -67,6 +67,10 @@ def test_service_over_rabbitmq(broker: Broker, tmp_path) -> None:
         assert service.health()["sites"] == {"sim": {"in_flight": 0}}
         reg = service.metrics.registry
         assert reg.get_sample_value("epu_provisioner_transitions_total", {"site": "sim", "state": "started"}) == 1
+        assert reg.get_sample_value("epu_provisioner_boot_seconds_count", {"site": "sim"}) == 1
+        assert reg.get_sample_value("epu_provisioner_cloud_call_seconds_count",
+                                    {"site": "sim", "call": "create", "outcome": "ok"}) == 1
+        assert reg.get_sample_value("epu_provisioner_site_in_flight", {"site": "sim"}) == 0
         pub.close()
     finally:
         service.stop()

@@ -1,0 +1,59 @@
+"""The provisioner's Prometheus metrics, beside the runtime's message counters.
+
+Why these: an operator of a cloud-bursting cluster asks how fast each cloud answers (API
+latency by call and outcome: a site turning slow or refusing shows here first), how long
+instances take to boot (requested → started, per site), how much work is queued on each
+site's threads, and how many instances moved through which state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from common.messages import InstanceEvent
+
+CLOUD_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+BOOT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200)
+
+
+class ProvisionerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.transitions = Counter("epu_provisioner_transitions_total",
+                                   "Instance transitions published, by site and state",
+                                   ["site", "state"], registry=registry)
+        self.failures = Counter("epu_provisioner_failures_total", "Failed instances, by site and error kind",
+                                ["site", "kind"], registry=registry)
+        self.cloud_calls = Histogram("epu_provisioner_cloud_call_seconds",
+                                     "Cloud API call attempts by site, call (create, destroy, list) and outcome "
+                                     "(ok, transient, capacity, permanent)",
+                                     ["site", "call", "outcome"], buckets=CLOUD_CALL_BUCKETS, registry=registry)
+        self.boot = Histogram("epu_provisioner_boot_seconds", "Seconds from launch requested to started, by site",
+                              ["site"], buckets=BOOT_BUCKETS, registry=registry)
+        self.in_flight = Gauge("epu_provisioner_site_in_flight", "Launch and terminate tasks running on a site",
+                               ["site"], registry=registry)
+        self._requested_at: dict[str, float] = {}
+
+    def cloud_call(self, site: str, call: str, seconds: float, outcome: str) -> None:
+        self.cloud_calls.labels(site, call, outcome).observe(seconds)
+
+    def published(self, event: InstanceEvent) -> None:
+        """Count a published transition; time the boot from this process's own ``requested``
+        (an instance requested before a restart is not timed rather than timed wrong)."""
+        self.transitions.labels(event.site, event.state).inc()
+        if event.state == "requested":
+            self._requested_at[event.instance_id] = event.at
+        elif event.state == "started":
+            at = self._requested_at.pop(event.instance_id, None)
+            if at is not None:
+                self.boot.labels(event.site).observe(max(0.0, event.at - at))
+        elif event.state in ("failed", "terminated"):
+            self._requested_at.pop(event.instance_id, None)
+        if event.state == "failed":
+            self.failures.labels(event.site, event.error_kind or "none").inc()
+
+    def watch_runners(self, runners: Mapping[str, Any]) -> None:
+        for name, runner in runners.items():
+            self.in_flight.labels(name).set_function(lambda r=runner: r.in_flight)
