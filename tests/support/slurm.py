@@ -91,6 +91,7 @@ class SlurmTestCluster:
     startup_timeout: float = 60.0
     workdir: Path = field(init=False)
     ctld_port: int = field(init=False, default=0)
+    slurmd_port: int = field(init=False, default=0)
     cluster_name: str = field(init=False, default="")
     _procs: dict[str, subprocess.Popen[bytes]] = field(init=False, default_factory=dict)
     _own_dir: bool = field(init=False, default=False)
@@ -136,6 +137,7 @@ class SlurmTestCluster:
         os.chmod(self.workdir, 0o755)
         self.cluster_name = f"epu{secrets.token_hex(3)}"
         self.ctld_port = free_port()
+        self.slurmd_port = free_port()  # the global SlurmdPort: dynamic nodes listen there
         for node in self.nodes + self.cloud_nodes:
             if not node.port:
                 node.port = free_port()
@@ -225,6 +227,7 @@ class SlurmTestCluster:
             f"ClusterName={self.cluster_name}",
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={self.ctld_port}",
+            f"SlurmdPort={self.slurmd_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"AuthInfo=socket={self._munge_socket}",

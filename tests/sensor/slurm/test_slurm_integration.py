@@ -115,6 +115,40 @@ def test_add_drain_resume_remove_cloud_node(cluster: SlurmTestCluster, backend: 
     assert backend.execute("remove", "nosuchnode").ok  # already gone
 
 
+def test_dynamic_add_mode_creates_runs_and_deletes_a_node(cluster: SlurmTestCluster, backend: SlurmBackend) -> None:
+    """``add_mode = "dynamic"`` against the real daemons: ``add`` creates a node Slurm's
+    configuration does not know (``scontrol create ... State=FUTURE``), the worker's
+    ``slurmd -Z`` registers into it (on the global SlurmdPort: one such node per host), it runs
+    a job, and ``remove`` deletes it."""
+    dynamic = SlurmBackend(CommandRunner(timeout=30, env=cluster.client_env), add_mode="dynamic")
+    out = dynamic.execute("add", "dyn1", cores=2, address="127.0.0.1")
+    assert out.ok and out.changed and "create NodeName=dyn1 CPUs=2 State=FUTURE" in out.output, out
+    assert node(dynamic, "dyn1") is None  # a FUTURE node is no worker until its slurmd registers
+    cluster.start_slurmd("dyn1", dynamic=True)
+    try:
+        n = wait_for(lambda: (x := node(dynamic, "dyn1")) and x.state == "free" and x, 60, message="dyn1 free")
+        assert n.cores == 2 and "DYNAMIC_NORM" in n.native_state
+        again = dynamic.execute("add", "dyn1", cores=2)
+        assert again.ok and not again.changed
+
+        job = cluster.sbatch("-w", "dyn1", "-n", "2")
+        cluster.wait_job_state(job, "RUNNING")
+        assert node(dynamic, "dyn1").jobs == [job]
+        refused = dynamic.execute("remove", "dyn1")
+        assert not refused.ok and "runs jobs" in (refused.error or "")
+        cluster.run("scancel", job)
+        wait_for(lambda: (x := node(dynamic, "dyn1")) and x.state == "free" and x.cores_used == 0, 30,
+                 message="dyn1 idle after scancel")
+
+        removed = dynamic.execute("remove", "dyn1", reason="epu: terminate")
+        assert removed.ok and removed.changed and "delete NodeName=dyn1" in removed.output, removed
+        assert node(dynamic, "dyn1") is None
+        assert cluster.run("scontrol", "show", "node", "dyn1", check=False).returncode != 0
+        assert dynamic.execute("remove", "dyn1").ok  # already gone
+    finally:
+        cluster.stop_slurmd("dyn1")
+
+
 def test_drained_pool_slot_is_never_scheduled_by_slurm(cluster: SlurmTestCluster, backend: SlurmBackend) -> None:
     wide = cluster.sbatch("-N", "2", "-n", "2")
     wait_for(lambda: any(j.job_id == wide for j in backend.snapshot().jobs), 10, message="job seen")
