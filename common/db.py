@@ -7,11 +7,13 @@ timeout so two processes on one file wait instead of failing, foreign keys on. P
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import MetaData, event
 from sqlalchemy.engine import Engine, create_engine
+from sqlalchemy.exc import DBAPIError
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -39,3 +41,20 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def create_schema(engine: Engine, metadata: MetaData, attempts: int = 5) -> None:
+    """Create the tables that are missing.
+
+    Why the retry: two processes on one empty database — an engine and its standby, two
+    context-broker replicas, started together by systemd — race between "does the table
+    exist?" and ``CREATE TABLE``; the loser's CREATE fails with "already exists" and a second
+    look finds the tables made."""
+    for attempt in range(1, attempts + 1):
+        try:
+            metadata.create_all(engine)
+            return
+        except DBAPIError:
+            if attempt == attempts:
+                raise
+            time.sleep(0.05 * attempt)

@@ -33,9 +33,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
 
-from common.db import make_engine
+from common.db import create_schema, make_engine
 from services.ctxbroker.core import Entry, EntryKind, NodeFields, next_entry
 
 NOTIFY_CHANNEL = "epu_ctxbroker"
@@ -115,12 +114,7 @@ class Store:
         self.url = url
         self.engine = engine or make_engine(url)
         self.is_postgres = self.engine.dialect.name == "postgresql"
-        try:
-            metadata.create_all(self.engine)
-        except DBAPIError:
-            # two replicas starting together on an empty PostgreSQL database race on CREATE TABLE;
-            # the loser finds the tables on a second look
-            metadata.create_all(self.engine)
+        create_schema(self.engine, metadata)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -39,7 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 
 from common.config.decision import DomainConfig
-from common.db import make_engine
+from common.db import create_schema, make_engine
 from common.messages import REGISTRY, Message
 from services.decision.placement import SiteHealth
 from services.decision.planner import Plan
@@ -146,7 +146,7 @@ class Store:
             self.engine = url_or_engine
 
     def create(self) -> Store:
-        metadata.create_all(self.engine)
+        create_schema(self.engine, metadata)
         self._add_missing_columns()
         return self
 

@@ -50,7 +50,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 
-from common.db import make_engine
+from common.db import create_schema, make_engine
 from common.messages import InstanceEvent, LaunchRequest
 from services.provisioner.states import check_transition, is_terminal
 
@@ -200,7 +200,7 @@ class Store:
         self._write_lock = threading.RLock() if self.is_sqlite else None
         self._marks_lock = threading.Lock()
         self._marks: list[int] = []
-        metadata.create_all(self.engine)
+        create_schema(self.engine, metadata)
 
     def close(self) -> None:
         try:
