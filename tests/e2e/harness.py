@@ -85,8 +85,8 @@ def slurmd_census(conf: Path) -> Counter[str]:
 
 @dataclass
 class Census:
-    """Samples the slurmd census in a thread: the most processes ever seen per node name
-    (above one is a duplicate worker) and the live count now."""
+    """Samples the slurmd census in a thread: the most daemons ever seen per node name (above
+    one is a duplicate worker) and in all (above the pool size is one too many)."""
 
     conf: Path
     interval: float = 0.2
@@ -107,16 +107,15 @@ class Census:
             self._stop.wait(self.interval)
 
     def sample(self) -> Counter[str]:
+        """Daemons by node name: a daemon is a process seen in two samples in a row (a fork
+        caught between fork and exec is gone, or is slurmstepd, by the next one)."""
         pids = slurmd_pids(self.conf)
-        for name, now in pids.items():
-            # a daemon is a process seen in two samples in a row: a fork caught between fork
-            # and exec is gone (or is slurmstepd) by the next one
-            stable = now & self._last.get(name, set())
-            self.peak[name] = max(self.peak[name], len(stable) or 1)
+        stable = Counter({name: len(now & self._last.get(name, set())) for name, now in pids.items()})
         self._last = pids
-        counts = Counter({name: len(p) for name, p in pids.items()})
-        self.max_total = max(self.max_total, sum(counts.values()))
-        return counts
+        for name, n in stable.items():
+            self.peak[name] = max(self.peak[name], n)
+        self.max_total = max(self.max_total, sum(stable.values()))
+        return stable
 
     def stop(self) -> None:
         self._stop.set()
