@@ -208,7 +208,13 @@ class E2E:
         self.census = Census(self.cluster.conf_path).start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
+        """Stop everything; on a failure, first print what the services and Slurm said."""
+        if exc_type is not None:
+            try:
+                print(self.diagnostics())
+            except Exception as exc:  # never hide the test's own failure
+                print(f"(no diagnostics: {exc})")
         try:
             for name in list(self.procs):
                 self.stop(name)

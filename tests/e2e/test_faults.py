@@ -62,56 +62,44 @@ def test_worker_that_never_joins_is_replaced(broker: Broker, tmp_path: Path) -> 
     replace = {"stall_seconds = 60.0": "stall_seconds = 6.0",
                '"--name", "{node_name}",': f'"--name", "{{node_name}}", "--stall-once", "{marker}",'}
     with E2E(tmp_path / "run", broker.url, broker.topology.prefix, replace=replace) as run:
-        try:
-            run.start_services()
-            jobs = [run.submit("-n", "1", wrap="sleep 2") for _ in range(2)]
-            wait_for(marker.exists, 60, interval=0.2, message="a worker stalled")
-            stalled = marker.read_text().strip()
-            finish(run, jobs)
-            rows = instances(run)
-            on_stalled = [i for i in rows if i["node_name"] == stalled]
-            assert len(rows) >= 2, rows
-            assert on_stalled and all(i["state"] == "terminated" for i in on_stalled), rows
-            assert worker_processes(run) == 0, "the stalled worker was terminated too"
-        except BaseException:
-            print(run.diagnostics())
-            raise
+        run.start_services()
+        jobs = [run.submit("-n", "1", wrap="sleep 2") for _ in range(2)]
+        wait_for(marker.exists, 60, interval=0.2, message="a worker stalled")
+        stalled = marker.read_text().strip()
+        finish(run, jobs)
+        rows = instances(run)
+        on_stalled = [i for i in rows if i["node_name"] == stalled]
+        assert len(rows) >= 2, rows
+        assert on_stalled and all(i["state"] == "terminated" for i in on_stalled), rows
+        assert worker_processes(run) == 0, "the stalled worker was terminated too"
 
 
 def test_provisioner_killed_mid_scale_up_then_restarted(broker: Broker, tmp_path: Path) -> None:
     with E2E(tmp_path / "run", broker.url, broker.topology.prefix) as run:
-        try:
-            run.start_services()
-            jobs = [run.submit("-n", "1", wrap="sleep 3") for _ in range(12)]
-            wait_for(lambda: sum(slurmd_census(run.cluster.conf_path).values()) >= 1, 60, interval=0.05,
-                     message="scale-up under way")
-            run.kill9("provisioner")
-            before = dict(slurmd_census(run.cluster.conf_path))
-            run.start("provisioner#restarted", None)
-            finish(run, jobs)
-            assert max(run.census.peak.values()) == 1 and run.census.max_total <= 6, (before, run.census.peak)
-        except BaseException:
-            print(run.diagnostics())
-            raise
+        run.start_services()
+        jobs = [run.submit("-n", "1", wrap="sleep 3") for _ in range(12)]
+        wait_for(lambda: sum(slurmd_census(run.cluster.conf_path).values()) >= 1, 60, interval=0.05,
+                 message="scale-up under way")
+        run.kill9("provisioner")
+        before = dict(slurmd_census(run.cluster.conf_path))
+        run.start("provisioner#restarted", None)
+        finish(run, jobs)
+        assert max(run.census.peak.values()) == 1 and run.census.max_total <= 6, (before, run.census.peak)
 
 
 def test_active_decision_engine_killed_standby_carries_on(broker: Broker, tmp_path: Path) -> None:
     with E2E(tmp_path / "run", broker.url, broker.topology.prefix) as run:
-        try:
-            run.start_services()  # "decision" is the first consumer: the active one
-            standby_log = run.workdir / "logs" / "decision#standby.log"
-            run.start("decision#standby", None)
-            wait_for(lambda: standby_log.exists() and "serving" in standby_log.read_text(), 30, interval=0.2,
-                     message="standby engine connected")
-            first = [run.submit("-n", "1", wrap="sleep 2") for _ in range(4)]
-            wait_for(lambda: sum(slurmd_census(run.cluster.conf_path).values()) >= 1, 60, interval=0.1,
-                     message="the active engine scaled up")
-            run.kill9("decision")
-            killed_at = time.monotonic()
-            # new demand after the kill: only the standby can answer it, and only it can scale down
-            second = [run.submit("-n", "1", wrap="sleep 2") for _ in range(6)]
-            finish(run, first + second, timeout=150)
-            assert time.monotonic() - killed_at < 170
-        except BaseException:
-            print(run.diagnostics())
-            raise
+        run.start_services()  # "decision" is the first consumer: the active one
+        standby_log = run.workdir / "logs" / "decision#standby.log"
+        run.start("decision#standby", None)
+        wait_for(lambda: standby_log.exists() and "serving" in standby_log.read_text(), 30, interval=0.2,
+                 message="standby engine connected")
+        first = [run.submit("-n", "1", wrap="sleep 2") for _ in range(4)]
+        wait_for(lambda: sum(slurmd_census(run.cluster.conf_path).values()) >= 1, 60, interval=0.1,
+                 message="the active engine scaled up")
+        run.kill9("decision")
+        killed_at = time.monotonic()
+        # new demand after the kill: only the standby can answer it, and only it can scale down
+        second = [run.submit("-n", "1", wrap="sleep 2") for _ in range(6)]
+        finish(run, first + second, timeout=150)
+        assert time.monotonic() - killed_at < 170

@@ -114,9 +114,6 @@ def test_scale_up_run_every_job_and_back_to_zero(broker: Broker, tmp_path: Path)
             watch.wait_settled(after=done)
             summary = run.stop_recorder(out)
             run.stop_watchers()
-        except BaseException:
-            print(run.diagnostics())
-            raise
         finally:
             watch.stop()
         census_peak = dict(run.census.peak)
