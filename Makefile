@@ -3,12 +3,13 @@
 # services the suite talks to (RabbitMQ, PostgreSQL, Slurm), installed with apt-get as root.
 
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
-.PHONY: run test lint bench e2e venv services clean help
+.PHONY: run test lint bench e2e sim venv services clean help
 
 help:
 	@echo "make run    — the embedded demo: all services in one process, simulated cluster and cloud"
@@ -16,23 +17,32 @@ help:
 	@echo "make lint   — ruff"
 	@echo "make bench  — benchmarks in bench/ (figures printed; see docs/performance.md)"
 	@echo "make e2e    — the real thing on one machine: an elastic Slurm cluster driven by all services"
+	@echo "make sim    — the fault simulator over many seeds (SIM_SEEDS per scenario); invariant counts"
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@command -v $(PYTHON) >/dev/null || { echo "epu: need Python >= 3.11: sudo apt-get install -y python3 python3-venv"; exit 1; }
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
 	  if [ "$$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq python3-venv; \
 	  else echo "epu: need the venv module: sudo apt-get install -y python3-venv"; exit 1; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+# The demo needs the services, not the test tools: `make run` installs the 'demo' extra only.
+$(RUN_STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e '.[demo]'
+	@touch $(RUN_STAMP)
+
+# Tests, lint and benchmarks need everything ('dev' includes every role's extra).
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(RUN_STAMP)
 
 venv: $(STAMP)
 
 services:
 	@bash scripts/ensure-services.sh
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/epu demo $(ARGS)
 
 # Everything, the real-Slurm end-to-end scenario and its fault tests (tests/e2e) included.
@@ -49,6 +59,15 @@ bench: $(STAMP) services
 e2e: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m e2e $(PYTEST_ARGS)
+
+# The deterministic fault simulator (docs/simulation.md): every scenario over SIM_SEEDS seeds,
+# spread over SIM_JOBS processes; prints runs, simulated hours and invariant violations per
+# scenario, and the replay command of any failing seed. `make test` runs a small fixed set.
+SIM_SEEDS ?= 40
+SIM_START ?= 1001
+SIM_JOBS  ?= $(shell nproc 2>/dev/null || echo 1)
+sim: $(STAMP)
+	$(BIN)/epu sim --seeds $(SIM_SEEDS) --seed-start $(SIM_START) --jobs $(SIM_JOBS) $(SIM_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache results

@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.messages import NodeInfo, QueuedJob, SensorSnapshot  # noqa: E402
-from services.decision.placement import SiteInfo  # noqa: E402
-from services.decision.planner import PlacementInput, plan  # noqa: E402
-from services.decision.policies import POLICIES, validate_params  # noqa: E402
-from services.decision.view import Instance, JobDigest, build_view, refresh_parts  # noqa: E402
+from epu.common.messages import NodeInfo, QueuedJob, SensorSnapshot  # noqa: E402
+from epu.services.decision.placement import SiteInfo  # noqa: E402
+from epu.services.decision.planner import PlacementInput, plan  # noqa: E402
+from epu.services.decision.policies import POLICIES, validate_params  # noqa: E402
+from epu.services.decision.view import Instance, JobDigest, NodeIndex, build_view, refresh_parts  # noqa: E402
 
 NOW = 1_700_000_000.0
 CORES = 8
@@ -63,7 +63,8 @@ def make_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1,
         inst_state = "draining" if state == "offline" else "joined"
         insts.append(Instance(f"{name}i{i}", name, f"s{i % 3}", node_name, CORES, inst_state, NOW - 3600,
                               NOW - 3600, joined_at=NOW - 3000, idle_since=NOW - 100 if state == "free" else None,
-                              add_sent_at=NOW - 3500, missing_since=NOW - 60 if state == "down" else None))
+                              add_sent_at=NOW - 3500, missing_since=NOW - 60 if state == "down" else None,
+                              seen_at=NOW - 3000))  # steady state: the engine stored when it first saw it
     for i in range(n_nodes * 3 // 100):
         insts.append(Instance(f"{name}p{i}", name, "s0", f"{name}-p{i:06x}", CORES, "pending", NOW - 60, NOW - 60))
     jobs = []
@@ -81,12 +82,13 @@ PARAMS = validate_params("queue-demand", {})
 POLICY = POLICIES["queue-demand"]
 
 
-def digest_of(snap: SensorSnapshot) -> tuple[JobDigest, dict[str, NodeInfo]]:
-    """What the engine computes once when a snapshot arrives."""
-    return JobDigest.of(snap.jobs), {n.name: n for n in snap.nodes}
+def digest_of(snap: SensorSnapshot) -> tuple[JobDigest, NodeIndex]:
+    """What the engine computes once when a snapshot arrives (demand by shape, nodes indexed by
+    identity and short name)."""
+    return JobDigest.of(snap.jobs), NodeIndex(snap.nodes)
 
 
-def iteration(snap: SensorSnapshot, digest: tuple[JobDigest, dict[str, NodeInfo]], insts: list[Instance],
+def iteration(snap: SensorSnapshot, digest: tuple[JobDigest, NodeIndex], insts: list[Instance],
               max_nodes: int) -> int:
     jobs, nodes = digest
     fresh, parts = refresh_parts(insts, nodes, NOW, True)
@@ -200,10 +202,10 @@ def full_engine(doms) -> None:
     """The whole Engine.iterate (SQLite store, fake bus) over 100 domains, steady state."""
     import tempfile
 
-    from common.clock import ManualClock
-    from common.config import parse_config
-    from services.decision.engine import Engine
-    from services.decision.store import Store
+    from epu.common.clock import ManualClock
+    from epu.common.config import parse_config
+    from epu.services.decision.engine import Engine
+    from epu.services.decision.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = parse_config({
@@ -236,7 +238,7 @@ def store_writes(store, rows) -> None:
     it replaced (an UPDATE, then an INSERT when nothing matched, each statement built anew)."""
     from dataclasses import asdict
 
-    from services.decision.store import _upsert, instances
+    from epu.services.decision.store import _upsert, instances
 
     def per_row() -> None:
         with store.engine.begin() as conn:

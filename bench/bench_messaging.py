@@ -7,9 +7,14 @@ Side by side in one process:
   when the broker has the message) vs fire-and-forget (the baseline, which can lose messages),
   and publish_many (a batch confirmed together: the engine's bursts) in batches of 100 and as
   one batch;
-* consuming them through the service runtime (decode, validate, handle, ack).
+* consuming them through the service runtime (decode, validate, handle, ack);
+* broker node loss on a three-node RabbitMQ cluster of our own (quorum queues on all three): a
+  consuming service and a publisher on the node list; the node they are connected to is
+  killed (``kill -9``) or stopped, several times; measured: from the loss to the service
+  serving again, and the longest gap between two confirmed publishes. Baseline in the same
+  run: a fresh connection to a live node (connect, declare, consume), the floor of a reconnect.
 
-Run: make bench   (or .venv/bin/python bench/bench_messaging.py [--url amqp://...])
+Run: make bench   (or .venv/bin/python bench/bench_messaging.py [--url amqp://...] [--no-cluster])
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.broker import Broker, Publisher  # noqa: E402
-from common.codec import decode, encode  # noqa: E402
-from common.messages import Envelope, NodeInfo, PolicyChange, QueuedJob, SensorSnapshot, open_envelope  # noqa: E402
-from common.runtime import Service, run_in_thread  # noqa: E402
-from common.testing import wait_for  # noqa: E402
-from common.topology import Topology  # noqa: E402
+from epu.common.broker import Broker, Publisher  # noqa: E402
+from epu.common.codec import decode, encode  # noqa: E402
+from epu.common.messages import Envelope, NodeInfo, PolicyChange, QueuedJob, SensorSnapshot, open_envelope  # noqa: E402
+from epu.common.runtime import Service, run_in_thread  # noqa: E402
+from epu.common.testing import wait_for  # noqa: E402
+from epu.common.topology import Topology  # noqa: E402
 
 
 def snapshot(n: int = 1000) -> SensorSnapshot:
@@ -118,12 +123,115 @@ def bench_broker(url: str, n: int = 2000) -> None:
             subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True)
 
 
+def bench_failover(rounds: int = 5) -> None:
+    import statistics
+    import tempfile
+
+    from tests.support.rabbitnodes import RabbitCluster
+
+    base = Path(tempfile.mkdtemp(prefix="epu-bench-cluster-"))
+    cluster = RabbitCluster(base, size=3)
+    t0 = time.perf_counter()
+    cluster.start()
+    started = time.perf_counter() - t0
+    try:
+        topo = Topology(prefix="failover.")
+        broker = Broker(cluster.urls(), topo, heartbeat=10)
+        # baseline: a fresh connect + declare + consume against a live node
+        fresh = []
+        for _ in range(rounds):
+            svc = Service("bench-fresh", Broker(cluster.urls(), topo))
+            svc.consume(topo.decision_control_spec(), lambda m, e: None)
+            t1 = time.perf_counter()
+            t = run_in_thread(svc)
+            assert svc.wait_ready(30)
+            fresh.append(time.perf_counter() - t1)
+            svc.stop()
+            t.join(10)
+        svc = Service("bench-consumer", broker)
+        got: set[str] = set()
+        svc.consume(topo.decision_control_spec(), lambda m, e: got.add(m.change_id))
+        t = run_in_thread(svc)
+        assert svc.wait_ready(30)
+        pub = Publisher(Broker(cluster.urls(), topo, heartbeat=10), "bench")
+        confirmed: list[float] = []
+        stop = threading.Event()
+
+        errors: list[str] = []
+
+        def publish() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    pub.publish(PolicyChange(change_id=f"c{i}", domain="bench"))
+                except Exception as exc:  # reported below; the figure is the gap
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                confirmed.append(time.monotonic())
+                i += 1
+                time.sleep(0.01)
+
+        p = threading.Thread(target=publish, daemon=True)
+        p.start()
+        results: dict[str, list[float]] = {"kill": [], "stop": []}
+        own: dict[str, list[float]] = {"kill": [], "stop": []}  # from detecting the loss
+        gaps: list[float] = []
+        for r in range(rounds + 1):
+            how = "stop" if r == rounds else "kill"
+            node = next(n for n in cluster.nodes if f":{n.port}/" in broker.current_url)
+            before = svc.reconnect_count
+            n_before = len(confirmed)
+            time.sleep(6.0)  # serving for a while, as a service in production would be
+            lost = time.monotonic()
+            node.kill() if how == "kill" else node.stop()
+            wait_for(lambda b=before: svc.reconnect_count > b and svc.connected, 60, interval=0.005)
+            results[how].append(time.monotonic() - lost)
+            own[how].append(svc.metrics.reconnect_seconds._value.get())
+            wait_for(lambda n=n_before: len(confirmed) > n + 20, 60)
+            window = [x for x in confirmed[n_before:]]
+            gaps.append(max(b - a for a, b in zip(window, window[1:], strict=False)))
+            node.start()
+            cluster.wait_running(3)
+        stop.set()
+        p.join(30)
+        wait_for(lambda: len(got) >= len(confirmed), 60, interval=0.05)
+        svc.stop()
+        t.join(10)
+        pub.close()
+
+        def mmm(xs: list[float]) -> str:
+            return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f} s"
+
+        print(f"cluster  3 nodes started and clustered in {started:.1f} s")
+        print(f"failover kill -9 of the connected node, {rounds}x: serving again after (min/median/max) "
+              f"{mmm(results['kill'])} | graceful stop: {mmm(results['stop'])} "
+              f"| baseline fresh connect+declare+consume {mmm(fresh)}")
+        print(f"failover the service's own measure (loss detected -> serving, epu_broker_last_reconnect_seconds): "
+              f"kill -9 {mmm(own['kill'])} | graceful stop {mmm(own['stop'])}")
+        print(f"failover longest gap between confirmed publishes across a loss (min/median/max) {mmm(gaps)}; "
+              f"every one of the {len(confirmed)} confirmed publishes consumed ({len(got)} distinct ids); "
+              f"publish errors: {len(errors)} {errors[:3]}")
+    finally:
+        cluster.stop()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="auto", help="broker URL (default: a fresh vhost on 127.0.0.1)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the three-node failover figures")
+    parser.add_argument("--only-cluster", action="store_true", help="only the three-node failover figures")
+    parser.add_argument("--rounds", type=int, default=5, help="node losses in the failover figures (default 5)")
     args = parser.parse_args()
-    bench_codec()
-    bench_broker(args.url)
+    if not args.only_cluster:
+        bench_codec()
+        bench_broker(args.url)
+    if not args.no_cluster:
+        t0 = time.process_time()
+        bench_failover(args.rounds)
+        print(f"failover CPU seconds of the benchmark process: {time.process_time() - t0:.1f}")
     print(f"peak RSS of the benchmark process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

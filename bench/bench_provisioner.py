@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.config.provisioner import SiteConfig  # noqa: E402
-from common.messages import LaunchRequest  # noqa: E402
-from services.provisioner.cloud import LibcloudSite  # noqa: E402
-from services.provisioner.provisioner import Provisioner, ProvisionerSettings  # noqa: E402
-from services.provisioner.sim import SimulatedNodeDriver  # noqa: E402
-from services.provisioner.store import Store  # noqa: E402
-from services.provisioner.userdata import UserdataRenderer  # noqa: E402
+from epu.common.config.provisioner import SiteConfig  # noqa: E402
+from epu.common.messages import LaunchRequest  # noqa: E402
+from epu.services.provisioner.cloud import LibcloudSite  # noqa: E402
+from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings  # noqa: E402
+from epu.services.provisioner.sim import SimulatedNodeDriver  # noqa: E402
+from epu.services.provisioner.store import Store  # noqa: E402
+from epu.services.provisioner.userdata import UserdataRenderer  # noqa: E402
 
 
 def run(n: int, latency: float, in_flight: int, rate: float, workdir: Path, tag: str) -> float:

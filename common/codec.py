@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+from epu.common.messages import DecodeError, Envelope, Message, _summarize, open_envelope
 from kombu.serialization import register as kombu_register
 from pydantic import ValidationError
-
-from common.messages import DecodeError, Envelope, Message, _summarize, open_envelope
 
 CONTENT_TYPE = "application/x-msgpack"
 SERIALIZER = "epu-msgpack"

@@ -3,7 +3,7 @@
 Why generated: the document is the contract outside clients follow (tests/common/
 test_conformance_pika.py uses nothing else), so it must never drift from the code. The prose
 around it is written by hand; the part between the markers is rewritten by
-``python -m common.contract_doc`` and checked by a test.
+``python -m epu.common.contract_doc`` and checked by a test.
 """
 
 from __future__ import annotations
@@ -14,24 +14,29 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from epu.common import messages as m
+from epu.common.topology import COMMAND_TYPES, DELIVERY_LIMIT, Topology
 from pydantic import BaseModel
 
-from common import messages as m
-from common.topology import COMMAND_TYPES, DELIVERY_LIMIT, Topology
-
-BEGIN = "<!-- BEGIN GENERATED: python -m common.contract_doc -->"
+BEGIN = "<!-- BEGIN GENERATED: python -m epu.common.contract_doc -->"
 END = "<!-- END GENERATED -->"
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 EXAMPLES: dict[str, m.Message] = {
     "sensor.snapshot": m.SensorSnapshot(
         domain="alpha", backend="slurm", taken_at=T0, running_jobs=3,
-        jobs=[m.QueuedJob(job_id="1042", cores=4, nodes=2, queue="batch", submit_time=T0 - 90, wait_seconds=90),
-              m.QueuedJob(job_id="1043_[1-8]", cores=1, count=8, queue="batch", submit_time=T0 - 30, wait_seconds=30),
-              m.QueuedJob(job_id="1044", cores=1, state="held", queue="batch", submit_time=T0 - 600, wait_seconds=600)],
+        shapes=[m.JobShape(count=8, nodes=1, cores=4, memory_mb=16000, partition="batch", time_limit_s=3600,
+                           demand=True, reason="Resources", reason_class="resources", max_wait_s=90,
+                           sample_job_ids=["1043_[1-8]"]),
+                m.JobShape(count=1, nodes=2, cores=4, gpus=1, features=["a100"], partition="gpu", demand=True,
+                           reason="Priority", reason_class="priority", max_wait_s=30, sample_job_ids=["1042"]),
+                m.JobShape(count=1, nodes=1, cores=1, partition="batch", demand=False, reason="JobHeldUser",
+                           reason_class="held", max_wait_s=600, sample_job_ids=["1044"])],
         nodes=[m.NodeInfo(name="alpha-3f2a9c1d", state="busy", cores=4, cores_used=4, jobs=["1040"],
-                          state_since=T0 - 300, native_state="ALLOCATED"),
-               m.NodeInfo(name="alpha-77b0e412", state="free", cores=4, state_since=T0 - 20, native_state="IDLE")]),
+                          state_since=T0 - 300, native_state="ALLOCATED+CLOUD",
+                          instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", memory_mb=16000, partitions=["batch"]),
+               m.NodeInfo(name="alpha-77b0e412", state="free", cores=4, state_since=T0 - 20, native_state="IDLE+CLOUD",
+                          instance_id="77b0e4120e8b4f6a9c7d5e3b1a2f4c6d", memory_mb=16000, partitions=["batch"])]),
     "node.command": m.NodeCommand(command_id="5b0c6f7e9d2a4c1b8e3f0a9d7c6b5a41", domain="alpha", action="add",
                                   node="alpha-3f2a9c1d", instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d",
                                   address="10.0.0.17", cores=4, reason="instance started"),
@@ -45,6 +50,11 @@ EXAMPLES: dict[str, m.Message] = {
     "instance.state": m.InstanceEvent(instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha", site="ec2-east",
                                       state="started", previous="pending", seq=3, node_name="alpha-3f2a9c1d",
                                       ip="10.0.0.17", cloud_id="i-0abc123", cores=4, at=T0),
+    "provisioner.alert": m.ProvisionerAlert(
+        site="ec2-east", kind="orphan-sweep-refused", deployment="epu-5d41402abc4b",
+        message="12 orphan nodes at site ec2-east are due for destruction, more than the cap of 5 per "
+                "reconciliation: destroying none. ...",
+        cloud_ids=["i-0abc123", "i-0abc124"], count=12, at=T0),
     "decision.record": m.DecisionRecord(
         domain="alpha", iteration=128, policy="queue-demand", policy_version=2, at=T0,
         saw=m.ViewSummary(queued_jobs=10, queued_cores=16, nodes_by_state={"busy": 1, "free": 1},
@@ -56,6 +66,11 @@ EXAMPLES: dict[str, m.Message] = {
                                     params={"waiting_jobs": 5, "jobs_per_vm": 4}, max_nodes=20, operator="alice"),
     "policy.outcome": m.PolicyOutcome(change_id="op-20260101-1", domain="alpha", applied=True, version=3,
                                       config={"policy": "threshold", "max_nodes": 20}),
+    "instance.report": m.InstanceReport(
+        domain="alpha", as_of=T0, horizon_seconds=3600.0,
+        instances=[m.InstanceEvent(instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha", site="ec2-east",
+                                   state="started", seq=3, node_name="alpha-3f2a9c1d", ip="10.0.0.17",
+                                   cloud_id="i-0abc123", cores=4, at=T0 - 240)]),
     "context.member": m.ContextMembership(context_id="c9a1f0e2", entry_id=7, kind="join", hostname="alpha-3f2a9c1d",
                                           fqdn="alpha-3f2a9c1d.cluster.local", ip="10.0.0.17", at=T0),
 }
@@ -132,13 +147,16 @@ def generate() -> str:
                    f"| {'yes' if spec.single_active_consumer else 'no'} | {spec.purpose} |")
     out.append("")
     out += ["Durable queues are quorum queues with `x-dead-letter-exchange: epu.dlx` and "
-            f"`x-delivery-limit: {DELIVERY_LIMIT}`.", ""]
+            f"`x-delivery-limit: {DELIVERY_LIMIT}`; the latest-value snapshot queues instead have "
+            "`x-max-length: 1` and `x-overflow: drop-head` (a replaced snapshot is not dead-lettered).", ""]
     out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
     flows = {
         "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",
         "node.result": "sensor → decision engine, taps", "instance.launch": "decision engine → provisioners",
         "instance.terminate": "decision engine, operators → provisioners",
         "instance.state": "provisioner → decision engine, context broker, taps",
+        "instance.report": "provisioner → decision engine (anti-entropy), taps",
+        "provisioner.alert": "provisioner → operators, taps",
         "decision.record": "decision engine → taps", "policy.change": "operators → decision engine",
         "policy.outcome": "decision engine → operators, taps", "context.member": "context broker → taps",
     }

@@ -9,16 +9,27 @@ Least privilege, one user per service:
 
 * ``epu-sensor-DOMAIN`` reads only its command queue, writes only ``sensor.snapshot.DOMAIN``
   and ``node.result.DOMAIN`` events (RabbitMQ topic permissions) and the dead-letter exchange.
-* ``epu-decision`` reads its input and control queues; sends node commands, launches and
-  terminations; writes decision records and policy outcomes.
-* ``epu-provisioner`` reads the provisioner queue; writes instance state events.
+* ``epu-decision`` reads its input, control and per-domain snapshot queues; sends node commands, launches and
+  terminations (``provisioner.launch``, ``provisioner.terminate``); writes decision records
+  and policy outcomes.
+* ``epu-provisioner`` reads the provisioner queue; writes instance state events, reports and provisioner alerts.
 * ``epu-ctxbroker`` reads terminated-instance events; writes context membership events.
-* ``epu-operator`` sends policy changes and terminations; declares and reads its own
-  exclusive tap queues bound to any event.
+* ``epu-operator`` sends policy changes and terminations (``provisioner.terminate``, never
+  ``provisioner.launch``); declares and reads its own exclusive tap queues (``epu.tap.*``)
+  bound to any event — what ``epu tap``, ``epu status``, ``epu record`` and ``epu policy``
+  need, and nothing more.
+
+Bounds, by policy (``QueueBounds``): the decision input and work queues refuse publishes
+beyond a byte size (the publisher is told, nothing is dropped silently); dead letters are
+kept ``dead_letter_days`` and then expire, the oldest dropped first beyond a byte size; a
+tap left suspended drops its oldest events beyond a byte size instead of filling the
+broker's memory and blocking every publisher.
 
 No user has configure permission on the shared entities, so services run with
 ``[broker] declare = false``. The committed file carries no passwords: set them with
-``rabbitmqctl change_password``, or generate a file with hashes (``--passwords-file``).
+``rabbitmqctl change_password``, or generate a file with hashes (``--passwords-file``), which
+must name every user exactly (a missing or misspelled user is an error, not a passwordless
+account).
 """
 
 from __future__ import annotations
@@ -30,16 +41,43 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from common.topology import (
+from epu.common.topology import (
     COMMANDS_EXCHANGE,
     DEAD_LETTER_EXCHANGE,
+    DEAD_LETTER_QUEUE,
+    DECISION_INPUT_QUEUE,
     EVENTS_EXCHANGE,
+    LAUNCH_KEY,
+    TERMINATE_KEY,
     QueueSpec,
     Topology,
 )
 
 HASHING = "rabbit_password_hashing_sha256"
 TAP_QUEUE_PATTERN = r"epu\.tap\..*"
+MIB = 1024 * 1024
+
+
+class DefinitionsError(ValueError):
+    """The definitions cannot be generated as asked (e.g. a passwords file that does not match)."""
+
+
+@dataclass(frozen=True)
+class QueueBounds:
+    """How much each kind of queue may hold (RabbitMQ policies in the definitions)."""
+
+    input_max_bytes: int = 256 * MIB
+    """The decision input: beyond this, publishes are refused (publishers retry from their outbox)."""
+    input_max_length: int = 100_000
+    work_max_bytes: int = 256 * MIB
+    """Command queues (sensors, provisioners, decision control, context broker): refused beyond."""
+    dead_letter_days: float = 14.0
+    """How long a dead letter is kept for an operator to inspect."""
+    dead_max_bytes: int = 1024 * MIB
+    """Dead letters beyond this drop the oldest first."""
+    tap_max_bytes: int = 64 * MIB
+    """An operator's tap beyond this drops its oldest events."""
+    tap_max_length: int = 100_000
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
@@ -74,21 +112,24 @@ def service_users(topology: Topology, domains: list[str], user_prefix: str = "")
             f"{user_prefix}epu-sensor-{d}", "^$", _alt(ev, dlx), _alt(q[spec.name]),
             {t.n(EVENTS_EXCHANGE): rf"^(sensor\.snapshot|node\.result)\.{re.escape(d)}$"}, {},
             f"sensor of domain {d}"))
+    snapshots = [q[t.decision_snapshot_spec(d).name] for d in domains]
     users.append(ServiceUser(
         f"{user_prefix}epu-decision", "^$", _alt(ev, cmd, dlx),
-        _alt(q[t.decision_input_spec().name], q[t.decision_control_spec().name]),
+        _alt(q[t.decision_input_spec().name], q[t.decision_control_spec().name], *snapshots),
         {t.n(EVENTS_EXCHANGE): r"^(decision\.record|policy\.outcome)\..+$",
-         t.n(COMMANDS_EXCHANGE): r"^(sensor\..+|provisioner)$"}, {}, "decision engine"))
+         t.n(COMMANDS_EXCHANGE): rf"^(sensor\..+|{re.escape(LAUNCH_KEY)}|{re.escape(TERMINATE_KEY)})$"}, {},
+        "decision engine"))
     users.append(ServiceUser(
         f"{user_prefix}epu-provisioner", "^$", _alt(ev, dlx), _alt(q[t.provisioner_spec().name]),
-        {t.n(EVENTS_EXCHANGE): r"^instance\.state\..+$"}, {}, "provisioner"))
+        {t.n(EVENTS_EXCHANGE): r"^(instance\.(state|report)|provisioner\.alert)\..+$"}, {}, "provisioner"))
     users.append(ServiceUser(
         f"{user_prefix}epu-ctxbroker", "^$", _alt(ev, dlx), _alt(q[t.ctxbroker_spec().name]),
         {t.n(EVENTS_EXCHANGE): r"^context\.member\..+$"}, {}, "context broker"))
     tap = re.escape(t.prefix) + TAP_QUEUE_PATTERN
     users.append(ServiceUser(
         f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap),
-        {t.n(COMMANDS_EXCHANGE): r"^(decision\.control|provisioner)$"}, {}, "operators: policy changes, taps"))
+        {t.n(COMMANDS_EXCHANGE): rf"^(decision\.control|{re.escape(TERMINATE_KEY)})$"}, {},
+        "operators: policy changes, terminations, taps"))
     return users
 
 
@@ -98,10 +139,56 @@ def _queue_def(topology: Topology, spec: QueueSpec, vhost: str) -> dict[str, Any
             "arguments": dict(sorted(q.queue_arguments.items()))}
 
 
+def check_passwords(users: list[ServiceUser], passwords: dict[str, str]) -> None:
+    """Every user has a non-empty password and no password names an unknown user."""
+    names = [u.name for u in users]
+    missing = [n for n in names if not passwords.get(n)]
+    unknown = sorted(set(passwords) - set(names))
+    problems = []
+    if missing:
+        problems.append("no password for " + ", ".join(missing))
+    if unknown:
+        problems.append("passwords for users that do not exist (misspelled?): " + ", ".join(unknown)
+                        + "; expected: " + ", ".join(names))
+    if problems:
+        raise DefinitionsError("; ".join(problems))
+
+
+def queue_policies(topology: Topology, domains: list[str], vhost: str, bounds: QueueBounds) -> list[dict[str, Any]]:
+    """The bounds as RabbitMQ policies (one per kind of queue; a queue matches exactly one)."""
+    t = topology
+    pre = re.escape(t.prefix)
+    work = [s.name for s in t.service_specs(domains)
+            if s.name not in (DEAD_LETTER_QUEUE, DECISION_INPUT_QUEUE) and s.dead_letter]  # not latest-value queues
+
+    def policy(name: str, pattern: str, definition: dict[str, Any]) -> dict[str, Any]:
+        return {"vhost": vhost, "name": name, "pattern": pattern, "apply-to": "queues", "priority": 0,
+                "definition": definition}
+
+    return [
+        policy("epu-taps", f"^{pre}{TAP_QUEUE_PATTERN}$",
+               {"max-length": bounds.tap_max_length, "max-length-bytes": bounds.tap_max_bytes,
+                "overflow": "drop-head"}),
+        policy("epu-dead", f"^{re.escape(t.n(DEAD_LETTER_QUEUE))}$",
+               {"message-ttl": int(bounds.dead_letter_days * 86_400_000), "max-length-bytes": bounds.dead_max_bytes,
+                "overflow": "drop-head"}),
+        policy("epu-decision-input", f"^{re.escape(t.n(DECISION_INPUT_QUEUE))}$",
+               {"max-length": bounds.input_max_length, "max-length-bytes": bounds.input_max_bytes,
+                "overflow": "reject-publish"}),
+        policy("epu-work", "^(" + "|".join(re.escape(t.n(n)) for n in work) + ")$",
+               {"max-length-bytes": bounds.work_max_bytes, "overflow": "reject-publish"}),
+    ]
+
+
 def rabbitmq_definitions(topology: Topology, domains: list[str], vhost: str = "epu", user_prefix: str = "",
-                         passwords: dict[str, str] | None = None) -> dict[str, Any]:
-    passwords = passwords or {}
+                         passwords: dict[str, str] | None = None,
+                         bounds: QueueBounds | None = None) -> dict[str, Any]:
+    """The definitions document. ``passwords`` (user → password), when given, must name every
+    user and only them (``DefinitionsError`` otherwise); without it users get no password."""
     users = service_users(topology, domains, user_prefix)
+    if passwords is not None:
+        check_passwords(users, passwords)
+    passwords = passwords or {}
     exchanges = [
         {"name": ex.name, "vhost": vhost, "type": ex.type, "durable": True, "auto_delete": False,
          "internal": False, "arguments": {}}
@@ -130,12 +217,19 @@ def rabbitmq_definitions(topology: Topology, domains: list[str], vhost: str = "e
             {"user": u.name, "vhost": vhost, "exchange": ex, "write": pattern, "read": u.topic_read.get(ex, ".*")}
             for u in users for ex, pattern in sorted(u.topic_write.items())
         ],
-        "policies": [
-            {"vhost": vhost, "name": "epu-taps", "pattern": f"^{re.escape(topology.prefix)}{TAP_QUEUE_PATTERN}$",
-             "apply-to": "queues", "priority": 0,
-             "definition": {"max-length": 100000, "overflow": "drop-head"}},
-        ],
+        "policies": queue_policies(topology, domains, vhost, bounds or QueueBounds()),
         "queues": [_queue_def(topology, spec, vhost) for spec in specs],
         "exchanges": exchanges,
         "bindings": bindings,
     }
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600, also when it existed):
+    a definitions file with password hashes is a secret."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)

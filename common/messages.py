@@ -92,6 +92,17 @@ class Message(Model):
     def routing_key(self) -> str:
         raise NotImplementedError
 
+    def to_wire(self) -> dict[str, Any]:
+        """The envelope body. Most messages are their fields as a map; a type with long lists
+        (``SensorSnapshot``) writes them column-wise to stay small."""
+        return self.model_dump(mode="python")
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> Message:
+        """Validate an envelope body (the inverse of ``to_wire``); raises ``ValidationError``
+        or ``ValueError`` for a body that is not a valid message of this type."""
+        return cls.model_validate(body)
+
 
 REGISTRY: dict[str, type[Message]] = {}
 
@@ -145,12 +156,112 @@ class NodeInfo(Model):
     """When the node entered its current state, if the batch system says."""
     native_state: str = ""
     """The batch system's own state text, for operators."""
+    instance_id: str | None = None
+    """The EPU instance (launch id) behind this node, as carried into the batch system when the
+    node was added (a Slurm node feature or comment, an HTCondor startd attribute, a Torque note
+    or property). The engine matches nodes to instances by this identity; the name is only a
+    fallback. ``None`` for nodes EPU did not start, or where the backend cannot say."""
+    memory_mb: NonNegInt = 0
+    """Memory the batch system may give jobs on the node (0 = unknown)."""
+    memory_used_mb: NonNegInt = 0
+    """Memory allocated to running jobs."""
+    gpus: NonNegInt = 0
+    """GPUs on the node (gres/TRES ``gpu``, Torque ``gpus``, HTCondor ``Gpus``)."""
+    gpus_used: NonNegInt = 0
+    """GPUs allocated to running jobs."""
+    features: list[str] = Field(default_factory=list)
+    """Features (Slurm), properties (Torque) or advertised attributes a job may require."""
+    partitions: list[str] = Field(default_factory=list)
+    """Partitions (Slurm) or queues the node serves; empty = all / not known."""
+    job_ends: list[float] = Field(default_factory=list)
+    """Expected end of each job in ``jobs`` (same order; epoch seconds: its start plus its time
+    limit, as Slurm's ``end_time`` of a running job), 0 when unknown. Empty when the backend
+    cannot say. Lets a policy estimate when a busy node frees up (``start-time``)."""
+
+
+class JobShape(Model):
+    """Pending jobs that ask for the same thing, grouped: the unit of demand.
+
+    A snapshot's size grows with the number of distinct shapes, not of jobs (100,000 pending
+    jobs are typically a few hundred shapes). Jobs with the same request but a different
+    pending-reason class are different shapes, so ``demand`` is exact per shape."""
+
+    count: Annotated[int, Field(ge=1)]
+    """How many pending jobs (array elements counted one by one) have this shape."""
+    nodes: Annotated[int, Field(ge=1)] = 1
+    """Nodes each job needs."""
+    cores: Annotated[int, Field(ge=1)] = 1
+    """Cores per node."""
+    memory_mb: NonNegInt = 0
+    """Memory per node, MB (0 = not requested / unknown)."""
+    gpus: NonNegInt = 0
+    """GPUs per node."""
+    features: list[str] = Field(default_factory=list)
+    """Node features/constraints every node of the job must have (sorted)."""
+    partition: str = ""
+    """Partition (Slurm), queue (Torque) or pool; empty = the default."""
+    time_limit_s: NonNegInt = 0
+    """Requested wall-time limit, seconds (0 = none / unknown)."""
+    demand: bool = True
+    """True when a new node could start these jobs (waiting for resources or priority); false
+    when something else holds them (held, dependency, QOS/association limits, begin time,
+    partition down...). Only demand shapes count towards launches."""
+    reason: str = ""
+    """The batch system's own pending reason (e.g. Slurm ``Resources``, ``QOSMaxJobsPerUserLimit``)."""
+    max_wait_s: float = 0.0
+    """The longest any of these jobs has waited, at the snapshot's time."""
+    reason_class: str = ""
+    """What the reason means (docs/pending-reasons.md): ``resources``/``priority`` (demand), ``held``,
+    ``dependency``, ``limit``, ``begin_time``, ``reservation``, ``partition``, ``invalid``,
+    ``starting``, ``failure``, ``unknown``, ``unmapped``; ``blocked`` from per-job senders."""
+    sample_job_ids: list[str] = Field(default_factory=list)
+    """A few of the jobs' ids (at most 3), for an operator to look one up; not all of them."""
+
+    def key(self) -> tuple:
+        """What makes two shapes the same request (everything but count and wait)."""
+        return (self.nodes, self.cores, self.memory_mb, self.gpus, tuple(self.features), self.partition,
+                self.time_limit_s, self.demand, self.reason)
+
+
+_STATE_CLASS = {"queued": "resources", "held": "held", "blocked": "blocked"}
+
+
+def group_jobs(jobs: list[QueuedJob]) -> list[JobShape]:
+    """Group per-job records into shapes (for backends that read job by job). A ``queued`` job
+    is demand; ``held`` and ``blocked`` are not. Deterministic order: by key."""
+    groups: dict[tuple, list] = {}
+    for j in jobs:
+        demand = j.state == "queued"
+        key = (j.nodes, j.cores, j.memory_mb, 0, (), j.queue, 0, demand, "" if demand else j.state)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [j.count, j.wait_seconds, _STATE_CLASS[j.state], [j.job_id]]
+        else:
+            g[0] += j.count
+            if j.wait_seconds > g[1]:
+                g[1] = j.wait_seconds
+            if len(g[3]) < 3:
+                g[3].append(j.job_id)
+    return [JobShape(count=c, nodes=k[0], cores=k[1], memory_mb=k[2], gpus=k[3], features=list(k[4]),
+                     partition=k[5], time_limit_s=k[6], demand=k[7], reason=k[8], max_wait_s=w,
+                     reason_class=cls, sample_job_ids=ids)
+            for k, (c, w, cls, ids) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
 
 
 @register
 class SensorSnapshot(Message):
     """What a sensor saw on its batch head node. ``available=False`` means the batch system
-    could not be read: the lists are then empty and must NOT be taken as an empty cluster."""
+    could not be read: the lists are then empty and must NOT be taken as an empty cluster.
+
+    On the wire ``nodes`` and ``shapes`` are written column-wise, so the message grows with the
+    number of nodes and distinct shapes, never with jobs: a map ``{"n": <records>, <field>:
+    [one value per record], ...}`` where a field whose every record has its default is left
+    out, and a low-cardinality field (node ``state``, ``native_state``, ``features``,
+    ``partitions``; shape ``features``, ``partition``, ``reason``, ``reason_class``) may be
+    written as ``{"t": [distinct values], "i": [index per record]}`` (see the example; code:
+    common/columns.py). Receivers also accept the plain form (a list of maps). A snapshot
+    over the sensor's ``max_snapshot_bytes`` is sent without per-node job ids, or, if still too
+    big, as ``available=false`` with the reason."""
 
     TYPE: ClassVar[str] = "sensor.snapshot"
     domain: Name
@@ -164,17 +275,76 @@ class SensorSnapshot(Message):
     taken_at: float
     """When the batch system was read (epoch seconds)."""
     jobs: list[QueuedJob] = Field(default_factory=list)
-    """Jobs not running: queued, held and blocked."""
+    """Per-job records, for senders that have no shapes; the EPU sensors send ``shapes`` and
+    leave this empty."""
     nodes: list[NodeInfo] = Field(default_factory=list)
-    """Every node of the batch system."""
+    """Every node of the batch system (column-wise on the wire)."""
     running_jobs: NonNegInt = 0
     """How many jobs are running."""
+    shapes: list[JobShape] = Field(default_factory=list)
+    """Pending jobs grouped into shapes (demand and not; column-wise on the wire). When a
+    sender gives only ``jobs``, ``demand_shapes`` derives the shapes from them."""
 
     def routing_key(self) -> str:
         return f"sensor.snapshot.{self.domain}"
 
+    # ---------------------------------------------------------------- wire form
+    # ``nodes`` and ``shapes`` travel column-wise (common/columns.py): the size of a snapshot
+    # grows with its nodes and distinct shapes, never with its jobs, and 10,000 nodes decode
+    # and validate in one call. A verbose sender (lists of maps, as before) is still accepted;
+    # a consumer that knows only the verbose form rejects a columnar snapshot loudly (a map
+    # where it expects a list), it never mistakes it for an empty cluster.
+    _NODE_INTERN: ClassVar[frozenset[str]] = frozenset({"state", "native_state", "features", "partitions"})
+    _SHAPE_INTERN: ClassVar[frozenset[str]] = frozenset({"features", "partition", "reason", "reason_class"})
+
+    def to_wire(self) -> dict[str, Any]:
+        from epu.common.columns import encode_columns, gc_paused
+
+        body = {name: getattr(self, name) for name in type(self).model_fields if name not in ("nodes", "shapes", "jobs")}
+        with gc_paused():
+            body["jobs"] = [j.model_dump(mode="python") for j in self.jobs]
+            body["nodes"] = encode_columns(self.nodes, NodeInfo, self._NODE_INTERN)
+            body["shapes"] = encode_columns(self.shapes, JobShape, self._SHAPE_INTERN)
+        return body
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> SensorSnapshot:
+        from epu.common.columns import decode_columns
+
+        nodes, shapes = body.get("nodes"), body.get("shapes")
+        if not isinstance(nodes, dict) and not isinstance(shapes, dict):
+            return cls.model_validate(body)  # verbose form
+        rest = {k: v for k, v in body.items() if k not in ("nodes", "shapes")}
+        snap = cls.model_validate(rest)
+        update: dict[str, Any] = {}
+        if nodes is not None:
+            update["nodes"] = decode_columns(nodes, NodeInfo, "nodes") if isinstance(nodes, dict) \
+                else cls.model_validate({**rest, "nodes": nodes}).nodes
+        if shapes is not None:
+            update["shapes"] = decode_columns(shapes, JobShape, "shapes") if isinstance(shapes, dict) \
+                else cls.model_validate({**rest, "shapes": shapes}).shapes
+        return snap.model_copy(update=update)
+
     def queued_demand(self) -> list[QueuedJob]:
-        return [j for j in self.jobs if j.state == "queued"]
+        """Demand as per-job-style records (compatibility; prefer ``demand_shapes``): the
+        ``queued`` jobs a per-job sender gave, else one record per demand shape with its count."""
+        if self.jobs:
+            return [j for j in self.jobs if j.state == "queued"]
+        return [QueuedJob(job_id=s.sample_job_ids[0] if s.sample_job_ids else f"shape-{i}", cores=s.cores,
+                          nodes=s.nodes, memory_mb=s.memory_mb, queue=s.partition, wait_seconds=s.max_wait_s,
+                          count=s.count) for i, s in enumerate(self.demand_shapes())]
+
+    def all_shapes(self) -> list[JobShape]:
+        """Every pending shape: ``shapes`` if the sensor sent them, else grouped from ``jobs``."""
+        return self.shapes if self.shapes or not self.jobs else group_jobs(self.jobs)
+
+    def demand_shapes(self) -> list[JobShape]:
+        """The shapes a new node could start (``demand``)."""
+        return [s for s in self.all_shapes() if s.demand]
+
+    def queued_count(self) -> int:
+        """Pending jobs that are demand (what ``epu status`` and records call "queued")."""
+        return sum(s.count for s in self.demand_shapes())
 
 
 @register
@@ -248,7 +418,7 @@ class LaunchRequest(Message):
     """Extra values for the userdata template (e.g. context URI)."""
 
     def routing_key(self) -> str:
-        return "provisioner"
+        return "provisioner.launch"
 
 
 @register
@@ -265,7 +435,7 @@ class TerminateRequest(Message):
     """Terminate even if the engine thinks the node runs a job."""
 
     def routing_key(self) -> str:
-        return "provisioner"
+        return "provisioner.terminate"
 
 
 @register
@@ -298,9 +468,71 @@ class InstanceEvent(Message):
     """For failed launches: transient, capacity (fail over to another site) or permanent."""
     at: float
     """When the transition happened (epoch seconds)."""
+    presumed_gone: bool = False
+    """The cloud has stopped listing the node (several consecutive listings over a minimum time), so
+    it is presumed gone — a presumption, not a state: ``state`` is unchanged, the provisioner
+    destroys and closes nothing on it, and an event with ``presumed_gone`` false and a higher
+    ``seq`` follows if the node is listed again (re-adopted). Don't count it as capacity; to end it,
+    drain it and send a terminate."""
 
     def routing_key(self) -> str:
         return f"instance.state.{self.domain}.{self.state}"
+
+
+@register
+class InstanceReport(Message):
+    """Provisioner → decision engine, periodically: the current state of every instance of a
+    domain the provisioner knows — live ones, and those that ended within ``horizon_seconds``.
+
+    Anti-entropy: an engine that lost an ``instance.state`` event (or was away) catches up,
+    each entry applied exactly like the event it summarizes (forward only, by ``seq``). An
+    instance missing from a report proves nothing (absence is a hint, never proof)."""
+
+    TYPE: ClassVar[str] = "instance.report"
+    domain: Name
+    as_of: float
+    """When the provisioner read its store (epoch seconds)."""
+    horizon_seconds: float = 0.0
+    """Ended instances are included if they ended this recently."""
+    instances: list[InstanceEvent] = Field(default_factory=list)
+    """One entry per instance: its current state, ``seq``, address and reason, as an event."""
+
+    def routing_key(self) -> str:
+        return f"instance.report.{self.domain}"
+
+
+ProvisionerAlertKind = Literal["orphan-seen", "orphan-sweep-refused", "destroy-deferred", "foreign-node",
+                               "node-reappeared"]
+
+
+@register
+class ProvisionerAlert(Message):
+    """Provisioner → operators: something on a destroy path that a person should know — a node it
+    will destroy later, one it refuses to touch, or destroys it withheld because of the cap."""
+
+    TYPE: ClassVar[str] = "provisioner.alert"
+    site: Name
+    """The cloud site the nodes are at."""
+    kind: ProvisionerAlertKind
+    """``orphan-seen``: a node of this deployment and store whose launch id the store does not know,
+    first seen now, destroyed after the orphan grace unless its launch becomes known.
+    ``orphan-sweep-refused``: more orphans were due than one reconciliation may destroy; none was
+    (what a wrong or restored store looks like). ``destroy-deferred``: nodes of closed launches
+    beyond the cap wait for the next reconciliation. ``foreign-node``: a node with this
+    deployment's tag but another store's id and an unknown launch: never touched.
+    ``node-reappeared``: the node of a record closed on absence (by an older release) is listed
+    again: left running."""
+    message: str
+    """What happened and what an operator can do, in words."""
+    deployment: str = ""
+    """This provisioner's deployment identity."""
+    cloud_ids: list[str] = Field(default_factory=list)
+    """The nodes concerned (at most 20; ``count`` says how many)."""
+    count: NonNegInt = 0
+    at: float
+
+    def routing_key(self) -> str:
+        return f"provisioner.alert.{self.site}.{self.kind}"
 
 
 # --------------------------------------------------------------------------- decision engine
@@ -377,6 +609,12 @@ class PolicyChange(Message):
     """Who asked, for the record."""
     placement: str | None = None
     """Site selection strategy (rank, cheapest, spread); ``None`` leaves it unchanged."""
+    retire: list[str] | None = None
+    """Instances (launch ids) to take out the safe way — an operator's unforced terminate: each
+    is drained, removed from the batch system once no job runs there, then terminated."""
+    release_breaker: bool | None = None
+    """True: act on the current snapshots although the circuit breaker found them implausible
+    (until a healthy snapshot closes it anyway)."""
 
     def routing_key(self) -> str:
         return "decision.control"
@@ -435,7 +673,8 @@ class Envelope(BaseModel):
 
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
-    schema_version: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+$")]
+    schema_version: Annotated[str, StringConstraints(pattern=r"^\d{1,6}\.\d{1,6}$")]
+    """MAJOR.MINOR (e.g. "1.0"), each at most 6 digits: a longer number is invalid, not a giant int."""
     type: str
     id: str
     timestamp: float
@@ -457,7 +696,7 @@ class Envelope(BaseModel):
             timestamp=time.time() if timestamp is None else timestamp,
             source=source,
             correlation_id=correlation_id,
-            body=message.model_dump(mode="python"),
+            body=message.to_wire(),
         )
 
 
@@ -478,9 +717,11 @@ def open_envelope(envelope: Envelope) -> Message:
     from pydantic import ValidationError
 
     try:
-        return cls.model_validate(envelope.body)
+        return cls.from_wire(envelope.body)
     except ValidationError as exc:
         raise DecodeError(f"invalid {envelope.type}: {_summarize(exc)}") from None
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"invalid {envelope.type}: {exc}") from None
 
 
 def _summarize(exc: Any) -> str:

@@ -38,8 +38,20 @@ class ServiceMetrics:
                                      ["queue"], registry=r)
         self.handler_seconds = Histogram("epu_handler_seconds", "Time spent in message handlers",
                                          ["queue"], registry=r)
-        self.reconnects = Counter("epu_broker_reconnects_total", "Broker reconnections", registry=r)
+        self.reconnects = Counter("epu_broker_reconnects_total", "Successful reconnections after a lost broker connection",
+                                  registry=r)
+        self.connection_losses = Counter("epu_broker_connection_losses_total", "Broker connections lost while serving",
+                                         registry=r)
+        self.connect_failures = Counter("epu_broker_connect_failures_total",
+                                        "Attempts to connect that reached no broker URL", registry=r)
+        self.reconnect_seconds = Gauge("epu_broker_last_reconnect_seconds",
+                                       "From losing the broker connection to serving again, last time", registry=r)
         self.connected = Gauge("epu_broker_connected", "1 while connected to the broker", registry=r)
+        self.consumer_up = Gauge("epu_consumer_up", "1 while this service consumes the queue", ["queue"], registry=r)
+        self.handler_retries = Counter("epu_handler_retries_total",
+                                       "Handler failures retried in place, by queue and kind (transient: "
+                                       "infrastructure, retried until it succeeds; error: bounded attempts)",
+                                       ["queue", "kind"], registry=r)
         self.timer_runs = Counter("epu_timer_runs_total", "Periodic task runs, by task and outcome",
                                   ["task", "outcome"], registry=r)
 

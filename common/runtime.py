@@ -1,45 +1,67 @@
 """How any EPU service runs: consumers, periodic timers, shutdown, reconnects, health.
 
 A service is a ``Service`` with handlers registered on queues (``consume``) and periodic
-tasks (``every``). ``run()`` owns one connection and one thread: it declares the topology,
-consumes, and fires timers between deliveries, so handlers and timers never race each other
-and need no locks of their own. Services that must do slow I/O concurrently (cloud calls)
-use their own worker threads and ``publish`` (thread-safe, its own connection).
+tasks (``every``). ``run()`` serves until stopped. Two threads:
+
+* the *connection thread* (the caller of ``run()``) owns the broker connection: it connects
+  (failing over across the broker URLs), declares, consumes, reads frames and services
+  heartbeats — also while a handler or timer is busy, so a 60 s node command or a slow batch
+  poll never makes the broker drop the connection for missed heartbeats. It settles
+  (acks) deliveries;
+* one *work thread* runs handlers and timers, one at a time, so handlers and timers never
+  race each other and need no locks of their own. Services that must do slow I/O
+  concurrently (cloud calls) use their own worker threads and ``publish`` (thread-safe, its
+  own connection).
 
 Acknowledgement contract (design rule 5): a message is acked only after its handler
-returned, i.e. after its effect is stored. A message that cannot be decoded or validated, or
-whose handler raises ``Reject``, is republished to the dead-letter exchange with the reason
-in ``x-epu-reason`` and then acked — it never crashes the consumer nor blocks the queue. Any
-other exception is retried in-process ``max_attempts`` times with backoff, then dead-lettered.
+returned, i.e. after its effect is stored. What a failure does depends on whether it can
+ever succeed:
+
+* the message cannot be used — undecodable, invalid, of a type the queue does not take, too
+  large, hostile (``common.inbound``) — or the handler raises ``Reject``: republished, the
+  original bytes, to the dead-letter exchange with the reason in ``x-epu-reason``, then acked;
+* the handler hit infrastructure — its database or the broker is away (``is_transient``):
+  retried in place with backoff (capped at ``retry_max_seconds``) for as long as it takes,
+  nothing dead-lettered, nothing reordered (later messages wait behind it);
+* any other exception (a bug, a case the handler cannot take): retried ``max_attempts``
+  times with backoff, then dead-lettered with the exception as the reason.
+
+Broker loss, at start or later, any number of times: the service stays up, reports "waiting
+for broker" / "reconnecting" on /healthz (HTTP 503), reconnects with exponential backoff and
+jitter (trying every URL of the list), redeclares and resumes. Nothing that happens on the
+connection ends the process; only ``stop()`` does.
 
 Shutdown (SIGTERM/SIGINT, or ``stop()``): the message in hand is finished and acked, then the
 connection closes; prefetched but unhandled messages return to the queue via the broker.
-Broker loss: reconnect with exponential backoff and jitter, redeclare, resume.
 
-Timers fire on real (monotonic) time: they pace I/O loops. What the periodic tasks compute
-uses the injected ``clock``, so virtual-time tests call the cores directly (e.g. an engine's
-``iterate()``) instead of waiting on timers.
+Timers fire on real (monotonic) time, only while connected: they pace I/O loops. What the
+periodic tasks compute uses the injected ``clock``, so virtual-time tests call the cores
+directly (e.g. an engine's ``iterate()``) instead of waiting on timers.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
+import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from kombu import Consumer, Queue
-
-from common.broker import Broker, Publisher
-from common.clock import Clock, RealClock
-from common.codec import decode
-from common.messages import DecodeError, Envelope, Message
-from common.observability import HealthServer, ServiceMetrics
-from common.topology import (
+from epu.common.broker import Broker, BrokerUnavailable, Publisher, PublishError, PublishRefused
+from epu.common.clock import Clock, RealClock
+from epu.common.consuming import Inbound, RawConsumer
+from epu.common.inbound import allow_deep_headers, open_delivery, safe_headers
+from epu.common.messages import DecodeError, Envelope, Message
+from epu.common.observability import HealthServer, ServiceMetrics
+from epu.common.topology import (
     ATTEMPTS_HEADER,
     ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_QUEUE_HEADER,
@@ -47,12 +69,48 @@ from common.topology import (
     REASON_HEADER,
     QueueSpec,
 )
+from kombu import Queue
 
 Handler = Callable[[Message, Envelope], None]
+
+#: A connection that served this long before it was lost is retried at once (the next node of a
+#: cluster is likely up); one that keeps failing sooner backs off (no reconnect storm).
+STABLE_SECONDS = 5.0
+
+#: Deliveries handed to the work thread at once (one thread hand-off, not one per message).
+MAX_BATCH = 64
 
 
 class Reject(Exception):
     """Raised by a handler for a message that can never succeed: dead-letter it with this reason."""
+
+
+class ConsumerLost(ConnectionError):
+    """The broker cancelled one of our consumers (queue deleted, node lost): re-establish them."""
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [OSError, sqlite3.OperationalError, PublishError]
+    try:
+        from sqlalchemy import exc as sa
+
+        types += [sa.OperationalError, sa.InterfaceError, sa.TimeoutError, sa.DisconnectionError]
+    except ImportError:  # a host without SQLAlchemy (a sensor) has no such errors to expect
+        pass
+    return tuple(types)
+
+
+#: Errors that say "the infrastructure is away", not "this message is bad": a database that is
+#: failing over, locked or unreachable; a broker that refused or could not take a publish.
+TRANSIENT_ERRORS = _transient_types()
+
+
+def is_transient(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
+    if getattr(exc, "transient", None) is not None:
+        return bool(exc.transient)  # type: ignore[attr-defined]
+    if isinstance(exc, PublishRefused):
+        return False  # the broker will refuse it again: a permanent failure of this message
+    return isinstance(exc, TRANSIENT_ERRORS + extra)
 
 
 @dataclass
@@ -62,6 +120,7 @@ class _ConsumerSpec:
     handler: Handler
     prefetch: int
     types: frozenset[str] | None
+    on_invalid: Callable[[bytes, str], None] | None = None
 
 
 @dataclass
@@ -75,12 +134,19 @@ class _Timer:
 @dataclass
 class RuntimeSettings:
     max_attempts: int = 3
+    """Attempts at a message whose handler fails with a non-transient error before it is dead-lettered."""
     retry_base_seconds: float = 0.2
+    retry_max_seconds: float = 10.0
+    """Cap of the backoff between retries of a transient failure (which are retried until they succeed)."""
     reconnect_initial: float = 0.5
     reconnect_max: float = 15.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     extra_health: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    transient_errors: tuple[type[BaseException], ...] = ()
+    """More exception types a service's handlers raise for infrastructure trouble."""
+    max_busy_seconds: float = 600.0
+    """A handler or timer running longer than this makes the service unhealthy (a hang)."""
 
 
 class Service:
@@ -99,18 +165,39 @@ class Service:
         self._timers: list[_Timer] = []
         self._declare: list[QueueSpec] = []
         self._stop = threading.Event()
+        self._interrupt = threading.Event()  # stop, or the connection is gone: abandon retries
         self._connected = threading.Event()
         self._ready = threading.Event()
         self._last_loop = time.monotonic()
         self._health_server: HealthServer | None = None
+        self._status = "starting"
+        self._last_error: str | None = None
+        self._lost_at: float | None = None
+        self._inbox: deque[tuple[_ConsumerSpec, str, Inbound]] = deque()
+        self._consuming: dict[str, bool] = {}
+        self._cancelled: list[str] = []
+        self._busy_since: float | None = None
+        self._busy_with: str | None = None
+        self._retrying: dict[str, Any] | None = None
+        self.reconnect_count = 0
+        self._unfinished: Future[Any] | None = None
+        self._serving_since = 0.0
         self.on_start: list[Callable[[], None]] = []
+        self.on_stop: list[Callable[[], None]] = []
+        """Called once when ``run()`` ends (after the work thread finished), e.g. to release leases."""
+        self.on_connection_lost: list[Callable[[], None]] = []
+        """Called (on the work thread, between items) after the broker connection was lost —
+        e.g. to drop state that is only valid while this process holds its consumers."""
 
     # ------------------------------------------------------------------ registration
     def consume(self, spec: QueueSpec, handler: Handler, *, prefetch: int = 10,
-                types: set[str] | None = None) -> None:
+                types: set[str] | None = None, on_invalid: Callable[[bytes, str], None] | None = None) -> None:
         """Handle messages from a durable queue of the topology. ``types`` limits which message
-        types the handler accepts; others are dead-lettered as unexpected."""
-        self._consumers.append(_ConsumerSpec(spec, None, handler, prefetch, frozenset(types) if types else None))
+        types the handler accepts; others are dead-lettered as unexpected. ``on_invalid(body,
+        reason)`` is called after a message that could not be decoded or validated was
+        dead-lettered (e.g. so a command whose id is readable still gets a failed result)."""
+        self._consumers.append(_ConsumerSpec(spec, None, handler, prefetch, frozenset(types) if types else None,
+                                             on_invalid))
         self._declare.append(spec)
 
     def consume_queue(self, queue: Queue, handler: Handler, *, prefetch: int = 50) -> None:
@@ -136,6 +223,8 @@ class Service:
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
         self._stop.set()
+        self._interrupt.set()
+        self.publisher.interrupt()  # a publish retrying across an outage gives up: we are leaving
 
     @property
     def stopping(self) -> bool:
@@ -145,20 +234,39 @@ class Service:
         """True once consumers are registered with the broker (tests and the demo use this)."""
         return self._ready.wait(timeout)
 
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
     def health(self) -> dict[str, Any]:
-        age = time.monotonic() - self._last_loop
+        """What /healthz answers: healthy (200) only while connected, every consumer consuming,
+        the loop turning and no handler hung; otherwise 503 with the reason in ``status``."""
+        now = time.monotonic()
+        age = now - self._last_loop
+        busy = None if self._busy_since is None else round(now - self._busy_since, 3)
+        consumers = {q: ("consuming" if up else "down") for q, up in self._consuming.items()}
         doc: dict[str, Any] = {
             "service": self.name,
+            "status": "stopping" if self.stopping else self._status,
             "connected": self._connected.is_set(),
+            "broker": redact_current(self.broker),
+            "consumers": consumers,
+            "reconnects": self.reconnect_count,
+            "last_error": self._last_error,
             "loop_age_seconds": round(age, 3),
-            "broker": self.broker.redacted_url(),
+            "busy_seconds": busy,
+            "busy_with": self._busy_with,
         }
+        if self._retrying:
+            doc["retrying"] = dict(self._retrying)
         for key, fn in self.settings.extra_health.items():
             try:
                 doc[key] = fn()
             except Exception as exc:  # health must answer even when a probe breaks
                 doc[key] = f"error: {exc}"
-        doc["healthy"] = bool(doc["connected"] and age < 30 and not self.stopping)
+        doc["healthy"] = bool(doc["connected"] and self._status == "serving" and age < 30 and not self.stopping
+                              and all(v == "consuming" for v in consumers.values())
+                              and (busy is None or busy < self.settings.max_busy_seconds))
         return doc
 
     def install_signal_handlers(self) -> None:
@@ -178,82 +286,126 @@ class Service:
         return self._health_server.port
 
     def run(self) -> None:
-        """Serve until ``stop()``: connect, declare, consume, fire timers; reconnect on loss."""
+        """Serve until ``stop()``: connect, declare, consume, fire timers; reconnect on any loss."""
+        allow_deep_headers()
+        self._status = "waiting for broker"
         self.start_health_server()
-        for hook in self.on_start:
-            hook()
-        delay = self.settings.reconnect_initial
-        first = True
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
         try:
+            for hook in self.on_start:
+                hook()
+            delay = self.settings.reconnect_initial
+            ever_connected = False
             while not self.stopping:
                 try:
-                    self._serve(first)
+                    self._serve(worker, ever_connected)
                     delay = self.settings.reconnect_initial
-                except (*self._connection_errors(), OSError) as exc:
-                    self._connected.clear()
-                    self.metrics.connected.set(0)
+                except Exception as exc:  # whatever the connection did, the service goes on
+                    was_connected = self._connected.is_set()
+                    self._mark_disconnected()
                     if self.stopping:
                         break
-                    self.metrics.reconnects.inc()
+                    ever_connected = ever_connected or was_connected
+                    if was_connected:
+                        self.metrics.connection_losses.inc()
+                        self._lost_at = time.monotonic()
+                        self._run_loss_hooks(worker)
+                        delay = self.settings.reconnect_initial
+                    else:
+                        self.metrics.connect_failures.inc()
+                    self._status = "reconnecting" if ever_connected else "waiting for broker"
+                    self._last_error = f"{type(exc).__name__}: {exc}"[:500]
                     sleep_for = min(self.settings.reconnect_max, delay) * (0.5 + random.random() / 2)
-                    self.log.warning("broker connection lost, reconnecting",
-                                     extra={"error": f"{type(exc).__name__}: {exc}",
-                                            "retry_in": round(sleep_for, 2)})
+                    if was_connected and time.monotonic() - self._serving_since > STABLE_SECONDS:
+                        sleep_for = 0.0  # a connection that had held: try the other nodes at once
+                    expected = isinstance(exc, ConnectionError | OSError | BrokerUnavailable) or \
+                        type(exc).__module__.startswith(("amqp", "kombu"))
+                    self.log.warning("broker connection lost, reconnecting" if was_connected
+                                     else f"{self._status}: cannot connect",
+                                     exc_info=not expected,
+                                     extra={"error": self._last_error, "retry_in": round(sleep_for, 2),
+                                            "broker": self.broker.redacted_url()})
                     self._stop.wait(sleep_for)
                     delay = min(self.settings.reconnect_max, delay * 2)
-                first = False
         finally:
-            self._connected.clear()
+            self._mark_disconnected()
+            worker.shutdown(wait=True)
+            for hook in self.on_stop:
+                try:
+                    hook()
+                except Exception:
+                    self.log.exception("stop hook failed")
             self.publisher.close()
             if self._health_server:
                 self._health_server.stop()
             self.log.info("stopped")
 
-    def _connection_errors(self) -> tuple[type[BaseException], ...]:
-        conn = self.broker.connection()
-        return tuple(conn.connection_errors) + tuple(conn.channel_errors)
+    def _mark_disconnected(self) -> None:
+        self._connected.clear()
+        self.metrics.connected.set(0)
+        for q in self._consuming:
+            self._consuming[q] = False
+            self.metrics.consumer_up.labels(q).set(0)
+        self._inbox.clear()  # their delivery tags died with the channel; the broker redelivers
 
-    def _serve(self, first: bool) -> None:
-        with self.broker.connection() as conn:
-            conn.ensure_connection(max_retries=1)
-            channel = conn.channel()
+    def _run_loss_hooks(self, worker: ThreadPoolExecutor) -> None:
+        """Queued on the work thread: they run after the work in hand, before any new work."""
+        for hook in self.on_connection_lost:
+            def run(hook: Callable[[], None] = hook) -> None:
+                try:
+                    hook()
+                except Exception:
+                    self.log.exception("connection-lost hook failed")
+
+            worker.submit(run)
+
+    def _serve(self, worker: ThreadPoolExecutor, reconnect: bool) -> None:
+        # failover across URLs; BrokerUnavailable if none answers
+        conn = self.broker.connection(name=f"epu {self.name} (pid {os.getpid()})")
+        consumers: list[RawConsumer] = []
+        try:
+            self._interrupt.clear()
+            if self.stopping:
+                self._interrupt.set()
             if self.broker.declare:
-                self.broker.topology.declare(channel, self._declare)
-            kombu_consumers = []
+                self.broker.topology.declare(conn.channel(), self._declare)
+            self._cancelled.clear()
             for c in self._consumers:
-                ch = conn.channel()
                 queue = c.queue if c.queue is not None else self._queue_for(c.spec)
                 declare = self.broker.declare or c.queue is not None  # ad-hoc queues are ours
-                consumer = Consumer(ch, queues=[queue], on_message=self._make_on_message(c, queue.name),
-                                    prefetch_count=c.prefetch, no_ack=False, auto_declare=declare)
-                consumer.consume()
-                kombu_consumers.append(consumer)
+                consumers.append(RawConsumer(
+                    conn.channel(), queue, prefetch=c.prefetch, declare=declare,
+                    on_message=lambda m, c=c, name=queue.name: self._inbox.append((c, name, m)),
+                    on_cancel=self._cancelled.append))
+                self._consuming[queue.name] = True
+                self.metrics.consumer_up.labels(queue.name).set(1)
             self._connected.set()
             self.metrics.connected.set(1)
+            self._status = "serving"
+            self._serving_since = time.monotonic()
+            self._last_error = None
             self._ready.set()
-            if not first:
-                self.log.info("reconnected to broker, resuming", extra={"broker": self.broker.redacted_url()})
+            url = redact_current(self.broker)
+            if reconnect:
+                took = None if self._lost_at is None else round(time.monotonic() - self._lost_at, 3)
+                if took is not None:
+                    self.metrics.reconnect_seconds.set(took)
+                self.metrics.reconnects.inc()
+                self.reconnect_count += 1
+                self.log.info("reconnected to broker, resuming", extra={"broker": url, "after_seconds": took})
             else:
-                self.log.info("serving", extra={"broker": self.broker.redacted_url(),
-                                                "queues": [q.name for c in kombu_consumers for q in c.queues]})
-            while not self.stopping:
-                self._last_loop = time.monotonic()
-                timeout = self._seconds_to_next_timer()
-                if kombu_consumers:
-                    try:
-                        conn.drain_events(timeout=timeout)
-                    except TimeoutError:
-                        pass
-                else:
-                    self._stop.wait(timeout)
-                self._run_due_timers()
-                if conn.heartbeat:
-                    conn.heartbeat_check()
-            for consumer in kombu_consumers:
-                try:
-                    consumer.cancel()
-                except Exception:  # closing anyway
-                    pass
+                self.log.info("serving", extra={"broker": url, "queues": [c.name for c in consumers]})
+            self._pump(conn, worker)
+            for consumer in consumers:
+                consumer.cancel()
+        except BaseException:
+            self._interrupt.set()
+            raise
+        finally:
+            try:
+                conn.release()
+            except Exception:
+                pass
 
     def _queue_for(self, spec: QueueSpec | None) -> Queue:
         assert spec is not None
@@ -265,93 +417,238 @@ class Service:
         return Queue(q.name, bindings=[binding(exchange, routing_key=k) for k in spec.routing_keys],
                      durable=True, queue_arguments=q.queue_arguments)
 
+    # ------------------------------------------------------------------ the connection thread
+    def _service_interval(self) -> float:
+        hb = self.broker.heartbeat if not self.broker.is_memory else 0
+        return max(0.05, min(1.0, hb / 4)) if hb else 1.0
+
+    def _pump(self, conn: Any, worker: ThreadPoolExecutor) -> None:
+        """Read frames, hand work to the work thread one item at a time, settle deliveries."""
+        if self._unfinished is not None:  # work from before the connection was lost: let it end
+            future, self._unfinished = self._unfinished, None
+            try:
+                self._await(conn, future)  # its outcome is void: that delivery died with its channel
+            except Exception:
+                if self._unfinished is not None:
+                    raise  # this connection failed too
+        while not self.stopping:
+            self._last_loop = time.monotonic()
+            if self._cancelled:
+                for q in self._cancelled:
+                    self._consuming[q] = False
+                    self.metrics.consumer_up.labels(q).set(0)
+                raise ConsumerLost(f"the broker cancelled the consumer of {', '.join(self._cancelled)}")
+            timer = self._due_timer()
+            if timer is not None:
+                self._run_on_worker(conn, worker, lambda t=timer: self._run_timer(t), f"timer {timer.name}")
+                continue
+            if self._inbox:
+                # what has arrived goes to the work thread in one hand-off, handled in order
+                batch = [self._inbox.popleft() for _ in range(min(len(self._inbox), MAX_BATCH))]
+                outcomes = self._run_on_worker(conn, worker, lambda b=batch: self._handle_batch(b),
+                                               f"{len(batch)} message(s) from {batch[0][1]}")
+                for (_c, _q, inbound), outcome in zip(batch, outcomes, strict=True):
+                    if outcome is not None:
+                        self._settle(inbound, outcome)
+                continue
+            self._service(conn, self._seconds_to_next_timer())
+
+    def _service(self, conn: Any, timeout: float) -> None:
+        """Read what the broker sent (deliveries go to the inbox), and keep heartbeats flowing.
+        After the first frame, whatever else is already waiting is read too (without blocking),
+        so deliveries reach the work thread in batches rather than one hand-off each."""
+        try:
+            conn.drain_events(timeout=timeout)
+            while len(self._inbox) < MAX_BATCH:
+                conn.drain_events(timeout=0)
+        except TimeoutError:
+            pass
+        if conn.heartbeat:
+            conn.heartbeat_check()
+
+    def _run_on_worker(self, conn: Any, worker: ThreadPoolExecutor, fn: Callable[[], Any], what: str) -> Any:
+        """Run ``fn`` on the work thread; meanwhile service the connection. If the connection
+        fails, ``fn`` is left to finish on its own (its delivery, if any, died with the
+        channel and comes back from the broker): the next connection waits for it before it
+        hands out new work, so no two handlers ever run at once."""
+
+        def task() -> Any:
+            self._busy_since, self._busy_with = time.monotonic(), what
+            try:
+                return fn()
+            finally:
+                self._busy_since = self._busy_with = None
+
+        return self._await(conn, worker.submit(task))
+
+    def _await(self, conn: Any, future: Future[Any]) -> Any:
+        while True:
+            try:
+                return future.result(timeout=self._service_interval())
+            except FutureTimeout:
+                pass
+            self._last_loop = time.monotonic()
+            try:
+                self._service(conn, 0.01)
+            except BaseException:
+                self._interrupt.set()  # a retrying handler gives up; its message comes back
+                self._unfinished = future
+                raise
+
+    def _settle(self, inbound: Inbound, outcome: str) -> None:
+        if outcome in ("ack", "dead-lettered"):
+            inbound.ack()
+        elif outcome == "requeue":
+            inbound.requeue()
+        elif outcome == "reject":
+            inbound.reject()
+
     # ------------------------------------------------------------------ timers
+    def _due_timer(self) -> _Timer | None:
+        now = time.monotonic()
+        due = [t for t in self._timers if now >= t.next_at]
+        return min(due, key=lambda t: t.next_at) if due and not self.stopping else None
+
     def _seconds_to_next_timer(self) -> float:
         if not self._timers:
             return 0.5
         wait = min(t.next_at for t in self._timers) - time.monotonic()
         return max(0.005, min(0.5, wait))
 
-    def _run_due_timers(self) -> None:
-        now = time.monotonic()
-        for timer in self._timers:
-            if now >= timer.next_at and not self.stopping:
-                try:
-                    timer.fn()
-                    self.metrics.timer_runs.labels(timer.name, "ok").inc()
-                except Exception:
-                    self.metrics.timer_runs.labels(timer.name, "error").inc()
-                    self.log.exception("periodic task failed", extra={"task": timer.name})
-                timer.next_at = max(timer.next_at + timer.period, time.monotonic() + timer.period * 0.1)
-
-    # ------------------------------------------------------------------ deliveries
-    def _make_on_message(self, c: _ConsumerSpec, queue_name: str) -> Callable[[Any], None]:
-        def on_message(message: Any) -> None:
-            started = time.monotonic()
-            outcome = self._handle(c, queue_name, message)
-            self.metrics.consumed.labels(queue_name, outcome).inc()
-            self.metrics.handler_seconds.labels(queue_name).observe(time.monotonic() - started)
-
-        return on_message
-
-    def _handle(self, c: _ConsumerSpec, queue_name: str, message: Any) -> str:
-        body = message.body
-        if isinstance(body, str):
-            body = body.encode("latin-1")
+    def _run_timer(self, timer: _Timer) -> None:
         try:
-            envelope, msg = decode(body)
+            timer.fn()
+            self.metrics.timer_runs.labels(timer.name, "ok").inc()
+        except Exception as exc:
+            self.metrics.timer_runs.labels(timer.name, "error").inc()
+            if is_transient(exc, self.settings.transient_errors):  # the broker or a database is away
+                self.log.warning("periodic task failed, will run again", extra={
+                    "task": timer.name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            else:
+                self.log.exception("periodic task failed", extra={"task": timer.name})
+        timer.next_at = max(timer.next_at + timer.period, time.monotonic() + timer.period * 0.1)
+
+    # ------------------------------------------------------------------ deliveries (work thread)
+    def _handle_batch(self, batch: list[tuple[_ConsumerSpec, str, Inbound]]) -> list[str | None]:
+        """Handle deliveries in order; once stopping (or the connection is gone) leave the rest
+        unsettled: the broker gives them to the next consumer."""
+        out: list[str | None] = []
+        for c, queue_name, inbound in batch:
+            out.append(None if self._interrupt.is_set() else self._handle(c, queue_name, inbound))
+        return out
+
+    def _handle(self, c: _ConsumerSpec, queue_name: str, inbound: Inbound) -> str:
+        started = time.monotonic()
+        try:
+            outcome = self._handle_delivery(c, queue_name, inbound)
+        except Exception:  # a bug in the runtime itself must not end the service either
+            self.log.exception("delivery handling failed; the message goes back to the queue",
+                               extra={"queue": queue_name})
+            outcome = "requeue"
+            self._interrupt.wait(1.0)
+        self.metrics.consumed.labels(queue_name, _OUTCOME_LABEL.get(outcome, outcome)).inc()
+        self.metrics.handler_seconds.labels(queue_name).observe(time.monotonic() - started)
+        return outcome
+
+    def _handle_delivery(self, c: _ConsumerSpec, queue_name: str, inbound: Inbound) -> str:
+        try:
+            envelope, msg = open_delivery(inbound.delivery, self.broker.limits)
             if c.types is not None and envelope.type not in c.types:
-                raise DecodeError(f"unexpected message type {envelope.type!r} on {queue_name}")
+                raise DecodeError(f"unexpected message type {_clip(envelope.type)!r} on {queue_name}")
         except DecodeError as exc:
-            self.dead_letter(message, queue_name, str(exc))
-            return "dead-lettered"
+            reason = str(exc)
+            outcome = self.dead_letter(inbound, queue_name, reason)
+            if c.on_invalid is not None:
+                try:
+                    c.on_invalid(inbound.delivery.body, reason)
+                except Exception:
+                    self.log.exception("on_invalid hook failed", extra={"queue": queue_name})
+            return outcome
         attempts = 0
+        delay = self.settings.retry_base_seconds
         while True:
             attempts += 1
-            # Whatever the handler raises is the handler's failure (an OSError from its
-            # database is not broker loss); only the ack below may raise connection errors.
             try:
                 c.handler(msg, envelope)
             except Reject as exc:
-                self.dead_letter(message, queue_name, f"rejected by {self.name}: {exc}", attempts)
-                return "dead-lettered"
+                return self.dead_letter(inbound, queue_name, f"rejected by {self.name}: {exc}", attempts)
             except Exception as exc:
-                if attempts >= self.settings.max_attempts:
+                transient = is_transient(exc, self.settings.transient_errors)
+                error = f"{type(exc).__name__}: {exc}"
+                if not transient and attempts >= self.settings.max_attempts:
                     self.log.exception("handler failed, dead-lettering",
                                        extra={"queue": queue_name, "type": envelope.type, "id": envelope.id})
-                    self.dead_letter(message, queue_name,
-                                     f"handler failed after {attempts} attempts: {type(exc).__name__}: {exc}",
-                                     attempts)
-                    return "dead-lettered"
-                self.log.warning("handler failed, retrying",
+                    return self.dead_letter(inbound, queue_name,
+                                            f"handler failed after {attempts} attempts: {error}", attempts)
+                self.metrics.handler_retries.labels(queue_name, "transient" if transient else "error").inc()
+                self._retrying = {"queue": queue_name, "type": envelope.type, "id": envelope.id,
+                                  "attempts": attempts, "error": error[:300], "transient": transient}
+                self.log.warning("handler failed, retrying" + (" (infrastructure, until it succeeds)"
+                                                              if transient else ""),
                                  extra={"queue": queue_name, "type": envelope.type, "attempt": attempts,
-                                        "error": f"{type(exc).__name__}: {exc}"})
-                if self._stop.wait(self.settings.retry_base_seconds * 2 ** (attempts - 1)):
-                    message.requeue()  # shutting down: leave it for the next consumer
-                    return "requeued"
+                                        "error": error, "retry_in": round(delay, 2)})
+                if self._interrupt.wait(delay):
+                    self._retrying = None
+                    return "requeue"  # stopping or connection gone: leave it for the next consumer
+                delay = min(delay * 2, self.settings.retry_max_seconds)
             else:
-                message.ack()
-                return "ok"
+                self._retrying = None
+                return "ack"
 
-    def dead_letter(self, message: Any, queue_name: str, reason: str, attempts: int = 1) -> None:
-        """Keep the message, with why, in the dead-letter queue; then ack it off its queue."""
-        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-        headers = dict(message.headers or {})
-        info = message.delivery_info or {}
+    def dead_letter(self, inbound: Inbound, queue_name: str, reason: str, attempts: int = 1) -> str:
+        """Keep the message — the bytes that were sent, with why — in the dead-letter queue.
+        Returns how to settle the original: ack once the dead letter is confirmed; if the
+        broker refuses the dead letter, reject it so the queue's own dead-letter exchange
+        keeps it (without our reason, which is logged); if the broker is away, requeue."""
+        d = inbound.delivery
+        headers = safe_headers(d.headers)
         headers.update({
             REASON_HEADER: reason[:1000],
             ORIGINAL_QUEUE_HEADER: queue_name,
-            ORIGINAL_EXCHANGE_HEADER: str(info.get("exchange", "")),
-            ORIGINAL_ROUTING_KEY_HEADER: str(info.get("routing_key", "")),
+            ORIGINAL_EXCHANGE_HEADER: _clip(d.exchange, 255),
+            ORIGINAL_ROUTING_KEY_HEADER: _clip(d.routing_key, 255),
             ATTEMPTS_HEADER: attempts,
         })
-        topo = self.broker.topology
-        self.publisher.publish_raw(body, exchange=topo.dead_letter_exchange.name, routing_key=queue_name,
-                                   headers=headers, content_type=message.content_type or "application/octet-stream",
-                                   message_id=(message.properties or {}).get("message_id"))
-        message.ack()
+        props = d.properties
+        try:
+            self.publisher.publish_raw(
+                d.body, exchange=self.broker.topology.dead_letter_exchange.name, routing_key=queue_name,
+                headers=headers, content_type=_prop(props, "content_type") or "application/octet-stream",
+                content_encoding=_prop(props, "content_encoding"), message_id=_prop(props, "message_id"),
+                type_=_prop(props, "type"), correlation_id=_prop(props, "correlation_id"), mandatory=True)
+        except PublishRefused as exc:
+            self.log.error("dead letter refused by the broker; rejecting the original to the queue's "
+                           "dead-letter exchange", extra={"queue": queue_name, "reason": reason[:300],
+                                                          "error": str(exc)[:300]})
+            self.metrics.dead_lettered.labels(queue_name).inc()
+            return "reject"
+        except Exception as exc:
+            self.log.warning("dead-lettering failed, the message goes back to the queue",
+                             extra={"queue": queue_name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            self._interrupt.wait(1.0)
+            return "requeue"
         self.metrics.dead_lettered.labels(queue_name).inc()
         self.log.warning("message dead-lettered", extra={"queue": queue_name, "reason": reason[:300]})
+        return "dead-lettered"
+
+
+_OUTCOME_LABEL = {"ack": "ok", "dead-lettered": "dead-lettered", "requeue": "requeued", "reject": "rejected"}
+
+
+def _clip(value: Any, n: int = 100) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text[:n]
+
+
+def _prop(props: dict[str, Any], key: str) -> str | None:
+    value = props.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def redact_current(broker: Broker) -> str:
+    from epu.common.broker import redact
+
+    return redact(broker.current_url)
 
 
 def run_in_thread(service: Service) -> threading.Thread:

@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from epu.common.broker import Broker
+from epu.common.codec import decode
+from epu.common.consuming import from_amqp, from_kombu
+from epu.common.inbound import Delivery
 from kombu import Queue
-
-from common.broker import Broker
-from common.codec import decode
 
 T = TypeVar("T")
 
@@ -31,15 +32,25 @@ def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float 
         time.sleep(interval)
 
 
-def get_raw(broker: Broker, queue_name: str, timeout: float = 5.0) -> Any:
-    """Fetch one message (kombu Message, acked) from an existing queue, waiting up to ``timeout``."""
+def _get_one(channel: Any, queue_name: str) -> Delivery | None:
+    """One message off the queue (acked), as the bytes and headers that were sent: on AMQP
+    through py-amqp's raw ``basic_get`` (kombu's Message would inflate a compressed body)."""
+    if hasattr(channel, "auto_decode"):
+        channel.auto_decode = False
+        msg = channel.basic_get(queue_name, no_ack=True)
+        return None if msg is None else from_amqp(channel, msg).delivery
+    msg = Queue(queue_name, no_declare=True)(channel).get(no_ack=True, accept=None)
+    return None if msg is None else from_kombu(msg).delivery
+
+
+def get_raw(broker: Broker, queue_name: str, timeout: float = 5.0) -> Delivery:
+    """Fetch one message (acked) from an existing queue, waiting up to ``timeout``."""
     with broker.connection() as conn:
-        q = Queue(queue_name, no_declare=True)(conn.channel())
+        channel = conn.channel()
         deadline = time.monotonic() + timeout
         while True:
-            msg = q.get(no_ack=False, accept=None)
+            msg = _get_one(channel, queue_name)
             if msg is not None:
-                msg.ack()
                 return msg
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no message on {queue_name} within {timeout}s")
@@ -47,13 +58,12 @@ def get_raw(broker: Broker, queue_name: str, timeout: float = 5.0) -> Any:
 
 
 def drain(broker: Broker, queue_name: str, raw: bool = False) -> list[Any]:
-    """Every message currently in the queue: (envelope, message) pairs where decodable, kombu
-    messages otherwise (or always, with ``raw=True``)."""
-    out = []
+    """Every message currently in the queue: (envelope, message) pairs where decodable, raw
+    ``Delivery`` objects (body, headers, properties) otherwise (or always, with ``raw=True``)."""
+    out: list[Any] = []
     with broker.connection() as conn:
-        q = Queue(queue_name, no_declare=True)(conn.channel())
-        while (msg := q.get(no_ack=False, accept=None)) is not None:
-            msg.ack()
+        channel = conn.channel()
+        while (msg := _get_one(channel, queue_name)) is not None:
             if raw:
                 out.append(msg)
                 continue

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent, Message, SensorSnapshot
+from epu.common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent, Message, SensorSnapshot
 
 NODE_STATES = ("free", "busy", "offline", "down", "unknown")
 INSTANCE_STATES = ("requested", "pending", "started", "joined", "draining", "terminating")
@@ -123,7 +123,7 @@ class Timeline:
         if self.start is None:
             self.start = at
         snap = self._snapshot
-        queued = sum(j.count for j in snap.queued_demand()) if snap else 0
+        queued = snap.queued_count() if snap else 0
         running = snap.running_jobs if snap else 0
         nodes: Counter[str] = Counter(n.state for n in snap.nodes) if snap else Counter()
         live: Counter[tuple[str, str]] = Counter((r.site, r.state) for r in self._instances.values()
@@ -146,7 +146,7 @@ class Timeline:
         """What is left behind: live instances once the batch system is empty and idle, and
         batch nodes no live instance accounts for. Empty while work remains."""
         snap = self._snapshot
-        if snap is None or snap.queued_demand() or snap.running_jobs:
+        if snap is None or snap.queued_count() or snap.running_jobs:
             return []
         names = {r.node_name for r in self._instances.values() if r.state not in TERMINAL_INSTANCE_STATES}
         left = [f"instance {i}" for i in sorted(self.live_instances())]
@@ -176,6 +176,9 @@ class Timeline:
         orphans = self.orphans()
         return {
             "jobs_seen": len(self._seen_jobs),
+            # jobs seen (running on a node, or in a per-job list) and gone since: a job
+            # shorter than the snapshot period may be missed; the batch system's accounting is
+            # the authority on completions
             "jobs_completed": len(self._completed),
             "jobs_left": len(self._current_jobs),
             "peak_workers": peak,

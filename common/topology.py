@@ -10,10 +10,16 @@ Layout:
 * ``epu.events`` (topic): everything observable. Routing key ``<type>.<domain>[.<detail>]``.
   A tap bound with ``#`` sees the whole system.
 * ``epu.commands`` (topic, exact keys): commands to the one service that must act —
-  ``sensor.<domain>`` → ``epu.sensor.<domain>``; ``provisioner`` → ``epu.provisioner``
-  (competing consumers); ``decision.control`` → ``epu.decision.control``.
-* ``epu.decision.input``: the engine's view of events (snapshots, command results,
-  instance states), single-active-consumer so a standby engine takes over on failure.
+  ``sensor.<domain>`` → ``epu.sensor.<domain>``; ``provisioner.launch`` and
+  ``provisioner.terminate`` → ``epu.provisioner`` (competing consumers; two keys so a
+  permission can allow terminating without allowing launching); ``decision.control`` →
+  ``epu.decision.control``. Commands are published ``mandatory``: a command no queue takes
+  is returned to its sender as an error, never confirmed and dropped.
+* ``epu.decision.input``: the events the engine must see in full (command results, instance
+  states and reports), single-active-consumer so a standby engine takes over on failure.
+* ``epu.decision.snapshot.<domain>``: the latest snapshot of each domain, one message deep
+  (a new one drops the old), single-active-consumer: an engine never works through a backlog
+  of snapshots.
 * ``epu.ctxbroker.instances``: terminated/failed instances, so the broker removes nodes
   whose agent never said goodbye.
 * ``epu.dlx`` (fanout) → ``epu.dead``: every rejected message, with ``x-epu-reason``.
@@ -23,12 +29,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kombu import Exchange, Queue
-
-from common.messages import NAME_PATTERN, Message
+from epu.common.messages import NAME_PATTERN, Message
+from kombu import Exchange, Queue, binding
 
 EVENTS_EXCHANGE = "epu.events"
 COMMANDS_EXCHANGE = "epu.commands"
@@ -53,6 +59,10 @@ ATTEMPTS_HEADER = "x-epu-attempts"
 #: Broker-side guard against poison messages on quorum queues (redelivered this often → DLX).
 DELIVERY_LIMIT = 20
 
+#: Routing keys of the provisioners' work queue: distinct, so topic permissions tell them apart.
+LAUNCH_KEY = "provisioner.launch"
+TERMINATE_KEY = "provisioner.terminate"
+
 
 def check_name(name: str, what: str = "domain") -> str:
     if not re.match(NAME_PATTERN, name):
@@ -62,6 +72,10 @@ def check_name(name: str, what: str = "domain") -> str:
 
 def sensor_queue_name(domain: str) -> str:
     return f"epu.sensor.{check_name(domain)}"
+
+
+def snapshot_queue_name(domain: str) -> str:
+    return f"epu.decision.snapshot.{check_name(domain)}"
 
 
 def sensor_routing_key(domain: str) -> str:
@@ -78,9 +92,12 @@ class QueueSpec:
     single_active_consumer: bool = False
     purpose: str = ""
     extra_arguments: dict[str, Any] = field(default_factory=dict)
+    dead_letter: bool = True
+    """Rejected and overflowing messages go to the dead-letter exchange. Off for latest-value
+    queues, whose replaced messages are not failures."""
 
     def arguments(self, quorum: bool) -> dict[str, Any]:
-        args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE}
+        args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE} if self.dead_letter else {}
         if quorum:
             args["x-queue-type"] = "quorum"
             args["x-delivery-limit"] = DELIVERY_LIMIT
@@ -134,7 +151,7 @@ class Topology:
                          purpose=f"node commands for the sensor of domain {domain}")
 
     def provisioner_spec(self) -> QueueSpec:
-        return QueueSpec(PROVISIONER_QUEUE, COMMANDS_EXCHANGE, ("provisioner",),
+        return QueueSpec(PROVISIONER_QUEUE, COMMANDS_EXCHANGE, (LAUNCH_KEY, TERMINATE_KEY),
                          purpose="launch and terminate requests (competing provisioners)")
 
     def decision_control_spec(self) -> QueueSpec:
@@ -144,10 +161,19 @@ class Topology:
     def decision_input_spec(self) -> QueueSpec:
         return QueueSpec(
             DECISION_INPUT_QUEUE, EVENTS_EXCHANGE,
-            ("sensor.snapshot.*", "node.result.*", "instance.state.#"),
+            ("node.result.*", "instance.state.#", "instance.report.*"),
             single_active_consumer=True,
-            purpose="what the decision engine sees: snapshots, command results, instance states",
+            purpose="what the decision engine must see in full: command results, instance states and reports",
         )
+
+    def decision_snapshot_spec(self, domain: str) -> QueueSpec:
+        """The newest snapshot of a domain and nothing older: a snapshot supersedes the one
+        before, so the queue keeps one (``x-max-length`` 1, the older dropped, not dead-lettered).
+        An engine that was away never works through a backlog."""
+        return QueueSpec(snapshot_queue_name(domain), EVENTS_EXCHANGE, (f"sensor.snapshot.{check_name(domain)}",),
+                         single_active_consumer=True, dead_letter=False,
+                         extra_arguments={"x-max-length": 1, "x-overflow": "drop-head"},
+                         purpose=f"the latest snapshot of domain {domain} (latest value, no backlog)")
 
     def ctxbroker_spec(self) -> QueueSpec:
         return QueueSpec(CTXBROKER_QUEUE, EVENTS_EXCHANGE,
@@ -159,6 +185,7 @@ class Topology:
         specs = [self.dead_letter_spec(), self.provisioner_spec(), self.decision_control_spec(),
                  self.decision_input_spec(), self.ctxbroker_spec()]
         specs += [self.sensor_spec(d) for d in domains]
+        specs += [self.decision_snapshot_spec(d) for d in domains]
         return specs
 
     # ---- kombu objects
@@ -177,7 +204,8 @@ class Topology:
             args = {"x-queue-type": "quorum"} if self.quorum else {}
         else:
             args = spec.arguments(self.quorum)
-            args["x-dead-letter-exchange"] = self.n(DEAD_LETTER_EXCHANGE)
+            if spec.dead_letter:
+                args["x-dead-letter-exchange"] = self.n(DEAD_LETTER_EXCHANGE)
         return [
             Queue(self.n(spec.name), exchange=exchange, routing_key=key, durable=True,
                   queue_arguments=args)
@@ -192,10 +220,14 @@ class Topology:
             for queue in self.kombu_queues(spec):
                 queue(channel).declare()
 
-    def tap_queue(self, pattern: str = "#", name: str | None = None) -> Queue:
-        """An exclusive, auto-deleted queue on the events exchange: an operator's window."""
+    def tap_queue(self, pattern: str | Sequence[str] = "#", name: str | None = None) -> Queue:
+        """An exclusive, auto-deleted queue on the events exchange, bound with one topic pattern
+        or several: an operator's window. Named ``epu.tap.*``, the only queues the operator
+        user may create; the exchange is never declared here (operators may not)."""
         exchange = Exchange(self.n(EVENTS_EXCHANGE), type="topic", durable=True, no_declare=True)
-        return Queue(name or self.n(f"epu.tap.{uuid.uuid4().hex[:12]}"), exchange=exchange, routing_key=pattern,
+        patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+        return Queue(name or self.n(f"epu.tap.{uuid.uuid4().hex[:12]}"),
+                     bindings=[binding(exchange, routing_key=p) for p in patterns],
                      exclusive=True, auto_delete=True, durable=False)
 
 

@@ -15,9 +15,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
-from common.broker import Broker
-from common.topology import Topology
+from epu.common.broker import Broker
+from epu.common.topology import Topology
 
 RABBIT_HOST = os.environ.get("EPU_TEST_RABBIT_HOST", "127.0.0.1:5672")
 RABBIT_ADMIN = os.environ.get("EPU_TEST_RABBIT_ADMIN", "guest:guest")

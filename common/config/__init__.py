@@ -7,8 +7,14 @@ A section per service (``[broker]``, ``[logging]``, ``[sensor]``, ``[decision]``
 ``EPU_DOMAINS__ALPHA__MAX_NODES=20``; values are read as TOML literals when they parse
 (numbers, booleans, arrays) and as strings otherwise.
 
-Errors name the file, the dotted key and what was expected, so ``epu config check`` points
-straight at the line to fix.
+Errors name the file (or the environment variable that set the key), the dotted key and what
+was expected, so ``epu config check`` points straight at the line to fix.
+
+Two layers of validation, both run by ``epu config check`` and by ``epu run SERVICE`` at start:
+the schema here (types, ranges, unknown keys), and ``checks`` (``check_config``): what needs
+more than one key, the file system (certificates, credentials, secrets), or a service's own
+knowledge (policy names and parameters, registered by the composition layer so that ``common``
+imports no service).
 """
 
 from __future__ import annotations
@@ -18,18 +24,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
-
-from common.config.base import BrokerConfig, LoggingConfig, Section
-from common.config.ctxbroker import CtxBrokerConfig
-from common.config.decision import DecisionConfig, DomainConfig
-from common.config.provisioner import ProvisionerConfig, SiteConfig
-from common.config.sensor import SensorConfig
-from common.messages import NAME_PATTERN
+from epu.common.config.base import BrokerConfig, LoggingConfig, Section
+from epu.common.config.ctxbroker import CtxBrokerConfig, WorkersConfig
+from epu.common.config.decision import DecisionConfig, DomainConfig
+from epu.common.config.provisioner import ProvisionerConfig, SiteConfig
+from epu.common.config.sensor import SensorConfig
+from epu.common.messages import NAME_PATTERN
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 __all__ = [
     "BrokerConfig", "ConfigError", "CtxBrokerConfig", "DecisionConfig", "DomainConfig", "EpuConfig",
-    "LoggingConfig", "ProvisionerConfig", "SensorConfig", "SiteConfig", "load_config", "parse_config",
+    "LoggingConfig", "ProvisionerConfig", "SensorConfig", "SiteConfig", "WorkersConfig", "check_config",
+    "load_config", "parse_config", "register_check",
 ]
 
 ENV_PREFIX = "EPU_"
@@ -48,8 +55,10 @@ class EpuConfig(Section):
     ctxbroker: CtxBrokerConfig = Field(default_factory=CtxBrokerConfig)
     domains: dict[str, DomainConfig] = Field(default_factory=dict)
     sites: dict[str, SiteConfig] = Field(default_factory=dict)
+    workers: dict[str, WorkersConfig] = Field(default_factory=dict)
+    """Per domain: what its new workers are told at boot (head node, context)."""
 
-    @field_validator("domains", "sites")
+    @field_validator("domains", "sites", "workers")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
         import re
@@ -59,12 +68,27 @@ class EpuConfig(Section):
                 raise ValueError(f"name {name!r} must match {NAME_PATTERN} (lowercase, digits, '-', '_')")
         return value
 
+    @model_validator(mode="after")
+    def _catalogues(self) -> EpuConfig:
+        from epu.common.config.catalogue import domain_type_errors
+
+        found = [e for name, d in self.domains.items() for e in domain_type_errors(name, d, self.sites)]
+        if found:
+            raise ValidationError.from_exception_data("EpuConfig", [
+                InitErrorDetails(type=PydanticCustomError("catalogue", msg), loc=loc, input=value)
+                for loc, msg, value in found])
+        return self
+
     def broker_obj(self) -> Any:
-        from common.broker import Broker
-        from common.topology import Topology
+        from epu.common.broker import Broker, MessageLimits, TlsSettings
+        from epu.common.topology import Topology
 
         b = self.broker
-        return Broker(b.url, Topology(prefix=b.prefix, quorum=b.quorum), heartbeat=b.heartbeat, declare=b.declare)
+        url = b.url if isinstance(b.url, str) else tuple(b.url)
+        return Broker(url, Topology(prefix=b.prefix, quorum=b.quorum), heartbeat=b.heartbeat, declare=b.declare,
+                      tls=TlsSettings(**b.tls.model_dump()), connect_timeout=b.connect_timeout,
+                      confirm_timeout=b.confirm_timeout,
+                      limits=MessageLimits(b.max_message_bytes, b.max_message_bytes))
 
 
 def _literal(text: str) -> Any:
@@ -89,28 +113,46 @@ def apply_env(data: dict[str, Any], environ: dict[str, str] | os._Environ[str]) 
     return data
 
 
-def _describe(err: dict[str, Any]) -> str:
-    key = ".".join(str(p) for p in err["loc"])
+def env_keys(environ: dict[str, str] | os._Environ[str]) -> dict[tuple[str, ...], str]:
+    """Dotted key path → the ``EPU_..__..`` variable that sets it."""
+    return {tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__")): name
+            for name in environ if name.startswith(ENV_PREFIX) and "__" in name}
+
+
+def _describe(err: dict[str, Any], source: str, from_env: dict[tuple[str, ...], str]) -> str:
+    """One line for one schema error, blaming the environment variable when one set the key."""
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc)
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; see deploy/examples/epu.toml)"
     got = err.get("input")
+    if err["loc"][:2] == ("broker", "url"):  # a URL may carry a password: never echo it
+        from epu.common.broker import redact
+
+        got = [redact(str(u)) for u in got] if isinstance(got, list) else redact(str(got))
     shown = "" if err["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
-    return f"{key}: {msg}{shown}"
+    for n in range(len(loc), 0, -1):
+        var = from_env.get(loc[:n])
+        if var is not None:
+            return f"environment variable {var}: {key}: {msg}{shown}"
+    return f"{source}: {key}: {msg}{shown}"
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>",
                  environ: dict[str, str] | os._Environ[str] | None = None) -> EpuConfig:
-    data = apply_env(dict(data), os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    data = apply_env(dict(data), env)
     try:
         return EpuConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: {_describe(e)}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from None
+        from_env = env_keys(env)
+        raise ConfigError("\n".join(_describe(e, source, from_env) for e in exc.errors())) from None
 
 
 def load_config(path: str | Path | None, environ: dict[str, str] | os._Environ[str] | None = None) -> EpuConfig:
-    """Load and validate ``path`` (or defaults plus environment when ``None``)."""
+    """Load and validate ``path`` (or defaults plus environment when ``None``) against the schema.
+    ``check_config`` adds the checks that need more (see the module docstring)."""
     if path is None:
         return parse_config({}, "<defaults>", environ)
     p = Path(path)
@@ -123,3 +165,6 @@ def load_config(path: str | Path | None, environ: dict[str, str] | os._Environ[s
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     return parse_config(data, str(p), environ)
+
+
+from epu.common.config.checks import check_config, register_check  # noqa: E402 (needs EpuConfig above)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from epu.common.config.base import ServiceCommon
+from epu.common.config.catalogue import DomainCatalogue
 from pydantic import Field, model_validator
-
-from common.config.base import Section, ServiceCommon
 
 
 class DecisionConfig(ServiceCommon):
@@ -18,14 +18,35 @@ class DecisionConfig(ServiceCommon):
     """The engine acts on a domain only while it holds a snapshot younger than this. Snapshots
     reach only the active consumer of the single-active-consumer input queue, so a standby
     engine never acts; it should exceed the sensor's poll period (default 60 s)."""
+    lease_seconds: float | None = Field(None, gt=0)
+    """How long a domain's lease (fencing, one acting engine per domain) lasts without renewal.
+    Default: three iterations, at least 2 s, at most ``active_window_seconds``. A standby takes
+    over a dead engine's domains this long after its last renewal (at once after a clean stop
+    or a lost broker connection, which release the leases)."""
     backoff_initial_seconds: float = Field(300.0, ge=0)
     """First pause of a failing site (doubles per consecutive failure)."""
     backoff_max_seconds: float = Field(1800.0, ge=0)
     """Longest pause of a failing site."""
+    pipeline_gap_seconds: float = Field(150.0, gt=0)
+    """No fresh available snapshot, or a launch/terminate unanswered by the provisioner, for this
+    long means our own pipeline is down: stall and loss clocks restart when it is back, so a site
+    is never blamed for our outage."""
+    breaker_missing_share: float = Field(0.45, gt=0, le=1)
+    """Circuit breaker: more than this share of a domain's joined nodes missing from one snapshot
+    (or that many running jobs on no listed node) is implausible: scale-down and lost-node
+    handling freeze until a healthy snapshot or an operator releases it (cluster-autoscaler's
+    max-total-unready-percentage)."""
+    breaker_ok_count: int = Field(3, ge=0)
+    """... but this many missing nodes never trip it (cluster-autoscaler's ok-total-unready-count)."""
 
 
-class DomainConfig(Section):
-    """One batch cluster plus the cloud sites it may use."""
+    def lease_ttl(self) -> float:
+        return self.lease_seconds or min(self.active_window_seconds, max(3 * self.iteration_seconds, 2.0))
+
+
+class DomainConfig(DomainCatalogue):
+    """One batch cluster plus the cloud sites it may use (and, from ``DomainCatalogue``, which
+    instance types serve which partition)."""
 
     policy: str = "queue-demand"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -36,6 +57,11 @@ class DomainConfig(Section):
     placement: Literal["rank", "cheapest", "spread"] = "rank"
     cores_per_node: int = Field(1, ge=1)
     paused: bool = False
+    max_nodes_ceiling: int | None = Field(None, ge=0)
+    """The most ``max_nodes`` (and ``min_nodes``) a run-time policy change may set for this
+    domain. Default: the sum of the quotas of the domain's sites (or the file's own
+    ``max_nodes``, if larger). A change beyond it is
+    rejected with the reason, so one mistyped number cannot plan a million launches."""
     node_names: list[str] = Field(default_factory=list)
     """Names for new workers, first free one first: the batch system's pre-declared slots
     (e.g. Slurm ``NodeName=... State=CLOUD`` lines). Empty: ``<domain>-<launch id>``. A name
@@ -45,4 +71,6 @@ class DomainConfig(Section):
     def _bounds(self) -> DomainConfig:
         if self.min_nodes > self.max_nodes:
             raise ValueError(f"min_nodes ({self.min_nodes}) is greater than max_nodes ({self.max_nodes})")
+        if self.max_nodes_ceiling is not None and self.max_nodes > self.max_nodes_ceiling:
+            raise ValueError(f"max_nodes ({self.max_nodes}) is above max_nodes_ceiling ({self.max_nodes_ceiling})")
         return self

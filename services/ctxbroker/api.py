@@ -1,18 +1,23 @@
 """The broker's HTTP adapter: FastAPI routes for admin and node APIs, plus a lean updates path.
 
-Two kinds of caller:
+Three kinds of caller:
 
 * the administrator (``Authorization: Bearer <admin token>``): create, list, show, delete
-  contexts and see their nodes;
-* nodes (``Authorization: Basic base64(key:secret)`` of their context): join, leave, read
-  updates. Key and secret are compared in constant time and never logged.
+  contexts, see their nodes, issue a node credential, remove a node;
+* a node, with its own credential (HTTP Basic ``node/HOSTNAME/INSTANCE_ID`` and its secret,
+  see ``epu.common.nodecred``): join and leave as itself only, read updates;
+* a holder of the context's own key and secret (the operator, the provisioner): read updates.
+
+Credentials are compared in constant time and never logged.
 
 Why a lean path for ``GET /v1/contexts/{id}/updates``: it is the one request every agent
 keeps open, and when an entry lands all of them return at once. ``UpdatesFastPath`` answers
 it straight from ASGI (no routing, no dependency injection, no pydantic) with the cached
-encoded body, which is what lets one process wake 10,000 agents within a second. The FastAPI
-route of the same name exists for the OpenAPI spec and answers identically (both call
-``updates_answer``). The wrapper also caps request bodies (413) before FastAPI reads them.
+encoded body. The FastAPI route of the same name exists for the OpenAPI spec and answers
+identically (both call ``updates_answer``). The wrapper also reads every other request's body
+first, up to ``MAX_BODY_BYTES``: a larger one (declared or chunked) is answered 413 and the
+connection closed, before FastAPI or any credential check sees it. Header size is bounded
+below this layer (``server.BoundedHttp``, 431).
 """
 
 from __future__ import annotations
@@ -29,30 +34,35 @@ from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
-from fastapi import Depends, FastAPI, Path, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.security import HTTPBasic, HTTPBearer
-from pydantic import BaseModel, Field
-
-from services.ctxbroker.core import (
+from epu.common import nodecred
+from epu.services.ctxbroker.core import (
     MAX_WAIT_SECONDS,
+    Caller,
     ContextName,
     Entry,
+    Forbidden,
+    InstanceId,
     NodeFields,
+    ShortHostname,
+    authorize_join,
     check_credentials,
     hash_secret,
     new_context_id,
     new_key,
     new_secret,
 )
-from services.ctxbroker.hub import CtxState, Hub
+from epu.services.ctxbroker.hub import CtxState, Hub
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBasic, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("epu.ctxbroker.api")
 
 MAX_BODY_BYTES = 64 * 1024
 CONTEXT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-HOSTNAME_PATH_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+HOSTNAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 _CONTEXT_ID_RE = re.compile(CONTEXT_ID_PATTERN)
 ContextId = Annotated[str, Path(pattern=CONTEXT_ID_PATTERN, description="context id")]
 
@@ -69,7 +79,24 @@ class ContextCreated(BaseModel):
     name: str
     uri: str = Field(description="what agents use: the context's base URL")
     key: str
-    secret: str = Field(description="shown once; the broker keeps only its SHA-256 digest")
+    secret: str = Field(description="shown once; the broker keeps only its SHA-256 digest and a signing key "
+                                    "derived from it. Give it to the provisioner, which derives each node's "
+                                    "own credential from it; never put it in userdata")
+
+
+class IssueCredential(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: ShortHostname = Field(description="the short host name the node will join as", examples=["head"])
+    instance_id: InstanceId | None = Field(
+        None, description="bind the credential to this instance too (what the provisioner does for each "
+                          "launch); omit for a machine EPU did not launch, such as the batch head node")
+
+
+class CredentialIssued(BaseModel):
+    uri: str
+    key: str = Field(description="HTTP Basic user: node/HOSTNAME/INSTANCE_ID")
+    secret: str = Field(description="HTTP Basic password")
 
 
 class ContextInfo(BaseModel):
@@ -113,6 +140,9 @@ class EntryOut(BaseModel):
 class Updates(BaseModel):
     context_id: str
     last_id: int = Field(description="newest entry id; send it back as 'after' next time")
+    snapshot: bool = Field(description="true: 'entries' are the current members (the joins that made them), "
+                                       "to replace whatever the agent had, as of last_id; false: the entries "
+                                       "after 'after', in order")
     entries: list[EntryOut]
 
 
@@ -122,9 +152,12 @@ class Problem(BaseModel):
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "missing or wrong credentials"},
+    403: {"model": Problem, "description": "valid credentials that may not do this (another node's entry, "
+                                           "a terminated instance, the context secret writing)"},
     404: {"model": Problem, "description": "unknown context or node"},
     413: {"model": Problem, "description": "request body too large"},
     422: {"model": Problem, "description": "malformed JSON or invalid field, with a message"},
+    431: {"model": Problem, "description": "request header fields too large"},
 }
 
 
@@ -140,11 +173,18 @@ def basic_credentials(header: str | None) -> tuple[str, str] | None:
     return (key, secret) if sep else None
 
 
-def node_authorized(st: CtxState, header: str | None) -> bool:
+def context_caller(st: CtxState, header: str | None) -> Caller | None:
+    """Who an ``Authorization: Basic`` header proves to be in this context (None: nobody)."""
     creds = basic_credentials(header)
     if creds is None:
-        return False
-    return check_credentials(creds[0], creds[1], st.row.key, st.row.secret_hash)
+        return None
+    user, password = creds
+    if user.startswith(nodecred.NODE_USER_PREFIX):
+        ident = nodecred.verify(st.row.signing_key, st.row.id, user, password)
+        return Caller("node", ident) if ident is not None else None
+    if check_credentials(user, password, st.row.key, st.row.secret_hash):
+        return Caller("context")
+    return None
 
 
 def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -172,8 +212,11 @@ def parse_updates_query(after: Any, wait: Any) -> tuple[int, float] | str:
     return a, w
 
 
-async def updates_answer(hub: Hub, context_id: str, auth: str | None, after: Any, wait: Any,
-                         direct: Callable[[bytes], bool] | None = None) -> tuple[int, bytes | None, dict[str, str]]:
+UNAUTHORIZED_NODE_BODY = b'{"detail":"missing or wrong credentials for this context"}'
+
+
+async def updates_answer(hub: Hub, context_id: str, auth: str | None, after: Any,
+                         wait: Any) -> tuple[int, bytes, dict[str, str]]:
     """The one implementation of "read updates", shared by the fast path and the FastAPI route."""
     hub.requests += 1
     parsed = parse_updates_query(after, wait)
@@ -182,11 +225,9 @@ async def updates_answer(hub: Hub, context_id: str, auth: str | None, after: Any
     st = await hub.get(context_id)
     if st is None:
         return 404, b'{"detail":"unknown context"}', {}
-    if not node_authorized(st, auth):
-        return 401, b'{"detail":"missing or wrong context key/secret"}', UNAUTHORIZED_NODE
-    body = await hub.wait_after(st, parsed[0], parsed[1], direct)
-    if body is None:
-        return 200, None, {}
+    if context_caller(st, auth) is None:
+        return 401, UNAUTHORIZED_NODE_BODY, UNAUTHORIZED_NODE
+    body = await hub.wait_after(st, parsed[0], parsed[1])
     if st.deleted:
         return 404, b'{"detail":"unknown context"}', {}
     return 200, body, {}
@@ -213,13 +254,15 @@ class UpdatesFastPath:
             if "/" not in cid and 0 < len(cid) <= 64:
                 await self._updates(scope, cid, send)
                 return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
+        length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            await _send(send, 413, json.dumps({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"})
-                        .encode(), {})
+            await _too_large(send)
             return
-        await self.app(scope, _capped(receive), send)
+        body = await _read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            await _too_large(send)
+            return
+        await self.app(scope, _replay(body, receive), send)
 
     async def _updates(self, scope: dict[str, Any], cid: str, send: Any) -> None:
         if not _CONTEXT_ID_RE.match(cid):
@@ -231,97 +274,77 @@ class UpdatesFastPath:
                 auth = v.decode("latin-1")
                 break
         q = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
-        def direct(body: bytes) -> bool:
-            return _write_whole(send, 200, [(b"content-type", b"application/json"),
-                                            (b"content-length", str(len(body)).encode())], body)
-
-        status, body, extra = await updates_answer(self.hub, cid, auth, q.get("after"), q.get("wait"), direct)
-        if body is not None:
-            await _send(send, status, body, extra)
+        status, body, extra = await updates_answer(self.hub, cid, auth, q.get("after"), q.get("wait"))
+        await _send(send, status, body, extra)
 
 
 async def _send(send: Any, status: int, body: bytes, extra: dict[str, str]) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
-    if _write_whole(send, status, headers, body):
-        return
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-_REASONS = {200: b"OK", 401: b"Unauthorized", 404: b"Not Found", 413: b"Content Too Large",
-            422: b"Unprocessable Content"}
+async def _too_large(send: Any) -> None:
+    """413, and close the connection: the rest of an oversized body is never read."""
+    await _send(send, 413, json.dumps({"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}).encode(),
+                {"Connection": "close"})
 
 
-def _write_whole(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-    """Write status line, headers and body in one ``transport.write`` when the server is uvicorn's
-    httptools protocol; return False (use plain ASGI) otherwise.
-
-    Why: ASGI's start/body messages make uvicorn write the head and the body separately: two TLS
-    records and two send() calls per response. When 10,000 long-polls wake together, halving
-    that is most of what keeps the wake-up burst under a second on two cores. Only the fields
-    uvicorn's own ``send`` maintains are touched; any surprise (another server, back-pressure,
-    an unexpected status) falls back to the standard path.
-    """
-    cycle = getattr(send, "__self__", None)
-    needed = ("transport", "flow", "response_started", "response_complete", "message_event", "keep_alive",
-              "on_response", "default_headers", "disconnected")
-    if cycle is None or not all(hasattr(cycle, a) for a in needed) or status not in _REASONS:
-        return False
-    if cycle.response_started or cycle.flow.write_paused:
-        return False
-    if cycle.disconnected:
-        return True
-    parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])]
-    for name, value in [*cycle.default_headers, *headers]:
-        parts += [name, b": ", value, b"\r\n"]
-    if not cycle.keep_alive:
-        parts.append(b"connection: close\r\n")
-    parts += [b"\r\n", body]
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    cycle.transport.write(b"".join(parts))
-    cycle.response_complete = True
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        cycle.transport.close()
-    cycle.on_response()
-    return True
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body, or None as soon as it exceeds ``limit`` (a chunked body has no
+    Content-Length to refuse it by)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":  # the client went away: hand the app an empty body
+            break
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+        if not msg.get("more_body", False):
+            break
+    return b"".join(parts)
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-def _capped(receive: Any) -> Any:
-    seen = 0
+def _replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that yields the already-read body once, then defers to the server's."""
+    sent = False
 
     async def wrapped() -> Any:
-        nonlocal seen
-        msg = await receive()
-        if msg.get("type") == "http.request":
-            seen += len(msg.get("body", b""))
-            if seen > MAX_BODY_BYTES:
-                raise BodyTooLarge()
-        return msg
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
 
     return wrapped
 
 
 # --------------------------------------------------------------------------- the app
 def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
-               on_membership: MembershipHook | None = None) -> Any:
-    """The broker's ASGI application (FastAPI inside ``UpdatesFastPath``)."""
+               on_membership: MembershipHook | None = None,
+               health: Callable[[], dict[str, Any]] | None = None) -> Any:
+    """The broker's ASGI application (FastAPI inside ``UpdatesFastPath``).
+
+    ``health`` reports on what else the process owns (its AMQP consumer): ``/healthz`` is ok
+    only if that says ``healthy`` too."""
     app = FastAPI(
         title="EPU context broker",
         version="1.0.0",
         description="Keeps every node's view of an elastic cluster current. Admin endpoints take "
-                    "`Authorization: Bearer <admin token>`; node endpoints take HTTP Basic with the "
-                    "context's key as user and secret as password. Each context has an ordered list "
-                    "of joins and leaves (ids 1, 2, ...; 0 means none): agents ask for the entries "
-                    "after the last id they applied, optionally long-polling with `wait`.",
+                    "`Authorization: Bearer <admin token>`; node endpoints take HTTP Basic with a "
+                    "node's own credential (user `node/HOSTNAME/INSTANCE_ID`; it joins and leaves only "
+                    "as that host) or, to read only, the context's key and secret. Each context has an "
+                    "ordered list of joins and leaves (ids 1, 2, ...; 0 means none): agents ask for the "
+                    "entries after the last id they applied, optionally long-polling with `wait`; a new "
+                    "agent, or one far behind, gets the current members as one snapshot instead.",
     )
-    basic = HTTPBasic(auto_error=False, description="context key (user) and secret (password)")
+    basic = HTTPBasic(auto_error=False, description="a node's credential (user node/HOSTNAME/INSTANCE_ID) "
+                                                    "or the context's key and secret (read only)")
     bearer = HTTPBearer(auto_error=False, description="the broker's admin token")
     base_of: Callable[[], str] = public_url if callable(public_url) else (lambda: str(public_url))
     hook = on_membership or (lambda _cid, _e: None)
@@ -337,23 +360,33 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
             errors.append({"loc": loc, "msg": str(err.get("msg", ""))})
         return JSONResponse({"detail": errors}, status_code=422)
 
-    @app.exception_handler(BodyTooLarge)
-    async def _too_large(_request: Request, _exc: BodyTooLarge) -> JSONResponse:
-        return _problem(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-
-    async def admin(request: Request, _cred: Any = Depends(bearer)) -> None:
+    def is_admin(request: Request) -> bool:
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"), admin_token.encode()):
+        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), admin_token.encode())
+
+    async def admin(request: Request, _cred: Any = Depends(bearer)) -> None:
+        if not is_admin(request):
             raise _Unauthorized(UNAUTHORIZED_ADMIN, "missing or wrong admin token")
 
-    async def node_context(context_id: ContextId, request: Request, _cred: Any = Depends(basic)) -> CtxState:
+    async def node_context(context_id: ContextId, request: Request,
+                           _cred: Any = Depends(basic)) -> tuple[CtxState, Caller]:
         st = await hub.get(context_id)
         if st is None:
             raise _NotFound("unknown context")
-        if not node_authorized(st, request.headers.get("authorization")):
-            raise _Unauthorized(UNAUTHORIZED_NODE, "missing or wrong context key/secret")
-        return st
+        caller = context_caller(st, request.headers.get("authorization"))
+        if caller is None:
+            raise _Unauthorized(UNAUTHORIZED_NODE, "missing or wrong credentials for this context")
+        return st, caller
+
+    async def node_or_admin(context_id: ContextId, request: Request,
+                            _cred: Any = Depends(basic)) -> tuple[CtxState, Caller]:
+        if is_admin(request):
+            st = await hub.get(context_id)
+            if st is None:
+                raise _NotFound("unknown context")
+            return st, Caller("admin")
+        return await node_context(context_id, request)
 
     @app.exception_handler(_Unauthorized)
     async def _unauth(_request: Request, exc: _Unauthorized) -> JSONResponse:
@@ -363,12 +396,17 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
     async def _notfound(_request: Request, exc: _NotFound) -> JSONResponse:
         return _problem(404, exc.detail)
 
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_request: Request, exc: Forbidden) -> JSONResponse:
+        return _problem(403, str(exc))
+
     # ------------------------------------------------------------ admin
     @app.post("/v1/contexts", status_code=201, response_model=ContextCreated, tags=["admin"],
               dependencies=[Depends(admin)], responses=ERRORS, summary="Create a context")
     async def create_context(body: CreateContext) -> ContextCreated:
         cid, key, secret = new_context_id(), new_key(), new_secret()
-        await asyncio.to_thread(hub.store.create_context, cid, body.name, key, hash_secret(secret))
+        await asyncio.to_thread(hub.store.create_context, cid, body.name, key, hash_secret(secret), None,
+                                nodecred.signing_key(secret))
         await hub.refresh(cid)
         log.info("context created", extra={"context": cid, "context_name": body.name})
         return ContextCreated(id=cid, name=body.name, uri=context_uri(cid), key=key, secret=secret)
@@ -412,16 +450,38 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
         nodes = await asyncio.to_thread(hub.store.members, context_id)
         return [NodeOut(**n.__dict__) for n in nodes]
 
+    @app.post("/v1/contexts/{context_id}/credentials", status_code=201, response_model=CredentialIssued,
+              tags=["admin"], dependencies=[Depends(admin)], responses=ERRORS,
+              summary="Issue a node's own credential")
+    async def issue_credential(context_id: ContextId, body: IssueCredential) -> CredentialIssued:
+        """For a machine EPU does not launch (the batch head node, a static worker): a credential
+        that joins and leaves only as ``hostname``. The provisioner derives the same for each
+        instance it launches, from the context secret, without asking."""
+        st = await hub.get(context_id)
+        if st is None:
+            raise _NotFound("unknown context")
+        if not st.row.signing_key:
+            raise Forbidden("this context predates per-node credentials: create a new one")
+        cred = nodecred.issue(st.row.signing_key, st.row.id, body.hostname, body.instance_id)
+        log.info("node credential issued", extra={"context": context_id, "hostname": body.hostname,
+                                                  "instance": body.instance_id})
+        return CredentialIssued(uri=context_uri(context_id), key=cred.key, secret=cred.secret)
+
     # ------------------------------------------------------------ nodes
     @app.post("/v1/contexts/{context_id}/nodes", response_model=JoinResult, tags=["node"],
               responses=ERRORS, summary="Join (or update) this node")
-    async def join(node: NodeFields, st: CtxState = Depends(node_context)) -> JoinResult:
-        from services.ctxbroker.store import ContextNotFound
+    async def join(node: NodeFields, auth: tuple[CtxState, Caller] = Depends(node_context)) -> JoinResult:
+        """Only with the node's own credential, and only as the host (and instance) it names."""
+        from epu.services.ctxbroker.store import ContextNotFound, Revoked
 
+        st, caller = auth
+        node = authorize_join(caller, node)
         try:
             entry, last = await asyncio.to_thread(hub.store.join, st.row.id, node)
         except ContextNotFound:
             raise _NotFound("unknown context") from None
+        except Revoked as exc:
+            raise Forbidden(str(exc)) from None
         if entry is not None:
             await hub.refresh(st.row.id)
             hook(st.row.id, entry)
@@ -430,12 +490,15 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
 
     @app.delete("/v1/contexts/{context_id}/nodes/{hostname}", response_model=JoinResult, tags=["node"],
                 responses=ERRORS, summary="Leave: remove this node")
-    async def leave(hostname: Annotated[str, Path(pattern=HOSTNAME_PATH_PATTERN, max_length=63)],
-                    st: CtxState = Depends(node_context)) -> JoinResult:
-        from services.ctxbroker.store import ContextNotFound
+    async def leave(hostname: Annotated[str, Path(pattern=HOSTNAME_PATTERN, max_length=63)],
+                    auth: tuple[CtxState, Caller] = Depends(node_or_admin)) -> JoinResult:
+        """A node removes itself (while the entry is its own instance's); the admin token removes any."""
+        from epu.services.ctxbroker.store import ContextNotFound
 
+        st, caller = auth
+        reason = "removed by the administrator" if caller.kind == "admin" else "agent left"
         try:
-            entry, last = await asyncio.to_thread(hub.store.leave, st.row.id, hostname.lower(), "agent left")
+            entry, last = await asyncio.to_thread(hub.store.leave, st.row.id, hostname.lower(), reason, None, caller)
         except ContextNotFound:
             raise _NotFound("unknown context") from None
         if entry is not None:
@@ -455,10 +518,18 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
                                                    after, wait)
         return Response(body or b"", status_code=status, media_type="application/json", headers=extra)
 
-    @app.get("/healthz", tags=["ops"], summary="Liveness")
-    async def healthz() -> dict[str, Any]:
-        return {"ok": not hub.closing, "contexts": len(hub.contexts), "waiting": hub.waiting,
-                "last_wake": hub.last_wake}
+    @app.get("/healthz", tags=["ops"], summary="Health: 200 when serving and every consumer consumes, else 503")
+    async def healthz() -> JSONResponse:
+        doc: dict[str, Any] = {"ok": not hub.closing, "contexts": len(hub.contexts), "waiting": hub.waiting,
+                               "last_wake": hub.last_wake}
+        if health is not None:
+            try:
+                amqp = health()
+            except Exception as exc:  # a broken probe is an unhealthy process, not a 500
+                amqp = {"healthy": False, "error": f"{type(exc).__name__}: {exc}"}
+            doc["amqp"] = amqp
+            doc["ok"] = bool(doc["ok"] and amqp.get("healthy"))
+        return JSONResponse(doc, status_code=200 if doc["ok"] else 503)
 
     wrapped = UpdatesFastPath(app, hub)
     wrapped.fastapi = app  # type: ignore[attr-defined]

@@ -2,9 +2,17 @@
 
 Why a consumer: an instance that dies never runs its agent's goodbye. The provisioner reports
 it (``InstanceEvent`` terminated/failed, via ``topology.ctxbroker_spec()``); the broker then
-appends a leave for every member registered with that ``instance_id``, so the rest of the
-cluster forgets it. Every join and leave is also published as a ``ContextMembership`` event
-(from a single background thread, so a slow or absent RabbitMQ never stalls an HTTP request).
+revokes that instance's node credential and appends a leave for every member registered with
+that ``instance_id``, so the rest of the cluster forgets it (and a late join from it is
+refused). Every join and leave is also published as a ``ContextMembership`` event (from a
+single background thread, so a slow or absent RabbitMQ never stalls an HTTP request).
+
+One process, two halves, one fate: the consumer runs the shared runtime (``Service``, which
+reconnects by itself) in a thread beside the HTTPS server. If that thread ever ends while the
+process is not stopping, the broker would go half-dead (serving HTTPS while terminated
+instances pile up unread), so the server is stopped and ``run`` exits non-zero for systemd to
+restart the whole process. ``/healthz`` on the HTTPS port is 200 only while the consumer is
+connected and looping.
 """
 
 from __future__ import annotations
@@ -16,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common.clock import Clock, RealClock
-from common.config import EpuConfig
-from common.messages import ContextMembership, Envelope, InstanceEvent, Message
-from common.runtime import RuntimeSettings, Service, run_in_thread
-from services.ctxbroker.core import Entry
-from services.ctxbroker.server import BrokerServer, ServerSettings, read_or_create_token
-from services.ctxbroker.store import Store
+from epu.common.clock import Clock, RealClock
+from epu.common.config import EpuConfig
+from epu.common.messages import ContextMembership, Envelope, InstanceEvent, Message
+from epu.common.runtime import RuntimeSettings, Service
+from epu.services.ctxbroker.core import Entry
+from epu.services.ctxbroker.server import BrokerServer, ServerSettings, read_or_create_token
+from epu.services.ctxbroker.store import Store
 
 log = logging.getLogger("epu.ctxbroker")
 
@@ -34,7 +42,9 @@ def membership_message(context_id: str, entry: Entry) -> ContextMembership:
 
 
 def remove_instance(store: Store, instance_id: str, reason: str) -> list[tuple[str, Entry]]:
-    """Leave every context the instance's node is in. Idempotent: a repeated event adds nothing."""
+    """Revoke the instance's credential, then leave every context its node is in. Idempotent:
+    a repeated event adds nothing."""
+    store.revoke(instance_id, reason)
     out = []
     for context_id, hostname in store.contexts_of_instance(instance_id):
         entry, _last = store.leave(context_id, hostname, reason)
@@ -51,7 +61,11 @@ class CtxBrokerService:
         self.service = service
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-publish")
         self._stopped = threading.Event()
+        self._stopping = threading.Event()
+        self.consumer_failure: str | None = None
+        """Why the consumer thread ended while it should have run (None: it did not)."""
         server.on_membership = self.announce
+        server.health_probe = self.consumer_health
         service.consume(service.broker.topology.ctxbroker_spec(), self._on_instance,
                         types={InstanceEvent.TYPE})
 
@@ -85,25 +99,56 @@ class CtxBrokerService:
             # published from this (consumer) thread: the message is acked after the event is out
             self.service.publish(membership_message(context_id, entry))
 
+    def consumer_health(self) -> dict[str, Any]:
+        doc = self.service.health()
+        if self.consumer_failure is not None:
+            doc.update(healthy=False, failure=self.consumer_failure)
+        return doc
+
+    def _consume(self) -> None:
+        """The consumer thread: the runtime's loop. It returns only when stopped; anything else
+        ending it makes the whole process stop (see the module docstring)."""
+        try:
+            self.service.run()
+            if not self._stopping.is_set():
+                self.consumer_failure = "the AMQP consumer stopped by itself"
+        except BaseException as exc:  # noqa: BLE001 (any end of this thread is fatal to the process)
+            self.consumer_failure = f"the AMQP consumer failed: {type(exc).__name__}: {exc}"
+        if self.consumer_failure is not None and not self._stopping.is_set():
+            log.error("AMQP consumer ended; stopping the context broker so it restarts whole",
+                      extra={"reason": self.consumer_failure})
+            self.server.stop()
+
+    def _start_consumer(self) -> threading.Thread:
+        t = threading.Thread(target=self._consume, name="ctx-consumer", daemon=True)
+        t.start()
+        self._svc_thread = t
+        return t
+
     # ------------------------------------------------------------------ Runnable
     def run(self) -> None:
-        thread = run_in_thread(self.service)
+        """Serve until stopped. Raises ``SystemExit(1)`` if the consumer died under it."""
+        thread = self._start_consumer()
         try:
             self.server.run()
         finally:
+            self._stopping.set()
             self.service.stop()
             thread.join(10)
             self._publisher.shutdown(wait=True)
             self.server.store.close()
             self._stopped.set()
+        if self.consumer_failure is not None:
+            raise SystemExit(1)
 
     def start_in_thread(self) -> CtxBrokerService:
         """Tests: serve HTTP and AMQP in background threads."""
-        self._svc_thread = run_in_thread(self.service)
+        self._start_consumer()
         self.server.start_in_thread()
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self.server.stop()
         self.service.stop()
 
@@ -129,7 +174,7 @@ def server_settings(config: EpuConfig) -> ServerSettings:
     token_file = Path(c.admin_token_file or "epu-ctxbroker.admin-token")
     cert, key = c.cert_file, c.key_file
     if not cert or not key:
-        from services.ctxbroker.tls import self_signed
+        from epu.services.ctxbroker.tls import self_signed
 
         tls_dir = token_file.parent / "epu-ctxbroker-tls"
         if (tls_dir / "cert.pem").exists() and (tls_dir / "key.pem").exists():
@@ -142,7 +187,8 @@ def server_settings(config: EpuConfig) -> ServerSettings:
                         extra={"cert": cert})
     return ServerSettings(host=c.host, port=c.port, cert_file=cert, key_file=key,
                           admin_token=read_or_create_token(token_file), store_url=c.store_url,
-                          public_url=c.public_url, refresh_interval=c.refresh_interval)
+                          public_url=c.public_url, refresh_interval=c.refresh_interval,
+                          history_entries=c.history_entries)
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None) -> CtxBrokerService:
@@ -171,5 +217,3 @@ def register_metrics(service: Service, server: BrokerServer) -> None:
         lambda: hub.waiting)
     Gauge("epu_ctxbroker_updates_requests", "Update requests answered since start (monotonic)",
           registry=r).set_function(lambda: hub.requests)
-    Gauge("epu_ctxbroker_direct_answers", "Long-polls answered from the wake-up loop since start (monotonic)",
-          registry=r).set_function(lambda: hub.direct_answers)

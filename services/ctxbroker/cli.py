@@ -29,11 +29,14 @@ admin_token_file and cert_file. Override with --url, --token-file, --ca-file.
 
 CTX_EPILOG = """\
 Examples:
+  epu ctx create alpha --secret-file /etc/epu/contexts/alpha.secret   # for [workers.alpha]
   epu ctx create mycluster --json > ctx.json     # id, uri, key, secret (secret shown once)
   epu ctx list
   epu ctx nodes 3f2a9c1e0b7d4e21
+  epu ctx credential 3f2a9c1e0b7d4e21 head --env > /etc/epu/context.env   # the head node's own
+  epu ctx remove-node 3f2a9c1e0b7d4e21 wn-7
   epu ctx delete 3f2a9c1e0b7d4e21
-  epu ctx agent --config /etc/epu/ctx-agent.toml
+  epu ctx agent --env /etc/epu/context.env
 
 Exit status: 0 success; 1 the broker refused or could not be reached (the message says
 which, e.g. "401: missing or wrong admin token", "404: unknown context"); 2 bad usage.
@@ -52,7 +55,8 @@ TOML with the same keys plus local settings). It then:
      (detected, or set in the config: hostname, fqdn, ip, ssh_host_key, data, instance_id);
   3. long-polls the broker and applies each new entry in order: SCRIPTS/add-node.d/* for a
      join, SCRIPTS/delete-node.d/* for a leave, with the node's fields as EPU_NODE_*
-     environment variables (never through a shell); then SCRIPTS/restart.d/* once per batch;
+     environment variables (never through a shell); then SCRIPTS/restart.d/* once per batch.
+     A new agent gets the current members as one snapshot instead of the whole history;
   4. records the last applied id in STATE/state.json after every entry, so a restart
      re-applies nothing; retries with backoff while the broker is unreachable;
   5. leaves the context on shutdown.
@@ -60,9 +64,11 @@ TOML with the same keys plus local settings). It then:
 
 AGENT_EPILOG = """\
 Config keys (file or flags): uri, key, secret, ca_file | ca_pem_b64, insecure, scripts_dir
-(/etc/epu/ctx-scripts), state_dir (/var/lib/epu-ctx), root (/), long_poll (true), wait (30),
-poll_interval (120, when long_poll is false), script_timeout, hostname, fqdn, ip,
-ssh_host_key | ssh_host_key_file, data, instance_id.
+(/etc/epu/ctx-scripts), state_dir (/var/lib/epu-ctx), root (/), change_log
+(ROOT/var/log/epu-ctx.log), long_poll (true), wait (30), poll_interval (120, when long_poll
+is false), script_timeout, hostname, fqdn, ip, ssh_host_key | ssh_host_key_file, data,
+instance_id. With a node credential (key node/HOSTNAME/INSTANCE_ID, as the provisioner
+renders into userdata) hostname and instance_id default to the ones it names.
 
 Example:
   epu ctx agent --userdata /var/lib/cloud/instance/user-data.txt \\
@@ -71,10 +77,11 @@ Example:
 
 
 def _admin(args: argparse.Namespace) -> Any:
-    from common.cli_core import load_or_exit
-    from services.ctxbroker.client import AdminClient
+    from epu.common.cliargs import load_or_exit
+    from epu.services.ctxbroker.client import AdminClient
 
-    config = load_or_exit(args.config)
+    # with --url and --token-file the broker is fully named: no config needed
+    config = load_or_exit(args.config, required=not (args.url and args.token_file))
     c = config.ctxbroker
     url = args.url or c.public_url or f"https://{'localhost' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
     token_file = args.token_file or c.admin_token_file or "epu-ctxbroker.admin-token"
@@ -90,7 +97,7 @@ def _admin(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace, fn: Any) -> int:
-    from services.ctxbroker.client import BrokerError
+    from epu.services.ctxbroker.client import BrokerError
 
     client = _admin(args)
     try:
@@ -102,15 +109,59 @@ def _run(args: argparse.Namespace, fn: Any) -> int:
         client.close()
 
 
+def write_secret(path: str, secret: str) -> None:
+    """Write a secret to a new file only its owner can read (never over an existing one)."""
+    import os
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+
+
 def cmd_create(args: argparse.Namespace) -> int:
+    if args.secret_file and Path(args.secret_file).exists():
+        print(f"epu ctx: {args.secret_file} exists; give a new file for the secret", file=sys.stderr)
+        return 2
+
     def go(client: Any) -> None:
         ctx = client.create(args.name)
+        if args.secret_file:
+            write_secret(args.secret_file, ctx["secret"])
+            shown = {**ctx, "secret": f"(written to {args.secret_file})"}
+        else:
+            shown = ctx
         if args.json:
-            print(json.dumps(ctx, indent=2))
+            print(json.dumps(shown if args.secret_file else ctx, indent=2))
         else:
             print(f"id:     {ctx['id']}\nname:   {ctx['name']}\nuri:    {ctx['uri']}\n"
-                  f"key:    {ctx['key']}\nsecret: {ctx['secret']}\n"
-                  "(the secret is shown only now; the broker keeps only its digest)")
+                  f"key:    {ctx['key']}\nsecret: {shown['secret']}\n"
+                  "(the broker keeps only a digest of the secret; give it to the provisioner:\n"
+                  f" [workers.DOMAIN] context_uri = \"{ctx['uri']}\", context_secret_file = ...)")
+
+    return _run(args, go)
+
+
+def cmd_credential(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        cred = client.credential(args.id, args.hostname, args.instance_id)
+        if args.env:
+            print(f"EPU_CONTEXT_URI={cred['uri']}\nEPU_CONTEXT_KEY={cred['key']}\nEPU_CONTEXT_SECRET={cred['secret']}")
+        elif args.json:
+            print(json.dumps(cred, indent=2))
+        else:
+            print(f"uri:    {cred['uri']}\nkey:    {cred['key']}\nsecret: {cred['secret']}\n"
+                  f"(joins and leaves only as {args.hostname}; keep it on that machine only)")
+
+    return _run(args, go)
+
+
+def cmd_remove_node(args: argparse.Namespace) -> int:
+    def go(client: Any) -> None:
+        res = client.remove_node(args.id, args.hostname)
+        print(f"removed {args.hostname} (entry {res['entry_id']})" if res["changed"]
+              else f"{args.hostname} is not a member")
 
     return _run(args, go)
 
@@ -164,12 +215,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     import signal
 
+    from epu.common.logs import setup_logging
+    from epu.services.ctxbroker.agent.agent import Agent
+    from epu.services.ctxbroker.agent.config import load_agent_config
+    from epu.services.ctxbroker.agent.node import node_fields
     from pydantic import ValidationError
-
-    from common.logs import setup_logging
-    from services.ctxbroker.agent.agent import Agent
-    from services.ctxbroker.agent.config import load_agent_config
-    from services.ctxbroker.agent.node import node_fields
 
     overrides = {"scripts_dir": args.scripts_dir, "state_dir": args.state_dir, "root": args.root,
                  "ca_file": args.ca_file, "hostname": args.hostname, "ip": args.ip,
@@ -210,7 +260,7 @@ def _daemonize(log_path: Path) -> Any:
 
 
 def add_agent_args(a: argparse.ArgumentParser) -> None:
-    a.add_argument("--config", metavar="FILE", help="agent config (JSON or TOML)")
+    a.add_argument("-c", "--config", metavar="FILE", help="agent config (JSON or TOML; not the services' epu.toml)")
     a.add_argument("--userdata", metavar="FILE",
                    help="cloud-init userdata to read the context from (default /var/lib/cloud/instance/user-data.txt)")
     a.add_argument("--env", metavar="FILE",
@@ -230,9 +280,9 @@ def add_agent_args(a: argparse.ArgumentParser) -> None:
 
 
 def _admin_args(p: argparse.ArgumentParser) -> None:
-    from common.cli_core import add_config_arg
+    from epu.common.cliargs import add_config_arg
 
-    add_config_arg(p)
+    add_config_arg(p, optional_note="not needed with --url and --token-file")
     p.add_argument("--url", help="broker base URL (default: [ctxbroker] public_url or https://host:port)")
     p.add_argument("--token-file", metavar="FILE", help="admin token file (default: [ctxbroker] admin_token_file)")
     p.add_argument("--ca-file", metavar="PEM", help="certificate/CA to trust (default: [ctxbroker] cert_file)")
@@ -247,13 +297,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = csub.add_parser("create", help="create a context; print id, uri, key and secret", formatter_class=RAW,
                         description="Create a context named NAME. Prints its id, URI, key and secret.\n"
                                     "The secret is random (256 bits) and shown only once: the broker\n"
-                                    "stores its SHA-256 digest. Give URI, key and secret to the provisioner\n"
-                                    "(userdata) or to each node's agent config.",
-                        epilog="Example: epu ctx create mycluster --json | jq -r .uri")
+                                    "stores its SHA-256 digest and a signing key derived from it. Give the URI\n"
+                                    "and the secret to the provisioner ([workers.DOMAIN] context_uri and\n"
+                                    "context_secret_file): it derives each instance's own node credential\n"
+                                    "for its userdata. The secret itself never goes into userdata.",
+                        epilog="Examples:\n  epu ctx create alpha --secret-file /etc/epu/contexts/alpha.secret\n"
+                               "  epu ctx create mycluster --json | jq -r .uri")
     c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
     c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
+    c.add_argument("--secret-file", metavar="FILE",
+                   help="write the secret to FILE (new, mode 0600) instead of printing it: what "
+                        "[workers.DOMAIN] context_secret_file names for the provisioner")
     _admin_args(c)
     c.set_defaults(func=cmd_create)
+
+    c = csub.add_parser("credential", help="issue a node's own credential (for the head node, static nodes)",
+                        formatter_class=RAW,
+                        description="Issue a credential that joins and leaves context ID only as HOSTNAME (and,\n"
+                                    "with --instance-id, only as that instance). The provisioner derives one\n"
+                                    "for every instance it launches; use this for machines EPU does not launch,\n"
+                                    "such as the batch head node, whose agent must see the workers.",
+                        epilog="Example:\n  epu ctx credential 3f2a9c1e0b7d4e21 head --env > /etc/epu/context.env\n"
+                               "  epu-ctx-agent --env /etc/epu/context.env")
+    c.add_argument("id", metavar="ID", help="context id")
+    c.add_argument("hostname", metavar="HOSTNAME", help="the short host name the node joins as")
+    c.add_argument("--instance-id", help="bind the credential to this instance id too")
+    c.add_argument("--json", action="store_true", help="print a JSON object: uri, key, secret")
+    c.add_argument("--env", action="store_true",
+                   help="print EPU_CONTEXT_URI/KEY/SECRET lines for the agent's --env file")
+    _admin_args(c)
+    c.set_defaults(func=cmd_credential)
+
+    c = csub.add_parser("remove-node", help="remove a node from a context (admin)", formatter_class=RAW,
+                        description="Append a leave for HOSTNAME in context ID (a node that is gone and whose\n"
+                                    "instance EPU does not manage). Every agent applies it.")
+    c.add_argument("id", metavar="ID", help="context id")
+    c.add_argument("hostname", metavar="HOSTNAME", help="the member to remove")
+    _admin_args(c)
+    c.set_defaults(func=cmd_remove_node)
 
     c = csub.add_parser("list", help="list contexts", formatter_class=RAW,
                         description="List every context: id, name, current node count, newest entry id, URI.")

@@ -84,9 +84,20 @@ class AdminClient(_Base):
     def delete(self, context_id: str) -> None:
         self._call("DELETE", f"/v1/contexts/{context_id}")
 
+    def credential(self, context_id: str, hostname: str, instance_id: str | None = None) -> dict[str, Any]:
+        """A node's own credential (``{uri, key, secret}``), for a machine EPU does not launch."""
+        body: dict[str, Any] = {"hostname": hostname}
+        if instance_id:
+            body["instance_id"] = instance_id
+        return self._call("POST", f"/v1/contexts/{context_id}/credentials", json=body)
+
+    def remove_node(self, context_id: str, hostname: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/contexts/{context_id}/nodes/{hostname}")
+
 
 class NodeClient(_Base):
-    """``uri`` is the context URI returned at creation (https://host:port/v1/contexts/ID)."""
+    """``uri`` is the context URI returned at creation (https://host:port/v1/contexts/ID);
+    ``key``/``secret`` a node's own credential (or, to read only, the context's)."""
 
     def __init__(self, uri: str, key: str, secret: str, **kw: Any) -> None:
         super().__init__(uri, **kw)

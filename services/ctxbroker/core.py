@@ -8,6 +8,15 @@ on the same ordered membership" a property of this module, testable without a ne
 The list, as in the paper: each context has entries numbered 1, 2, 3, ...; id 0 means "no
 updates" (nothing applied yet). An agent that applied id N asks for the entries after N and
 applies them in order.
+
+Beyond the paper, the history is compacted: a new agent (or one further behind than the
+membership is long, or behind the oldest entry kept) is answered with a *snapshot*, the
+current members as one batch of joins at the newest id, and follows the entries after it.
+Replaying 6,000 joins and leaves of 3,000 long-gone workers is what made a new node take
+minutes to become current (``answer_kind``).
+
+Who may write (``authorize_join``/``authorize_leave``): a node, with its own credential
+(``epu.common.nodecred``), only as itself; the context's shared key and secret only read.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import struct
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from epu.common.nodecred import NodeIdentity
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 #: RFC 1123 label: the short host name.
@@ -178,13 +188,85 @@ def fold(entries: list[Entry], members: Members | None = None) -> Members:
 
 
 def entries_after(entries: list[Entry], after: int) -> list[Entry]:
-    """The entries with id > ``after``, in order (``entries`` is sorted by id, ids dense from 1)."""
-    if after <= 0:
+    """The entries with id > ``after``, in order (``entries`` is sorted by id and dense: a
+    compacted context keeps a tail ``first..last`` of its list)."""
+    if not entries or after < entries[0].entry_id:
         return list(entries)
-    # ids are dense 1..n in a context, so index = id - 1; fall back to a scan if not
-    if entries and entries[0].entry_id == 1 and entries[-1].entry_id == len(entries):
-        return entries[after:]
+    first = entries[0].entry_id
+    if entries[-1].entry_id - first == len(entries) - 1:
+        return entries[after - first + 1:]
     return [e for e in entries if e.entry_id > after]
+
+
+AnswerKind = Literal["none", "entries", "snapshot"]
+
+
+def answer_kind(after: int, last_id: int, horizon: int, members: int) -> AnswerKind:
+    """What to send an agent that applied everything up to ``after``.
+
+    ``horizon``: entries up to this id were compacted away; ``members``: how many nodes the
+    context has now. A snapshot is sent when the agent starts from nothing, when the entries
+    it needs are gone, or when replaying them would take more steps than the membership has
+    nodes (a snapshot is then the shorter way to the same state).
+    """
+    if after >= last_id:
+        return "none"
+    if after == 0 or after < horizon or last_id - after > members:
+        return "snapshot"
+    return "entries"
+
+
+# --------------------------------------------------------------------------- who may write
+
+
+class Forbidden(Exception):
+    """A valid credential asking for something it may not do (HTTP 403)."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a request: the administrator, a holder of the context's own key and secret
+    (the operator, the provisioner), or one node with its own credential."""
+
+    kind: Literal["admin", "context", "node"]
+    node: NodeIdentity | None = None
+
+
+def authorize_join(caller: Caller, node: NodeFields) -> NodeFields:
+    """The node fields to store for this join, or ``Forbidden``.
+
+    A node joins only as the host and instance its credential names; an omitted
+    ``instance_id`` is filled from the credential, so the broker can remove the node when the
+    instance is reported gone."""
+    if caller.kind != "node" or caller.node is None:
+        raise Forbidden("only a node's own credential can join (the context key and secret only read; "
+                        "issue one per node: the provisioner does at launch, or `epu ctx credential`)")
+    ident = caller.node
+    if node.hostname != ident.hostname:
+        raise Forbidden(f"this credential is for host {ident.hostname!r}, not {node.hostname!r}")
+    want = ident.instance_id or None
+    if node.instance_id is not None and node.instance_id != want:
+        raise Forbidden(f"this credential is for instance {want!r}, not {node.instance_id!r}")
+    if node.instance_id is None and want is not None:
+        node = node.model_copy(update={"instance_id": want})
+    return node
+
+
+def authorize_leave(caller: Caller, hostname: str, current: NodeFields | None) -> None:
+    """``Forbidden`` unless ``caller`` may remove ``hostname`` whose entry is ``current``.
+
+    The administrator may remove any node. A node may remove only itself, and only while the
+    entry is its own instance's: a credential of an earlier instance of the same name (a slot
+    reused after a termination) cannot remove its successor."""
+    if caller.kind == "admin":
+        return
+    if caller.kind != "node" or caller.node is None:
+        raise Forbidden("only a node's own credential (or the admin token) can remove a node")
+    ident = caller.node
+    if hostname != ident.hostname:
+        raise Forbidden(f"this credential is for host {ident.hostname!r}, not {hostname!r}")
+    if current is not None and (current.instance_id or "") != ident.instance_id:
+        raise Forbidden(f"{hostname} is now held by another instance; this credential cannot remove it")
 
 
 # --------------------------------------------------------------------------- credentials

@@ -2,10 +2,10 @@
 
 Why a cache: 10,000 agents long-polling one context all wake on the same new entry. Reading
 the database 10,000 times, or even encoding the same JSON 10,000 times, is what would make
-the broker slow; so each process keeps every context's list in memory, wakes waiters with
-one ``asyncio.Event`` per context, and caches the encoded answer per "after" id until the
-list changes. The store stays the source of truth: the cache only ever appends what the
-store returned, in id order.
+the broker slow; so each process keeps every context's current members and the kept tail of
+its list in memory, wakes waiters with one ``asyncio.Event`` per context, and caches the
+encoded answer (entries after an id, or the snapshot) until the list changes. The store stays
+the source of truth: the cache only ever appends what the store returned, in id order.
 
 How a replica learns about entries another replica appended (documented in docs/ctxbroker.md):
 
@@ -24,66 +24,75 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.ctxbroker.core import Entry, entries_after
-from services.ctxbroker.store import NOTIFY_CHANNEL, ContextRow, Store
+from epu.services.ctxbroker.core import Entry, answer_kind, entries_after
+from epu.services.ctxbroker.store import NOTIFY_CHANNEL, ContextRow, Loaded, Store
 
 log = logging.getLogger("epu.ctxbroker.hub")
 
 
 @dataclass
-class Waiter:
-    """A parked long-poll. ``direct`` (when given) writes a 200 answer straight to the client's
-    transport and returns True if it did; ``answered`` then tells the request's task not to."""
-
-    after: int
-    direct: Callable[[bytes], bool] | None
-    answered: bool = False
-
-
-@dataclass
 class CtxState:
+    """One context as this process serves it: the row, the current members (as the joins that
+    made them, for snapshots) and the entries kept after ``horizon`` (for agents a few behind)."""
+
     row: ContextRow
     entries: list[Entry] = field(default_factory=list)
+    joined: dict[str, Entry] = field(default_factory=dict)
+    horizon: int = 0
+    last_id: int = 0
     event: asyncio.Event = field(default_factory=asyncio.Event)
     encoded: dict[int, bytes] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deleted: bool = False
-    parked: dict[int, Waiter] = field(default_factory=dict)
 
-    @property
-    def last_id(self) -> int:
-        return self.entries[-1].entry_id if self.entries else 0
+    @classmethod
+    def of(cls, loaded: Loaded) -> CtxState:
+        st = cls(row=loaded.row, horizon=loaded.row.horizon, last_id=loaded.row.last_id)
+        st.joined = {e.hostname: e for e in loaded.members}
+        st.entries = list(loaded.entries)
+        return st
 
-    def wake(self, answer: bool = True) -> int:
-        """Wake every parked long-poll. With ``answer``, first write each one's answer directly
-        (one tight loop over transports) so the last agent is not served only after 10,000 task
-        switches; the tasks then just finish."""
+    def extend(self, new: list[Entry], keep: int) -> None:
+        """Append entries (ids ``last_id + 1 ...``) and fold them into the members; drop the
+        oldest kept entries once there are a tenth more than ``keep`` (as the store does)."""
+        for e in new:
+            if e.kind == "join":
+                self.joined[e.hostname] = e
+            else:
+                self.joined.pop(e.hostname, None)
+        self.entries.extend(new)
+        if new:
+            self.last_id = new[-1].entry_id
+        if len(self.entries) > keep + keep // 10 + 1:
+            cut = len(self.entries) - keep
+            self.horizon = self.entries[cut - 1].entry_id
+            del self.entries[:cut]
+
+    def wake(self) -> None:
+        """Wake every parked long-poll (each then sends the cached answer for its ``after``)."""
         old, self.event = self.event, asyncio.Event()
         self.encoded.clear()
-        parked, self.parked = self.parked, {}
-        direct = 0
-        if answer and not self.deleted:
-            for w in parked.values():
-                if w.direct is not None and not w.answered:
-                    w.answered = w.direct(self.encode_after(w.after))
-                    direct += w.answered
         old.set()
-        return direct
 
     def encode_after(self, after: int) -> bytes:
-        """The JSON answer to "entries after ``after``", cached while the list does not change."""
-        body = self.encoded.get(after)
+        """The JSON answer to "entries after ``after``", cached while the list does not change:
+        the entries, or a snapshot of the members (``core.answer_kind``)."""
+        kind = answer_kind(after, self.last_id, self.horizon, len(self.joined))
+        cache_key = -1 if kind == "snapshot" else after
+        body = self.encoded.get(cache_key)
         if body is None:
-            items = entries_after(self.entries, after)
-            body = json.dumps({"context_id": self.row.id, "last_id": self.last_id,
+            if kind == "snapshot":
+                items = sorted(self.joined.values(), key=lambda e: e.entry_id)
+            else:
+                items = entries_after(self.entries, after) if kind == "entries" else []
+            body = json.dumps({"context_id": self.row.id, "last_id": self.last_id, "snapshot": kind == "snapshot",
                                "entries": [e.as_dict() for e in items]}, separators=(",", ":")).encode()
             if len(self.encoded) > 256:
                 self.encoded.clear()
-            self.encoded[after] = body
+            self.encoded[cache_key] = body
         return body
 
 
@@ -92,6 +101,7 @@ class Hub:
 
     def __init__(self, store: Store, refresh_interval: float = 0.5) -> None:
         self.store = store
+        self.keep = store.history_entries
         self.refresh_interval = refresh_interval
         self.contexts: dict[str, CtxState] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -101,8 +111,6 @@ class Hub:
         self._listener: threading.Thread | None = None
         self.waiting = 0
         self.requests = 0
-        self._next_key = 0
-        self.direct_answers = 0
         self.last_wake: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -110,7 +118,7 @@ class Hub:
         self.loop = asyncio.get_running_loop()
         rows = await asyncio.to_thread(self.store.list_contexts)
         for row in rows:
-            await self._load(row)
+            await self._load(row.id)
         self._tasks.append(asyncio.create_task(self._recheck_loop(), name="ctx-recheck"))
         if self.store.is_postgres:
             self._listener = threading.Thread(target=self._listen, name="ctx-listen", daemon=True)
@@ -123,7 +131,7 @@ class Hub:
         for t in self._tasks:
             t.cancel()
         for st in self.contexts.values():
-            st.wake(answer=False)
+            st.wake()
 
     @property
     def closing(self) -> bool:
@@ -135,20 +143,13 @@ class Hub:
         st = self.contexts.get(context_id)
         if st is not None:
             return st
-        row = await asyncio.to_thread(self.store.get_context, context_id)
-        if row is None:
-            return None
-        return await self._load(row)
+        return await self._load(context_id)
 
-    async def wait_after(self, st: CtxState, after: int, wait: float,
-                         direct: Callable[[bytes], bool] | None = None) -> bytes | None:
-        """Entries after ``after``; if none and ``wait`` > 0, wait up to ``wait`` s for one.
-        Returns None when ``direct`` already wrote the answer."""
+    async def wait_after(self, st: CtxState, after: int, wait: float) -> bytes:
+        """The answer for an agent at ``after``; if there is nothing new and ``wait`` > 0, wait
+        up to ``wait`` s for a new entry first."""
         if st.last_id <= after and wait > 0 and not self._closing:
             ev = st.event
-            waiter = Waiter(after, direct)
-            key = self._next_key = self._next_key + 1
-            st.parked[key] = waiter
             self.waiting += 1
             try:
                 async with asyncio.timeout(wait):
@@ -157,9 +158,6 @@ class Hub:
                 pass
             finally:
                 self.waiting -= 1
-                st.parked.pop(key, None)
-            if waiter.answered:
-                return None
         return st.encode_after(after)
 
     # ------------------------------------------------------------------ changes
@@ -167,9 +165,7 @@ class Hub:
         """Bring one context up to date with the store and wake its waiters if it moved."""
         st = self.contexts.get(context_id)
         if st is None:
-            row = await asyncio.to_thread(self.store.get_context, context_id)
-            if row is not None:
-                await self._load(row)
+            await self._load(context_id)
             return
         async with st.lock:
             row = await asyncio.to_thread(self.store.get_context, context_id)
@@ -178,15 +174,22 @@ class Hub:
                 return
             if row.last_id > st.last_id:
                 new = await asyncio.to_thread(self.store.entries, context_id, st.last_id)
-                # only append in order; a gap means a concurrent append not yet visible: reload all
-                if new and new[0].entry_id == st.last_id + 1:
-                    st.entries.extend(new)
+                # only append in order; a gap (entries compacted away by another replica, or a
+                # concurrent append not yet visible) means: reload the whole context
+                if new and new[0].entry_id == st.last_id + 1 and new[-1].entry_id - new[0].entry_id == len(new) - 1:
+                    st.extend(new, self.keep)
                 else:
-                    st.entries = await asyncio.to_thread(self.store.entries, context_id, 0)
+                    loaded = await asyncio.to_thread(self.store.load, context_id)
+                    if loaded is None:
+                        self.drop(context_id)
+                        return
+                    fresh = CtxState.of(loaded)
+                    st.row, st.entries, st.joined = fresh.row, fresh.entries, fresh.joined
+                    st.horizon, st.last_id = fresh.horizon, fresh.last_id
+                waiting = self.waiting
                 t0 = time.perf_counter()
-                n = st.wake()
-                self.direct_answers += n
-                self.last_wake = {"answered": n, "seconds": round(time.perf_counter() - t0, 4)}
+                st.wake()
+                self.last_wake = {"waiting": waiting, "seconds": round(time.perf_counter() - t0, 4)}
 
     def drop(self, context_id: str) -> None:
         st = self.contexts.pop(context_id, None)
@@ -209,13 +212,14 @@ class Hub:
         except Exception:
             log.exception("refreshing a context failed", extra={"context": context_id})
 
-    async def _load(self, row: ContextRow) -> CtxState:
-        existing = self.contexts.get(row.id)
+    async def _load(self, context_id: str) -> CtxState | None:
+        existing = self.contexts.get(context_id)
         if existing is not None:
             return existing
-        items = await asyncio.to_thread(self.store.entries, row.id, 0)
-        st = self.contexts.setdefault(row.id, CtxState(row=row, entries=items))
-        return st
+        loaded = await asyncio.to_thread(self.store.load, context_id)
+        if loaded is None:
+            return None
+        return self.contexts.setdefault(context_id, CtxState.of(loaded))
 
     async def _recheck_loop(self) -> None:
         while not self._closing:

@@ -9,6 +9,16 @@ nothing rolls back, so ``last_id`` only moves with a real entry.
 
 On PostgreSQL each append also ``NOTIFY``s ``epu_ctxbroker`` so the other replicas wake
 their long-polls at once (see ``services.ctxbroker.hub``).
+
+Compaction: ``ctx_members`` always holds the current membership (with the id of the join that
+made each member), so the list itself need only keep a tail for agents that are a few entries
+behind. Once a context's list is ``history_entries`` longer than that (plus a tenth, so the
+delete is amortized), the entries up to ``last_id - history_entries`` are deleted and
+``horizon`` records it; an agent further behind is sent a snapshot (``core.answer_kind``).
+
+Per-node credentials: a context keeps ``signing_key`` (derived from its secret, see
+``epu.common.nodecred``) to check them, and ``ctx_revoked`` lists instances reported
+terminated or failed, whose credentials may no longer join.
 """
 
 from __future__ import annotations
@@ -16,6 +26,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from epu.common.db import create_schema, make_engine
+from epu.services.ctxbroker.core import (
+    Caller,
+    Entry,
+    EntryKind,
+    NodeFields,
+    authorize_leave,
+    next_entry,
+)
 from sqlalchemy import (
     Column,
     Float,
@@ -28,14 +47,12 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    inspect,
     select,
     text,
     update,
 )
 from sqlalchemy.engine import Connection, Engine
-
-from common.db import create_schema, make_engine
-from services.ctxbroker.core import Entry, EntryKind, NodeFields, next_entry
 
 NOTIFY_CHANNEL = "epu_ctxbroker"
 
@@ -49,7 +66,20 @@ contexts = Table(
     Column("secret_hash", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("last_id", Integer, nullable=False, default=0),
+    Column("signing_key", String(64), nullable=False, default=""),
+    Column("horizon", Integer, nullable=False, default=0),
 )
+
+revoked = Table(
+    "ctx_revoked", metadata,
+    Column("instance_id", String(128), primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+)
+
+#: Columns added after the first release: (table, column, SQL type and default) for ``_upgrade``.
+_ADDED_COLUMNS = (("ctx_contexts", "signing_key", "VARCHAR(64) NOT NULL DEFAULT ''"),
+                  ("ctx_contexts", "horizon", "INTEGER NOT NULL DEFAULT 0"))
 
 entries = Table(
     "ctx_entries", metadata,
@@ -87,10 +117,27 @@ class ContextRow:
     secret_hash: str
     created_at: float
     last_id: int
+    signing_key: str = ""
+    horizon: int = 0
+    """Entries up to this id were compacted away (0: the whole list is kept)."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One context read consistently: its row, current members (as the joins that made them)
+    and the entries kept after ``row.horizon``."""
+
+    row: ContextRow
+    members: list[Entry]
+    entries: list[Entry]
 
 
 class ContextNotFound(LookupError):
     pass
+
+
+class Revoked(Exception):
+    """The instance was reported terminated or failed: its credential may not join."""
 
 
 def _entry(row: object) -> Entry:
@@ -110,22 +157,35 @@ def _node(row: object) -> NodeFields:
 class Store:
     """Contexts and their lists. Thread-safe (one SQLAlchemy engine, a connection per call)."""
 
-    def __init__(self, url: str, engine: Engine | None = None) -> None:
+    def __init__(self, url: str, engine: Engine | None = None, history_entries: int = 1000) -> None:
         self.url = url
         self.engine = engine or make_engine(url)
         self.is_postgres = self.engine.dialect.name == "postgresql"
+        self.history_entries = history_entries
         create_schema(self.engine, metadata)
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Add the columns a store made by an earlier version lacks (contexts created then have
+        no signing key: their nodes need the context recreated to get their own credentials)."""
+        have = {c["name"] for c in inspect(self.engine).get_columns("ctx_contexts")}
+        with self.engine.begin() as conn:
+            for table, column, ddl in _ADDED_COLUMNS:
+                if column not in have:
+                    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
 
     def close(self) -> None:
         self.engine.dispose()
 
     # ------------------------------------------------------------------ contexts
     def create_context(self, context_id: str, name: str, key: str, secret_hash: str,
-                       now: float | None = None) -> ContextRow:
-        row = ContextRow(context_id, name, key, secret_hash, time.time() if now is None else now, 0)
+                       now: float | None = None, signing_key: str = "") -> ContextRow:
+        row = ContextRow(context_id, name, key, secret_hash, time.time() if now is None else now, 0,
+                         signing_key, 0)
         with self.engine.begin() as conn:
             conn.execute(insert(contexts).values(id=row.id, name=name, key=key, secret_hash=secret_hash,
-                                                 created_at=row.created_at, last_id=0))
+                                                 created_at=row.created_at, last_id=0,
+                                                 signing_key=signing_key, horizon=0))
             self._notify(conn, context_id)
         return row
 
@@ -160,6 +220,23 @@ class Store:
                                 .order_by(entries.c.entry_id)).all()
         return [_entry(r) for r in rows]
 
+    def load(self, context_id: str) -> Loaded | None:
+        """Row, members and kept entries in one read transaction (a consistent view)."""
+        with self.engine.connect() as conn, conn.begin():
+            row = conn.execute(select(contexts).where(contexts.c.id == context_id)).first()
+            if row is None:
+                return None
+            ctx = ContextRow(**row._mapping)
+            mrows = conn.execute(select(members).where(members.c.context_id == context_id)
+                                 .order_by(members.c.entry_id)).all()
+            erows = conn.execute(select(entries).where(entries.c.context_id == context_id,
+                                                       entries.c.entry_id > ctx.horizon)
+                                 .order_by(entries.c.entry_id)).all()
+        joined = [Entry(entry_id=m.entry_id, kind="join", hostname=m.hostname, fqdn=m.fqdn, ip=m.ip,
+                        ssh_host_key=m.ssh_host_key, data=m.data, instance_id=m.instance_id)
+                  for m in mrows]
+        return Loaded(ctx, joined, [_entry(r) for r in erows])
+
     def members(self, context_id: str) -> list[NodeFields]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(members).where(members.c.context_id == context_id)
@@ -167,11 +244,24 @@ class Store:
         return [_node(r) for r in rows]
 
     def join(self, context_id: str, node: NodeFields, now: float | None = None) -> tuple[Entry | None, int]:
+        """Append a join (``Revoked`` if the node's instance was reported gone)."""
         return self._append(context_id, "join", node.hostname, node, "", now)
 
-    def leave(self, context_id: str, hostname: str, reason: str = "",
-              now: float | None = None) -> tuple[Entry | None, int]:
-        return self._append(context_id, "leave", hostname, None, reason, now)
+    def leave(self, context_id: str, hostname: str, reason: str = "", now: float | None = None,
+              caller: Caller | None = None) -> tuple[Entry | None, int]:
+        """Append a leave. With ``caller``, only if it may remove the entry as it is now
+        (``core.authorize_leave``, checked in the same transaction), else ``Forbidden``."""
+        return self._append(context_id, "leave", hostname, None, reason, now, caller)
+
+    def revoke(self, instance_id: str, reason: str = "", now: float | None = None) -> bool:
+        """Remember that an instance is gone: its credential may no longer join. Idempotent."""
+        at = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
+                return False
+            conn.execute(insert(revoked).values(instance_id=instance_id, at=at, reason=reason[:500]))
+        return True
+
 
     def contexts_of_instance(self, instance_id: str) -> list[tuple[str, str]]:
         """(context id, hostname) of every member registered with this instance id."""
@@ -181,24 +271,31 @@ class Store:
         return [(r.context_id, r.hostname) for r in rows]
 
     def _append(self, context_id: str, kind: EntryKind, hostname: str, node: NodeFields | None,
-                reason: str, now: float | None) -> tuple[Entry | None, int]:
+                reason: str, now: float | None, caller: Caller | None = None) -> tuple[Entry | None, int]:
         """Append one entry if it changes the membership. Returns (entry or None, last id)."""
         at = time.time() if now is None else now
         with self.engine.connect() as conn:
             trans = conn.begin()
             try:
-                new_id = conn.execute(update(contexts).where(contexts.c.id == context_id)
+                bumped = conn.execute(update(contexts).where(contexts.c.id == context_id)
                                       .values(last_id=contexts.c.last_id + 1)
-                                      .returning(contexts.c.last_id)).scalar()
-                if new_id is None:
+                                      .returning(contexts.c.last_id, contexts.c.horizon)).first()
+                if bumped is None:
                     raise ContextNotFound(context_id)
+                new_id, horizon = bumped
+                if node is not None and node.instance_id and conn.execute(
+                        select(revoked.c.instance_id).where(revoked.c.instance_id == node.instance_id)).first():
+                    raise Revoked(f"instance {node.instance_id} was reported terminated; it cannot join")
                 cur_row = conn.execute(select(members).where(members.c.context_id == context_id,
                                                              members.c.hostname == hostname)).first()
                 current = _node(cur_row) if cur_row else None
+                if caller is not None and kind == "leave":
+                    authorize_leave(caller, hostname, current)
                 if not next_entry(current, kind, node):
                     trans.rollback()
                     return None, new_id - 1
                 entry = self._write(conn, context_id, new_id, kind, hostname, node, reason, at)
+                self._compact(conn, context_id, new_id, horizon)
                 self._notify(conn, context_id)
                 trans.commit()
                 return entry, new_id
@@ -222,6 +319,14 @@ class Store:
             conn.execute(insert(members).values(context_id=context_id, hostname=hostname, entry_id=entry_id,
                                                 **fields))
         return entry
+
+    def _compact(self, conn: Connection, context_id: str, last_id: int, horizon: int) -> None:
+        keep = self.history_entries
+        if last_id - horizon <= keep + keep // 10 + 1:
+            return
+        new_horizon = last_id - keep
+        conn.execute(delete(entries).where(entries.c.context_id == context_id, entries.c.entry_id <= new_horizon))
+        conn.execute(update(contexts).where(contexts.c.id == context_id).values(horizon=new_horizon))
 
     def _notify(self, conn: Connection, context_id: str) -> None:
         if self.is_postgres:

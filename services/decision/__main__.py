@@ -1,16 +1,16 @@
-"""``python -m services.decision -c FILE``: run the engine alone (same as ``epu run decision``)."""
+"""``python -m epu.services.decision -c FILE``: run the engine alone (same as ``epu run decision``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from common.config import load_config
-from common.logs import setup_logging
-from services.decision.app import build_service
+from epu.common.config import load_config
+from epu.common.logs import setup_logging
+from epu.services.decision.app import build_service
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.decision")
+    parser = argparse.ArgumentParser(prog="python -m epu.services.decision")
     parser.add_argument("-c", "--config", help="TOML config file")
     args = parser.parse_args(argv)
     config = load_config(args.config)

@@ -29,6 +29,8 @@ class Node:
     op: NodeOp
     instance_id: str
     reason: str
+    retire: str = ""
+    """Set on the first step of taking an instance out (scale-down, stalled, lost, operator)."""
 
     @property
     def kind(self) -> str:
@@ -44,6 +46,7 @@ class Terminate:
     force: bool = False
     stalled: bool = False
     kind: Literal["terminate"] = "terminate"
+    retire: str = ""
 
 
 Action = Launch | Node | Terminate
@@ -58,3 +61,6 @@ class Decision:
     actions: list[Action] = field(default_factory=list)
     memory: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    failed_sites: dict[str, str] = field(default_factory=dict)
+    """Sites to count one failure against (an instance stalled there), with why: at most one
+    per site per iteration, so one outage never jumps a site to the longest backoff."""

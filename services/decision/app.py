@@ -1,23 +1,38 @@
 """``epu run decision``: the decision engine wired to the broker.
 
-Consumes the single-active-consumer input queue (snapshots, instance events, command
-results) and control queue (policy changes), and iterates every ``iteration_seconds``.
-Handlers and the iteration timer run on the runtime's one thread, so they never race.
+Consumes the single-active-consumer input queue (command results, instance events and the
+provisioner's instance reports), one latest-value snapshot queue per domain, and the control
+queue (policy changes), and iterates every ``iteration_seconds``. Handlers and the iteration
+timer run on the runtime's one work thread, so they never race.
+
+One brain per domain: a domain is acted on only with a fresh snapshot *and* its lease in the
+shared store (``lease``), re-checked by every committed plan. When the broker connection is
+lost the engine drops its cached snapshots and releases its leases (the engine the broker
+now delivers to takes over at once); on a clean stop it releases them too. A snapshot older
+than ``active_window_seconds`` when it arrives — the one left in the queue while no engine ran —
+is not acted on. ``/healthz`` says per domain ``active``, ``standby`` or ``fenced``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import time
+import uuid
+from typing import Any
 
+from epu.common.clock import Clock
+from epu.common.config import EpuConfig
+from epu.common.messages import Envelope, SensorSnapshot
+from epu.common.runtime import RuntimeSettings, Service
+from epu.services.decision.engine import Engine
+from epu.services.decision.lease import Leases
+from epu.services.decision.store import Store
 from prometheus_client import Counter, Gauge, Histogram
 
-from common.clock import Clock
-from common.config import EpuConfig
-from common.runtime import RuntimeSettings, Service
-from services.decision.engine import Engine
-from services.decision.store import Store
-
-INPUT_TYPES = {"sensor.snapshot", "instance.state", "node.result"}
+INPUT_TYPES = {"sensor.snapshot", "instance.state", "instance.report", "node.result"}
+LEADERSHIP = ("active", "standby", "fenced")
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
@@ -27,19 +42,79 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
                                metrics_host=config.decision.metrics_host)
     service = Service("decision", broker, clock, settings)
     store = Store(config.decision.store_url).create()
-    engine = Engine(config, store, service.publish, service.clock, publish_many=service.publish_many)
-    settings.extra_health["active_domains"] = lambda: [d for d in engine.domains if engine.is_active(d)]
-    service.consume(topo.decision_input_spec(), engine.handle_input, types=INPUT_TYPES)
+    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    leases = Leases(store.engine, holder, config.decision.lease_ttl()).create()
+    engine = Engine(config, store, service.publish, service.clock, publish_many=service.publish_many,
+                    leases=leases)
+    r = service.metrics.registry
+    stale = Counter("epu_decision_stale_snapshots_total", "Snapshots too old to act on when they arrived",
+                    ["domain"], registry=r)
+
+    def on_snapshot(msg: Any, _env: Envelope) -> None:
+        assert isinstance(msg, SensorSnapshot)
+        age = service.clock.now() - msg.taken_at
+        if age > config.decision.active_window_seconds:
+            stale.labels(msg.domain).inc()
+            service.log.info("stale snapshot not acted on", extra={"domain": msg.domain, "age_seconds": round(age)})
+            return
+        engine.on_snapshot(msg)
+
+    def on_input(msg: Any, env: Envelope) -> None:
+        if isinstance(msg, SensorSnapshot):
+            return  # a binding from before the latest-value queues: the snapshot queue has the newest
+        engine.handle_input(msg, env)
+
+    settings.extra_health["active_domains"] = lambda: [d for d in engine.domains if engine.leadership(d) == "active"]
+    settings.extra_health["domains"] = lambda: {d: engine.leadership(d) for d in engine.domains}
+    service.consume(topo.decision_input_spec(), on_input, types=INPUT_TYPES)
+    for domain in config.domains:
+        service.consume(topo.decision_snapshot_spec(domain), on_snapshot, types={SensorSnapshot.TYPE}, prefetch=1)
     service.consume(topo.decision_control_spec(), engine.handle_control, types={"policy.change"}, prefetch=1)
     service.declare(topo.provisioner_spec())
     for domain in config.domains:
         service.declare(topo.sensor_spec(domain))
-    r = service.metrics.registry
+    service.on_connection_lost.append(engine.forget_snapshots)
+    service.on_stop.append(leases.release)
     actions = Counter("epu_decision_actions_total", "Actions sent by policy iterations", ["domain", "kind"],
                       registry=r)
     seconds = Histogram("epu_decision_iteration_seconds", "Time of one iteration over all domains", registry=r)
     active = Gauge("epu_decision_active_domains", "Domains this engine currently acts for (0 on a standby)",
                    registry=r)
+    leadership = Gauge("epu_decision_leadership", "1 for this engine's state of each domain: active, standby "
+                       "or fenced", ["domain", "state"], registry=r)
+
+    snapshot_age = Gauge("epu_decision_snapshot_age_seconds", "Age of the newest snapshot this engine holds "
+                         "(absent: none)", ["domain"], registry=r)
+    available = Gauge("epu_decision_sensor_available", "1 if the newest snapshot could read the batch system",
+                      ["domain"], registry=r)
+    demand = Gauge("epu_decision_queued_demand_jobs", "Pending jobs a new node could start, newest snapshot",
+                   ["domain"], registry=r)
+    backoff = Gauge("epu_decision_site_backoff_seconds", "Seconds a failing site is still paused (0: not)",
+                    ["site"], registry=r)
+    breaker = Gauge("epu_decision_circuit_open", "1 while a domain's circuit breaker is open (implausible "
+                    "snapshots: scale-down and lost-node handling frozen)", ["domain"], registry=r)
+    settings.extra_health["circuit_open"] = engine.breakers
+
+    def observe() -> None:
+        now = service.clock.now()
+        states = {d: engine.leadership(d) for d in engine.domains}
+        active.set(sum(1 for s in states.values() if s == "active"))
+        for d, state in states.items():
+            for s in LEADERSHIP:
+                leadership.labels(d, s).set(1 if s == state else 0)
+            snap = engine.latest_snapshot(d)
+            if snap is None:
+                with contextlib.suppress(KeyError):  # no snapshot: no age (not a stale number)
+                    snapshot_age.remove(d)
+                continue
+            snapshot_age.labels(d).set(max(0.0, now - snap.taken_at))
+            available.labels(d).set(1 if snap.available else 0)
+            demand.labels(d).set(snap.queued_count())
+        for name, h in store.site_health().items():
+            backoff.labels(name).set(max(0.0, h.backoff_until - now))
+        open_ = engine.breakers()
+        for d in engine.domains:
+            breaker.labels(d).set(1 if d in open_ else 0)
 
     def iteration() -> None:
         started = time.monotonic()
@@ -47,7 +122,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             for a in record.actions:
                 actions.labels(record.domain, a.kind).inc()
         seconds.observe(time.monotonic() - started)
-        active.set(sum(1 for d in engine.domains if engine.is_active(d)))
+        observe()
 
     service.every(config.decision.iteration_seconds, iteration, name="iteration")
     service.engine = engine  # type: ignore[attr-defined]  # tests and the demo look inside

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from epu.common.config.decision import DomainConfig
+from epu.common.messages import PolicyChange
+from epu.services.decision.policies import PolicyError, validate_params
 from pydantic import ValidationError
-
-from common.config.decision import DomainConfig
-from common.messages import PolicyChange
-from services.decision.policies import PolicyError, validate_params
 
 
 class ChangeRejected(ValueError):
@@ -50,3 +49,18 @@ def apply_change(current: DomainConfig, change: PolicyChange, known_sites: list[
         key = ".".join(str(p) for p in err["loc"]) or "config"
         raise ChangeRejected(f"{key}: {err['msg'].removeprefix('Value error, ')}") from None
     return new
+
+
+def check_ceiling(new: DomainConfig, file_config: DomainConfig | None, site_quotas: dict[str, int]) -> None:
+    """Bounds from configuration, checked on every change: ``max_nodes`` (hence ``min_nodes``)
+    may not exceed the domain's ``max_nodes_ceiling`` from the file, or by default the larger
+    of the file's own ``max_nodes`` and the sum of the quotas of the sites the new config may use."""
+    ceiling = file_config.max_nodes_ceiling if file_config is not None else None
+    if ceiling is None:
+        sites = new.sites or list(site_quotas)
+        ceiling = max(sum(site_quotas.get(s, 0) for s in sites), file_config.max_nodes if file_config else 0)
+        where = f"the quotas of sites {', '.join(sites) or '(none)'}, or the file's max_nodes"
+    else:
+        where = "max_nodes_ceiling in the configuration file"
+    if new.max_nodes > ceiling:
+        raise ChangeRejected(f"max_nodes {new.max_nodes} is above the ceiling {ceiling} ({where})")

@@ -11,13 +11,11 @@ import argparse
 import getpass
 import json
 import sys
-import time
 import tomllib
-import uuid
 from typing import Any
 
-from common.cli_core import RAW, add_config_arg, load_or_exit
-from common.messages import PolicyChange, new_id
+from epu.common.cliargs import RAW, add_config_arg, load_or_exit
+from epu.common.messages import PolicyChange, new_id
 
 FIELDS = ("policy", "min_nodes", "max_nodes", "sites", "placement", "paused")
 
@@ -56,36 +54,28 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
 
 
 def send_change(config: Any, change: PolicyChange, timeout: float) -> Any:
-    """Publish ``change`` and wait for its outcome (None on timeout)."""
-    from kombu import Queue
-
-    from common.broker import Publisher
-    from common.codec import decode
+    """Publish ``change`` once a tap for its outcome is bound, and wait for the outcome (None
+    on timeout). The tap is an ``epu.tap.*`` queue: all the operator user may create."""
+    from epu.common.broker import Publisher
+    from epu.common.tap import follow
 
     broker = config.broker_obj()
-    topo = broker.topology
-    with broker.connection() as conn:
-        channel = conn.channel()
-        topo.events_exchange(channel).declare()
-        q = Queue(topo.n(f"epu.cli.{uuid.uuid4().hex[:12]}"), exchange=topo.events_exchange,
-                  routing_key=f"policy.outcome.{change.domain}", exclusive=True, auto_delete=True,
-                  durable=False)(channel)
-        q.declare()
+    found: list[Any] = []
+
+    def on_event(_rk: str, _env: Any, msg: Any, _err: Any) -> None:
+        if getattr(msg, "change_id", None) == change.change_id:
+            found.append(msg)
+
+    def send() -> None:
         pub = Publisher(broker, source=f"cli:{getpass.getuser()}")
         try:
             pub.publish(change)
         finally:
             pub.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = q.get(no_ack=True, accept=None)
-            if msg is None:
-                time.sleep(0.05)
-                continue
-            outcome = decode(msg.body)[1]
-            if getattr(outcome, "change_id", None) == change.change_id:
-                return outcome
-    return None
+
+    follow(broker, f"policy.outcome.{change.domain}", on_event, stop=lambda: bool(found), seconds=timeout,
+           on_bound=send)
+    return found[0] if found else None
 
 
 def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
@@ -124,9 +114,13 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return _change_cmd(args, {"paused": args.pause})
 
 
+def cmd_release_breaker(args: argparse.Namespace) -> int:
+    return _change_cmd(args, {"release_breaker": True})
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    from services.decision.policies import PolicyError, validate_params
-    from services.decision.store import Store
+    from epu.services.decision.policies import PolicyError, validate_params
+    from epu.services.decision.store import Store
 
     config = load_or_exit(args.config)
     store = Store(config.decision.store_url).create()
@@ -159,20 +153,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from kombu import Consumer, Queue, binding
-
-    from common.codec import decode
-    from services.decision.status import Board, render
+    from epu.common.tap import follow
+    from epu.services.decision.status import Board, render
 
     config = load_or_exit(args.config)
     broker = config.broker_obj()
-    topo = broker.topology
     d = args.domain or "*"
     keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}"]
     board = Board(args.domain)
-    queue = Queue(topo.n(f"epu.status.{uuid.uuid4().hex[:12]}"),
-                  bindings=[binding(topo.events_exchange, routing_key=k) for k in keys],
-                  exclusive=True, auto_delete=True, durable=False)
     live = None
     if args.watch and not args.json:
         from rich.live import Live
@@ -180,30 +168,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         live = Live(render(board), refresh_per_second=4)
         live.start()
 
-    def on_message(message: Any) -> None:
+    def on_event(_rk: str, _env: Any, msg: Any, error: Any) -> None:
         try:
-            changed = board.apply(decode(message.body)[1])
+            changed = error is None and board.apply(msg)
         except Exception:
             changed = False
-        message.ack()
         if changed and live is not None:
             live.update(render(board))
         elif changed and args.watch and args.json:
             print(json.dumps(board.as_json()), flush=True)
 
-    deadline = None if args.watch else time.monotonic() + args.seconds
+    def on_idle() -> None:
+        if live is not None:
+            live.update(render(board))
+
     try:
-        with broker.connection() as conn:
-            channel = conn.channel()
-            topo.events_exchange(channel).declare()
-            with Consumer(channel, queues=[queue], on_message=on_message, no_ack=False):
-                while deadline is None or time.monotonic() < deadline:
-                    try:
-                        conn.drain_events(timeout=0.5)
-                    except TimeoutError:
-                        pass
-                    if live is not None:
-                        live.update(render(board))
+        follow(broker, keys, on_event, stop=lambda: False, seconds=0 if args.watch else args.seconds,
+               on_idle=on_idle)
     except KeyboardInterrupt:
         pass
     finally:
@@ -271,6 +252,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
         add_config_arg(s)
         s.set_defaults(func=cmd_pause, pause=pause)
+
+    s = psub.add_parser("release-breaker", help="act on implausible snapshots anyway (circuit breaker)",
+                        formatter_class=RAW,
+                        description="The engine's circuit breaker opens when a snapshot is implausible — more\n"
+                                    "than [decision] breaker_missing_share of the domain's joined nodes missing at\n"
+                                    "once, or jobs running on no listed node — and then freezes scale-down and\n"
+                                    "lost-node handling (docs/decision.md). Release it when you know the nodes are\n"
+                                    "really gone: the engine acts on the current picture until the next plausible\n"
+                                    "snapshot closes the breaker anyway. Answered like `policy set`.",
+                        epilog="Example: epu policy release-breaker alpha -c /etc/epu/epu.toml\n"
+                               "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
+    s.add_argument("domain", help="the domain whose breaker to release")
+    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
+    add_config_arg(s)
+    s.set_defaults(func=cmd_release_breaker)
 
     s = sub.add_parser("status", help="live view: queue, nodes, instances by state and site, last decision",
                        formatter_class=RAW,

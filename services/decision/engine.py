@@ -6,11 +6,26 @@ it, publish a decision record. Everything that decides is in the pure modules
 (``policies/``, ``planner``, ``placement``, ``view``, ``demand``); this class only moves data
 between them, the store and the broker.
 
-Failover: snapshots reach only the active consumer of the single-active-consumer input
-queue, and the engine acts on a domain only while it holds a snapshot younger than
-``active_window_seconds``. A standby therefore never acts; when the active engine dies the
-broker hands the queue to the standby, whose first snapshot activates it, and the shared
-store tells it every launch already made — so no launch is repeated (re-sends keep their id).
+Safety rules the shell keeps around the pure core (issue 11):
+
+* our own outage is not a site's fault: each domain has a ``healthy_since`` — reset whenever a
+  snapshot is unavailable or late, a launch or terminate goes unanswered, a publish fails, or
+  the engine itself was not iterating — and stall/loss clocks only run from it;
+* launch failures reported by the provisioner are counted in the next iteration, at most one
+  per site (with the stalls), and re-launching is the iteration's job: there is one launch
+  path;
+* the circuit breaker (``breaker.check``) is evaluated on every snapshot; while it is open
+  nothing is taken out, and its opening and closing are published (a ``DecisionRecord`` with
+  no action and the reason in its notes);
+* a node counts as removed only when the sensor's ``remove`` succeeded.
+
+Failover: snapshots reach only the active consumer of a domain's single-active-consumer
+snapshot queue, and the engine acts on a domain only while it holds a snapshot younger than
+``active_window_seconds`` *and* the domain's lease in the shared store (``lease``; every
+committed plan re-checks it, so an engine that lost the lease cannot commit, hence cannot
+send). When the active engine dies the broker hands the queue to the standby, whose first
+snapshot activates it once the lease is free, and the shared store tells it every launch
+already made — so no launch is repeated (re-sends keep their id).
 """
 
 from __future__ import annotations
@@ -21,31 +36,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.clock import Clock, RealClock
-from common.config import EpuConfig
-from common.messages import (
+from epu.common.clock import Clock, RealClock
+from epu.common.config import EpuConfig
+from epu.common.messages import (
     INSTANCE_STATE_ORDER,
     TERMINAL_INSTANCE_STATES,
     ActionRecord,
     DecisionRecord,
     Envelope,
     InstanceEvent,
+    InstanceReport,
     Message,
     NodeCommandResult,
-    NodeInfo,
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
     ViewSummary,
 )
-from services.decision.actions import Decision
-from services.decision.changes import ChangeRejected, apply_change
-from services.decision.lifecycle import add_started
-from services.decision.placement import SiteHealth, SiteInfo, place, record_failure, record_success
-from services.decision.planner import PlacementInput, Plan, launch_action, node_name_for, plan
-from services.decision.policies import PolicyError, get_policy, validate_params
-from services.decision.store import Store
-from services.decision.view import DomainView, Instance, JobDigest, build_view, refresh_parts
+from epu.services.decision import breaker
+from epu.services.decision.actions import Decision
+from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
+from epu.services.decision.lease import Fenced, Leases
+from epu.services.decision.lifecycle import add_started
+from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
+from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
+from epu.services.decision.policies import PolicyError, get_policy, validate_params
+from epu.services.decision.store import Store
+from epu.services.decision.view import DomainView, Instance, JobDigest, NodeIndex, build_view, refresh_parts
 
 log = logging.getLogger("epu.decision")
 
@@ -56,13 +73,27 @@ class _Latest:
 
     snapshot: SensorSnapshot
     digest: JobDigest
-    nodes: dict[str, NodeInfo]
+    nodes: NodeIndex
     received_at: float
+
+
+@dataclass
+class _Health:
+    """Per domain, in memory: since when the pipeline has looked healthy, and the breaker."""
+
+    healthy_since: float
+    last_iteration: float
+    breaker: str = ""
+    breaker_since: float = 0.0
+    released: bool = False
+    """An operator released the breaker: ignore it until a healthy snapshot."""
+    publish_failed: bool = False
 
 
 class Engine:
     def __init__(self, config: EpuConfig, store: Store, publish: Callable[[Message], Any],
-                 clock: Clock | None = None, publish_many: Callable[[list[Message]], Any] | None = None) -> None:
+                 clock: Clock | None = None, publish_many: Callable[[list[Message]], Any] | None = None,
+                 leases: Leases | None = None) -> None:
         self.config = config
         self.settings = config.decision
         self.store = store
@@ -73,6 +104,14 @@ class Engine:
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
         self._latest: dict[str, _Latest] = {}
+        self.leases = leases
+        """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
+        self._health: dict[str, _Health] = {}
+        self._was_active: set[str] = set()
+        self._reports: dict[str, float] = {}
+        """When the provisioner's last anti-entropy report of each domain arrived: its heartbeat."""
+        self._failures: dict[str, str] = {}
+        """Launch failures seen since the last iteration, per site (counted once there)."""
         self.iterations = 0
         for name, cfg in config.domains.items():
             try:
@@ -82,13 +121,22 @@ class Engine:
             store.seed_config(name, cfg, self.clock.now())
 
     # ------------------------------------------------------------------ input
+    def _sync(self) -> None:
+        sync = getattr(self.store, "sync", None)
+        if sync is not None:
+            sync()  # another engine may have written the shared store since we last looked
+
     def handle_input(self, msg: Message, _envelope: Envelope | None = None) -> None:
+        if not isinstance(msg, SensorSnapshot):
+            self._sync()
         if isinstance(msg, SensorSnapshot):
             self.on_snapshot(msg)
         elif isinstance(msg, InstanceEvent):
             self.on_instance_event(msg)
         elif isinstance(msg, NodeCommandResult):
             self.on_node_result(msg)
+        elif isinstance(msg, InstanceReport):
+            self.on_instance_report(msg)
 
     def on_snapshot(self, snap: SensorSnapshot) -> None:
         if snap.domain not in self.config.domains:
@@ -96,15 +144,73 @@ class Engine:
         prev = self._latest.get(snap.domain)
         if prev is not None and prev.snapshot.taken_at > snap.taken_at:
             return  # an older snapshot arriving late says nothing new
-        digest = JobDigest.of(snap.jobs) if snap.available else JobDigest({}, 0, 0, 0.0)
-        nodes = {n.name: n for n in snap.nodes} if snap.available else {}
+        digest = JobDigest.of_snapshot(snap)
+        nodes = NodeIndex(snap.nodes if snap.available else [])
         self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now())
 
     def is_active(self, domain: str) -> bool:
         latest = self._latest.get(domain)
         return latest is not None and self.clock.now() - latest.received_at <= self.settings.active_window_seconds
 
-    def on_instance_event(self, evt: InstanceEvent) -> None:
+    def acting(self, domain: str, now: float) -> bool:
+        """Fresh snapshot and (with fencing) the domain's lease, taken or renewed now."""
+        if not self.is_active(domain):
+            return False
+        if self.leases is None:
+            return True
+        try:
+            return self.leases.hold(domain, now)
+        except Exception as exc:  # the store is busy or away: no lease this round, no action
+            log.warning("lease check failed", extra={"domain": domain, "error": f"{type(exc).__name__}: {exc}"})
+            return False
+
+    def leadership(self, domain: str) -> str:
+        """``active``, ``standby`` or ``fenced`` (see ``lease``)."""
+        active = self.is_active(domain)
+        if self.leases is None:
+            return "active" if active else "standby"
+        return self.leases.state(domain, active)
+
+    def latest_snapshot(self, domain: str) -> SensorSnapshot | None:
+        latest = self._latest.get(domain)
+        return latest.snapshot if latest is not None else None
+
+    def forget_snapshots(self) -> None:
+        """The runtime lost its broker connection: whatever this engine knew may be another
+        engine's to act on now (the broker may hand the snapshot queue to a standby). Forget the
+        snapshots — the engine acts again only on a snapshot received after reconnecting —, the
+        pipeline-health clocks, and the store's cached working set (re-read from the shared store
+        then); give the leases up."""
+        self._latest.clear()
+        self._health.clear()
+        invalidate = getattr(self.store, "invalidate", None)
+        if invalidate is not None:
+            invalidate()
+        if self.leases is not None:
+            self.leases.release()
+
+    def _fence(self, domain: str, now: float) -> Any:
+        return self.leases.fence(domain, now) if self.leases is not None else None
+
+    def on_instance_report(self, report: InstanceReport) -> int:
+        """Anti-entropy: apply the provisioner's full state of a domain, entry by entry, as the
+        events it summarizes (forward only, by seq). Returns how many entries were news. A
+        repair never counts a failure against a site: those follow live events only."""
+        self._reports[report.domain] = self.clock.now()  # the provisioner is alive (our pipeline check)
+        repaired = 0
+        items = [e for e in report.instances if e.domain == report.domain]
+        known = self.store.seqs([e.instance_id for e in items])
+        for evt in items:
+            seq = known.get(evt.instance_id)
+            if seq is None or evt.seq > seq:
+                repaired += 1
+                self.on_instance_event(evt, repair=True)
+        if repaired:
+            log.info("instance table repaired from a provisioner report",
+                     extra={"domain": report.domain, "entries": repaired})
+        return repaired
+
+    def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
         if evt.domain not in self.config.domains:
             return
         now = self.clock.now()
@@ -121,47 +227,18 @@ class Engine:
         if INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
                 evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES):
             new = replace(new, state=evt.state, state_at=now, reason=evt.reason or inst.reason)
-        self.store.save_instances([new])
-        self.store.complete(target=inst.instance_id, kinds=("launch",), outcome=f"instance {evt.state}")
+        answered: tuple[str, ...] = ("launch",)
         if evt.state in ("terminating", "terminated", "failed"):
-            self.store.complete(target=inst.instance_id, kinds=("terminate",), outcome=f"instance {evt.state}")
+            answered += ("terminate",)
         if evt.state in TERMINAL_INSTANCE_STATES:
-            self.store.complete(target=inst.instance_id, kinds=("add", "offline", "online", "remove"),
-                                outcome=f"instance {evt.state}")
-        if evt.state == "failed" and not inst.terminate_sent:
-            self._site_failed(inst, evt, now)
-
-    def _site_failed(self, inst: Instance, evt: InstanceEvent, now: float) -> None:
-        health = self.store.site_health()
-        h = record_failure(health.get(inst.site, SiteHealth(inst.site)), now,
-                           f"{evt.error_kind or 'error'}: {evt.reason}"[:300],
-                           initial=self.settings.backoff_initial_seconds, maximum=self.settings.backoff_max_seconds)
-        self.store.save_sites([h])
-        log.warning("launch failed", extra={"site": inst.site, "instance": inst.instance_id,
-                                            "kind": evt.error_kind, "reason": evt.reason})
-        if evt.error_kind == "capacity" and inst.joined_at is None:
-            self._failover(inst, now, {**health, inst.site: h})
-
-    def _failover(self, inst: Instance, now: float, health: dict[str, SiteHealth]) -> None:
-        """A capacity error: re-place the launch on the next eligible site at once."""
-        current = self.store.current_config(inst.domain)
-        if current is None or current[1].paused:
-            return
-        cfg = current[1]
-        live, unproven = self.store.live_per_site()
-        order = cfg.sites or list(self.site_infos)
-        placed = place(1, order, cfg.placement, self.site_infos, health, live, unproven, now,
-                       exclude=frozenset({inst.site}))
-        if not placed.sites:
-            log.warning("capacity failover: no other site", extra={"why": placed.why})
-            return
-        out = Plan()
-        pin = self._placement_input(cfg, health, live, unproven)
-        out.actions.append(launch_action(inst.domain, placed.sites[0], inst.cores,
-                                         f"capacity failover from {inst.site}", now, pin, out,
-                                         name=inst.node_name if pin.node_names else None))
-        self.store.store_actions(inst.domain, out, now)
-        self._send(inst.domain, out, now, iteration=None, notes=[f"capacity error at {inst.site}: failover"])
+            answered += ("add", "offline", "online")
+        self.store.record_instance_event(new, answered, f"instance {evt.state}")
+        if evt.state == "failed" and not inst.terminate_sent and inst.joined_at is None and not repair:
+            # counted against the site at the next iteration (once per site per iteration);
+            # the replacement is the iteration's too: the policy sees the supply gone
+            self._failures.setdefault(inst.site, f"launch failed: {evt.error_kind or 'error'}: {evt.reason}"[:300])
+            log.warning("launch failed", extra={"site": inst.site, "instance": inst.instance_id,
+                                                "kind": evt.error_kind, "reason": evt.reason})
 
     def on_node_result(self, res: NodeCommandResult) -> None:
         row = self.store.action(res.command_id)
@@ -173,14 +250,19 @@ class Engine:
         if inst is None:
             return
         if res.action == "remove" and res.ok:
-            self.store.save_instances([replace(inst, removed=True)])
+            self.store.save_instances([replace(inst, removed=True)])  # the only proof of removal
         elif res.action == "add" and not res.ok:
             self.store.save_instances([replace(inst, add_sent_at=None)])  # retried next iteration
-        elif res.action == "offline" and not res.ok and inst.state == "draining":
-            self.store.save_instances([replace(inst, state="joined", drain_at=None)])
+        elif res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == "scale-down":
+            self.store.save_instances([replace(inst, state="joined", drain_at=None, retire="")])
+        elif res.action == "online" and not res.ok and inst.state == "joined":
+            # still drained in the batch system: back on the way out (drain, remove, terminate)
+            self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
+                                               retire=inst.retire or "scale-down")])
 
     # ------------------------------------------------------------------ control
     def handle_control(self, msg: Message, _envelope: Envelope | None = None) -> None:
+        self._sync()
         if isinstance(msg, PolicyChange):
             self.on_policy_change(msg)
 
@@ -201,22 +283,47 @@ class Engine:
             out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False, reason=reason)
         else:
             try:
+                retiring = self._retirements(change)
                 new = apply_change(current[1], change, list(self.site_infos))
+                check_ceiling(new, self.config.domains.get(change.domain),
+                              {n: s.quota for n, s in self.config.sites.items()})
             except ChangeRejected as exc:
                 self.store.record_change(change.change_id, change.domain, False, str(exc), now)
                 out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False,
                                     version=current[0], reason=str(exc),
                                     config=current[1].model_dump(mode="json"))
             else:
-                version = self.store.record_change(change.change_id, change.domain, True, "", now, new)
+                changed = new != current[1]
+                version = self.store.record_change(change.change_id, change.domain, True, "", now,
+                                                   new if changed else None, retire=retiring) or current[0]
                 if change.sites is not None:  # the operator lets listed sites back in
                     health = self.store.site_health()
                     self.store.save_sites([record_success(health[s]) for s in change.sites if s in health])
+                if change.release_breaker:
+                    h = self._health.get(change.domain)
+                    if h is not None and h.breaker:
+                        h.released = True
+                what = [f"applied by {change.operator or 'operator'}"]
+                if retiring:
+                    what.append(f"{len(retiring)} instance(s) to drain and terminate")
+                if change.release_breaker:
+                    what.append("circuit breaker released")
                 out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=True,
-                                    version=version, reason=f"applied by {change.operator or 'operator'}",
-                                    config=new.model_dump(mode="json"))
+                                    version=version, reason="; ".join(what), config=new.model_dump(mode="json"))
         log.info("policy change", extra={"domain": change.domain, "applied": out.applied, "reason": out.reason})
         self.publish(out)
+        return out
+
+    def _retirements(self, change: PolicyChange) -> list[Instance]:
+        """An operator's unforced terminate: the instances, marked to go the safe way out."""
+        out = []
+        for iid in change.retire or []:
+            inst = self.store.instance(iid)
+            if inst is None or inst.domain != change.domain:
+                raise ChangeRejected(f"retire: no instance {iid} in domain {change.domain}")
+            if inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent:
+                continue  # already on its way out
+            out.append(replace(inst, retire=inst.retire or "operator", idle_since=None))
         return out
 
     # ------------------------------------------------------------------ iterations
@@ -225,17 +332,34 @@ class Engine:
         now = self.clock.now()
         self.iterations += 1
         records = []
-        active = [d for d in self.domains if self.is_active(d)]
+        active = [d for d in self.domains if self.acting(d, now)]
+        if active:
+            self._sync()
+        if set(active) - self._was_active:
+            # newly in charge (first snapshot, a takeover): another engine may have written since
+            invalidate = getattr(self.store, "invalidate", None)
+            if invalidate is not None:
+                invalidate()
+        self._was_active = set(active)
         sites = self._site_context() if active else None  # read once, kept current below
-        for domain in active:
+        for domain in list(active):
             try:
                 record = self.iterate_domain(domain, now, sites)
+            except Fenced as exc:
+                log.warning("fenced: another engine holds the domain now; nothing committed or sent",
+                            extra={"domain": domain, "reason": str(exc)})
+                active.remove(domain)
+                continue
             except Exception:
                 log.exception("iteration failed", extra={"domain": domain})
                 continue
             if record is not None:
                 records.append(record)
-        self.resend(active, now)
+        try:
+            self.resend(active, now)
+        except Exception:
+            log.exception("re-send failed")
+            self._publish_failed(active)
         return records
 
     def _placement_input(self, cfg: Any, health: dict[str, SiteHealth], live: dict[str, int],
@@ -249,6 +373,35 @@ class Engine:
         live, unproven = self.store.live_per_site()
         return self.store.site_health(), live, unproven
 
+    def _pipeline(self, domain: str, latest: _Latest, now: float, instances: list[Instance]) -> _Health:
+        """Update since when the pipeline has looked healthy for ``domain`` (see the module docstring)."""
+        gap = self.settings.pipeline_gap_seconds
+        h = self._health.get(domain)
+        if h is None:
+            h = self._health[domain] = _Health(healthy_since=now, last_iteration=now)
+        snap = latest.snapshot
+        why = ""
+        if now - h.last_iteration > gap:
+            why = "the engine was not iterating"
+        elif not snap.available:
+            why = "sensor unavailable"
+        elif now - latest.received_at > gap:
+            why = "no fresh snapshot"
+        elif h.publish_failed:
+            why = "publishing failed"
+        elif self.store.overdue(domain, now - gap):
+            why = "provisioner not answering"
+        elif (domain in self._reports and now - self._reports[domain] > gap
+              and any(i.pending for i in instances)):
+            # a provisioner that sends reports stopped sending them while launches are under way:
+            # it is down (its launches may have booted unseen), not the site
+            why = "provisioner silent"
+        h.publish_failed = False
+        h.last_iteration = now
+        if why:
+            h.healthy_since = now
+        return h
+
     def iterate_domain(self, domain: str, now: float,
                        sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
                        ) -> DecisionRecord | None:
@@ -259,11 +412,15 @@ class Engine:
         before = self.store.instances(domain)
         memory, iteration = self.store.memory(domain)
         snap = latest.snapshot
+        health_ = self._pipeline(domain, latest, now, before)
         after, parts = refresh_parts(before, latest.nodes, now, snap.available)
         changed = [a for a, b in zip(after, before, strict=True) if a != b]
+        notes_extra = self._breaker(domain, health_, after, latest, now)
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,
-                          nodes=latest.nodes, all_live=True, parts=parts)
+                          nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
+                          breaker="" if health_.released else health_.breaker,
+                          cleanup=self.store.cleanup(domain) if snap.available else [])
         decision = self.decide(view, cfg)
         health, live, unproven = sites if sites is not None else self._site_context()
         joined = [a for a, b in zip(after, before, strict=True) if a.state == "joined" and b.state != "joined"]
@@ -272,18 +429,61 @@ class Engine:
         health.update(successes)
         for i in joined:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
+        for site, why in self._take_failures(cfg).items():
+            decision.failed_sites.setdefault(site, why)
         out = plan(view, decision, self._placement_input(cfg, health, live, unproven),
                    self.store.in_flight(domain))
         out.sites = {**successes, **out.sites}
         if out.actions or changed or out.sites or (decision.memory is not None and decision.memory != memory):
             iteration += 1
-            self.store.commit_plan(domain, out, now, decision.memory, iteration, changed)
+            self.store.commit_plan(domain, out, now, decision.memory, iteration, changed,
+                                   fence=self._fence(domain, now))
         health.update(out.sites)
         for p in out.actions:
             if p.kind == "launch":
                 live[p.site] = live.get(p.site, 0) + 1
                 unproven[p.site] = unproven.get(p.site, 0) + 1
-        return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version)
+        if notes_extra:
+            out.notes = notes_extra + out.notes
+        return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version,
+                          always=bool(notes_extra))
+
+    def _take_failures(self, cfg: Any) -> dict[str, str]:
+        """Launch failures since the last iteration, for the sites of this domain (once each)."""
+        mine = set(cfg.sites or self.site_infos)
+        out = {s: why for s, why in self._failures.items() if s in mine}
+        for s in out:
+            del self._failures[s]
+        return out
+
+    def _breaker(self, domain: str, h: _Health, instances: list[Instance], latest: _Latest,
+                 now: float) -> list[str]:
+        """Evaluate the circuit breaker on the latest snapshot; notes when it opens or closes."""
+        snap = latest.snapshot
+        if not snap.available:
+            return []
+        why = breaker.check(instances, latest.nodes, snap, share=self.settings.breaker_missing_share,
+                            ok_count=self.settings.breaker_ok_count)
+        notes: list[str] = []
+        if why and not h.breaker:
+            h.breaker, h.breaker_since = why, now
+            notes.append(f"circuit breaker open: {why}; no scale-down and no lost-node handling until a "
+                         "healthy snapshot (or epu policy release-breaker)")
+            log.warning("circuit breaker open", extra={"domain": domain, "why": why})
+        elif not why and h.breaker:
+            notes.append(f"circuit breaker closed after {now - h.breaker_since:.0f}s: the snapshot is plausible "
+                         f"again (was: {h.breaker})")
+            log.info("circuit breaker closed", extra={"domain": domain})
+            h.breaker, h.released = "", False
+        elif why:
+            h.breaker = why
+        if h.breaker and not h.released:
+            h.healthy_since = now  # nothing is lost while we cannot see
+        return notes
+
+    def breakers(self) -> dict[str, str]:
+        """Domain → why its circuit breaker is open (for metrics and health)."""
+        return {d: h.breaker for d, h in self._health.items() if h.breaker and not h.released}
 
     def decide(self, view: DomainView, cfg: Any) -> Decision:
         if cfg.paused:
@@ -293,8 +493,15 @@ class Engine:
         policy = get_policy(cfg.policy)
         return policy.decide(view, validate_params(cfg.policy, cfg.params), view.now)
 
+    def _publish_failed(self, domains: list[str]) -> None:
+        for d in domains:
+            h = self._health.get(d)
+            if h is not None:
+                h.publish_failed = True
+
     def _send(self, domain: str, out: Plan, now: float, iteration: int | None, notes: list[str],
-              view: DomainView | None = None, policy: str = "", version: int = 0) -> DecisionRecord | None:
+              view: DomainView | None = None, policy: str = "", version: int = 0,
+              always: bool = False) -> DecisionRecord | None:
         sent = []
         try:
             if self.publish_many is not None and len(out.actions) > 1:
@@ -304,9 +511,12 @@ class Engine:
                 for p in out.actions:
                     self.publish(p.message)
                     sent.append(p.action_id)
+        except Exception:
+            self._publish_failed([domain])
+            raise
         finally:
             self.store.mark_sent(sent, now)
-        if not out.actions:
+        if not out.actions and not always:
             return None
         if iteration is None:
             iteration = self.store.memory(domain)[1]
@@ -344,3 +554,5 @@ def summarize(view: DomainView) -> ViewSummary:
         instances_by_state=dict(Counter(i.state for i in view.instances)),
         instances_by_site=dict(Counter(i.site for i in view.instances)),
         sensor_available=view.available)
+
+

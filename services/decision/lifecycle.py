@@ -1,18 +1,36 @@
-"""Building blocks every policy shares: the instance life cycle around the policy's choice. Pure.
+"""The instance life cycle every policy shares, in one sequence. Pure.
 
-* ``add_started`` — a running instance is told to the batch system (NodeCommand add);
-* ``stalled`` — an instance not joined within the stall timeout is given up (and replaced,
-  because it stops counting as pending);
-* ``reclaim`` — a draining node that demand needs again is put back online;
-* ``scale_down`` — offline (drain) idle nodes, never below ``min_nodes``;
-* ``finish_drains`` — a drained node with no job is removed from the batch system, then
-  terminated (offline → no jobs → remove → terminate).
+A policy decides *how many*: how many nodes the queue needs, which idle nodes may go. Everything
+else — the order of the steps and what each instance may receive — is here, once, so the five
+policies cannot disagree and no node gets two contradictory commands in one iteration:
+
+1. **stall** — find what has made no progress for ``stall_seconds`` *of healthy pipeline*
+   (``view.healthy_since``: time while our own broker, provisioner, sensor or engine was down
+   does not count): pending instances that never joined, and joined ones whose node has been
+   missing or ``down`` that long (not while the circuit breaker is open);
+2. **give up** — take them out: an instance the batch system never knew is terminated
+   directly; any other goes the safe way (below). Each stalled instance counts one failure
+   against its site — at most one per site per iteration;
+3. **reclaim** — a node drained for scale-down that demand needs again is put back online;
+4. **launch** — what is still needed, within [min_nodes, max_nodes];
+5. **add** — tell the batch system about newly running instances;
+6. **scale down** — offline the idle nodes the policy chose (never below min_nodes);
+7. **finish drains** — move every instance on its way out one step: offline while its node is
+   in service, ``remove`` once the node is empty (or absent: the batch system then confirms it
+   is gone, or refuses because a job runs there), and terminate only after the sensor
+   confirmed the removal. Nodes of instances that ended without a drain (preempted, vanished,
+   forced) are removed too, so a pool name can be reused.
+
+One instance, at most one action per iteration (``_claim``). While the circuit breaker is open
+(``view.breaker``) nothing is offlined or removed and no node is declared lost.
 """
 
 from __future__ import annotations
 
-from services.decision.actions import Action, Launch, Node, Terminate
-from services.decision.view import DomainView, Instance
+from epu.services.decision.actions import Action, Decision, Launch, Node, Terminate
+from epu.services.decision.view import IN_SERVICE, DomainView, Instance, short_name
+
+WHY = {"scale-down": "drained", "stalled": "stalled", "lost": "lost", "operator": "operator's terminate"}
 
 
 def add_started(view: DomainView) -> list[Action]:
@@ -21,81 +39,14 @@ def add_started(view: DomainView) -> list[Action]:
 
 
 def stalled(view: DomainView, stall_seconds: float) -> list[Instance]:
-    """Instances making no progress for ``stall_seconds``: pending ones that never joined, and
-    joined ones whose node has been missing from the batch system (or ``down``) that long."""
+    """Instances making no progress for ``stall_seconds`` of healthy pipeline: pending ones that
+    never joined, and joined ones whose node has been missing (or ``down``) that long."""
     now = view.now
-    out = [i for i in view.pending if now - i.launched_at >= stall_seconds]
-    if view.available:
-        out += [i for i in view.joined if i.missing_since is not None and now - i.missing_since >= stall_seconds]
-    return out
-
-
-def give_up(view: DomainView, insts: list[Instance], stall_seconds: float) -> list[Action]:
-    out: list[Action] = []
-    for i in insts:
-        if i.state == "joined":
-            assert i.missing_since is not None
-            why = f"lost: node missing or down for {int(view.now - i.missing_since)}s (limit {int(stall_seconds)}s)"
-            if view.node_of(i) is not None:
-                out.append(Node("remove", i.instance_id, why))
-            out.append(Terminate(i.instance_id, why))
-            continue
-        why = f"stalled: not joined {int(view.now - i.launched_at)}s after launch (limit {int(stall_seconds)}s)"
-        if i.add_sent_at is not None:
-            out.append(Node("remove", i.instance_id, why))
-        out.append(Terminate(i.instance_id, why, stalled=True))
-    return out
-
-
-def reclaim(view: DomainView, need: int) -> tuple[list[Action], int]:
-    """Online up to ``need`` draining nodes still in the batch system (never above ``max_nodes``:
-    a node drained because an operator lowered the bound stays drained); return the rest."""
-    out: list[Action] = []
-    room = view.max_nodes - len(view.active)
-    rest = max(0, need - room)
-    need = min(need, room)
-    for inst in view.draining:
-        if need <= 0:
-            break
-        if not inst.removed and view.node_of(inst) is not None:
-            out.append(Node("online", inst.instance_id, "draining node needed again"))
-            need -= 1
-    return out, need + rest
-
-
-def bounded_launches(view: DomainView, wanted: int, cores: int, reason: str,
-                     active_after: int | None = None) -> tuple[list[Action], list[str]]:
-    """``wanted`` launches clamped so the domain stays within [min_nodes, max_nodes]."""
-    active = len(view.active) if active_after is None else active_after
-    n = max(wanted, view.min_nodes - active)
-    notes = []
-    if n > wanted:
-        notes.append(f"min_nodes={view.min_nodes}: launching {n - wanted} more to reach the floor")
-        reason = reason if wanted else f"below min_nodes={view.min_nodes}"
-    room = max(0, view.max_nodes - active)
-    if n > room:
-        notes.append(f"max_nodes={view.max_nodes}: {n} wanted, {room} allowed")
-        n = room
-    return [Launch(cores, reason) for _ in range(n)], notes
-
-
-def scale_down(view: DomainView, candidates: list[Instance], count: int, reason: str,
-               active_after: int | None = None) -> list[Action]:
-    """Offline up to ``count`` of ``candidates`` (in order), keeping at least ``min_nodes``."""
-    active = len(view.active) if active_after is None else active_after
-    allowed = max(0, min(count, active - view.min_nodes))
-    return [Node("offline", i.instance_id, reason) for i in candidates[:allowed]]
-
-
-def finish_drains(view: DomainView) -> list[Action]:
-    """Move offlined nodes on: no job left → remove from the batch system → terminate."""
-    out: list[Action] = []
-    for inst in view.draining:
-        node = view.node_of(inst)
-        if inst.removed or (node is None and inst.add_sent_at is None):
-            out.append(Terminate(inst.instance_id, "drained and removed from the batch system"))
-        elif node is not None and not node.jobs and node.cores_used == 0:
-            out.append(Node("remove", inst.instance_id, "drained: no job left"))
+    healthy = view.healthy_since
+    out = [i for i in view.pending if now - max(i.launched_at, healthy) >= stall_seconds]
+    if view.available and not view.breaker:
+        out += [i for i in view.joined
+                if i.missing_since is not None and now - max(i.missing_since, healthy) >= stall_seconds]
     return out
 
 
@@ -103,5 +54,155 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b) if b > 0 else 0
 
 
-__all__ = ["add_started", "bounded_launches", "ceil_div", "finish_drains", "give_up", "reclaim",
-           "scale_down", "stalled"]
+class Cycle:
+    """One iteration of the life cycle of a domain (see the module docstring).
+
+    A policy builds one, reads ``pending``/``active`` (stalled instances already left out: they
+    are being replaced), calls ``launch`` and ``scale_down`` with its numbers, and returns
+    ``decision()``."""
+
+    def __init__(self, view: DomainView, stall_seconds: float) -> None:
+        self.view = view
+        self.stall_seconds = stall_seconds
+        gone = stalled(view, stall_seconds)
+        if view.breaker:  # a node the snapshot lost may be one of these: only what never ran goes
+            gone = [i for i in gone if not i.batch_may_know]
+        self.gone = gone
+        gone_ids = {i.instance_id for i in self.gone}
+        self.pending: list[Instance] = [i for i in view.pending if i.instance_id not in gone_ids]
+        """Pending instances that still count as supply."""
+        self.active = len(view.active) - len(self.gone)
+        """Instances counting towards [min_nodes, max_nodes] once the stalled ones are given up."""
+        self.notes: list[str] = []
+        self._reclaim: list[Instance] = []
+        self._launches: list[Launch] | None = None
+        self._down: list[tuple[Instance, str]] = []
+
+    # ------------------------------------------------------------------ what a policy asks
+    def launch(self, wanted: int, reason: str, cores: int | None = None) -> int:
+        """``wanted`` more nodes: draining nodes back online first, the rest launched, all within
+        [min_nodes, max_nodes]. Returns how many are launched (not counting reclaimed ones)."""
+        view = self.view
+        room = view.max_nodes - self.active
+        back = []
+        if wanted > 0 and room > 0 and not view.breaker:
+            for inst in view.draining:
+                if len(back) >= min(wanted, room):
+                    break
+                node = view.node_of(inst)
+                if (inst.retire in ("", "scale-down") and not inst.removed and inst.state == "draining"
+                        and node is not None and node.state == "offline"):
+                    back.append(inst)
+        self._reclaim = back
+        active = self.active + len(back)
+        need = max(0, wanted - len(back))
+        n = max(need, view.min_nodes - active)
+        if n > need:
+            self.notes.append(f"min_nodes={view.min_nodes}: launching {n - need} more to reach the floor")
+            reason = reason if need else f"below min_nodes={view.min_nodes}"
+        allowed = max(0, view.max_nodes - active)
+        if n > allowed:
+            self.notes.append(f"max_nodes={view.max_nodes}: {n} wanted, {allowed} allowed")
+            n = allowed
+        self._launches = [Launch(cores or view.cores_per_node, reason) for _ in range(n)]
+        return n
+
+    @property
+    def active_after_launch(self) -> int:
+        return self.active + len(self._reclaim) + len(self._launches or [])
+
+    def scale_down(self, candidates: list[Instance], count: int, reason: str) -> int:
+        """Offline up to ``count`` of ``candidates`` (in order), keeping at least ``min_nodes``
+        (counted after this iteration's launches). Returns how many."""
+        if self.view.breaker:
+            self.notes.append(f"circuit breaker open ({self.view.breaker}): no scale-down")
+            return 0
+        if self._launches is None:
+            self.launch(0, "")
+        allowed = max(0, min(count, self.active_after_launch - len(self._down) - self.view.min_nodes))
+        chosen = [i for i in candidates if i.state == "joined" and not i.retire][:allowed]
+        self._down += [(i, reason) for i in chosen]
+        return len(chosen)
+
+    # ------------------------------------------------------------------ the sequence
+    def decision(self, memory: dict | None = None, notes: list[str] | None = None) -> Decision:
+        if self._launches is None:
+            self.launch(0, "")
+        view = self.view
+        out: list[Action] = []
+        claimed: set[str] = set()
+        failed: dict[str, str] = {}
+
+        def claim(inst: Instance, action: Action) -> None:
+            if inst.instance_id not in claimed:
+                claimed.add(inst.instance_id)
+                out.append(action)
+
+        # 1-2. stall, give up
+        for inst in self.gone:
+            if inst.state == "joined":
+                assert inst.missing_since is not None
+                why = (f"lost: node missing or down for {int(view.now - inst.missing_since)}s "
+                       f"(limit {int(self.stall_seconds)}s of healthy pipeline)")
+                claim(inst, Node("remove", inst.instance_id, why, retire="lost"))
+                continue
+            why = (f"stalled: not joined {int(view.now - inst.launched_at)}s after launch "
+                   f"(limit {int(self.stall_seconds)}s of healthy pipeline)")
+            failed.setdefault(inst.site, f"stalled: instance {inst.instance_id}")
+            if inst.batch_may_know:
+                claim(inst, Node("remove", inst.instance_id, why, retire="stalled"))
+            else:
+                claim(inst, Terminate(inst.instance_id, why, stalled=True, retire="stalled"))
+        # 3. reclaim
+        for inst in self._reclaim:
+            claim(inst, Node("online", inst.instance_id, "draining node needed again"))
+        # 4. launch
+        out += self._launches or []
+        # 5. add
+        for inst in self.pending:
+            if inst.state == "started" and inst.add_sent_at is None:
+                claim(inst, Node("add", inst.instance_id, "instance running, add it to the batch system"))
+        # 6. scale down
+        for inst, why in self._down:
+            claim(inst, Node("offline", inst.instance_id, why, retire="scale-down"))
+        # 7. finish drains, clean up after instances that ended without one
+        for inst in view.draining:
+            if inst.instance_id not in claimed:
+                action = self._next_step(inst)
+                if action is not None:
+                    claim(inst, action)
+        if not view.breaker:
+            live_names = {short_name(i.node_name) for i in view.instances}
+            for inst in view.cleanup:
+                node = view.node_of(inst)
+                if node is not None and node.instance_id != inst.instance_id and \
+                        short_name(node.name) in live_names:
+                    continue  # the name belongs to a live instance now
+                claim(inst, Node("remove", inst.instance_id,
+                                 f"instance {inst.state} without a drain: free its batch node"))
+        return Decision(out, memory, [*(notes or []), *self.notes], failed)
+
+    def _next_step(self, inst: Instance) -> Action | None:
+        """The next step out for an instance on its way out (see the module docstring)."""
+        view = self.view
+        why = WHY.get(inst.retire, "drained")
+        if inst.removed:
+            return Terminate(inst.instance_id, f"{why}: removed from the batch system")
+        if not inst.batch_may_know:
+            return Terminate(inst.instance_id, f"{why}: never in the batch system")
+        if view.breaker or not view.available:
+            return None
+        node = view.node_of(inst)
+        if node is None:
+            return Node("remove", inst.instance_id, f"{why}: node not in the snapshot, remove it (confirmed by "
+                                                    "the batch system)")
+        if node.state in IN_SERVICE:
+            if inst.drain_at is None or inst.drain_at < view.snapshot_at or inst.state != "draining":
+                return Node("offline", inst.instance_id, f"{why}: drain it first")
+            return None  # offlined after this snapshot was taken: wait for the next one
+        if not node.jobs and node.cores_used == 0:
+            return Node("remove", inst.instance_id, f"{why}: no job left")
+        return None
+
+
+__all__ = ["Cycle", "add_started", "ceil_div", "stalled"]

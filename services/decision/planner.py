@@ -3,10 +3,13 @@
 The planner is the guard rail between any policy and the clouds:
 
 * a node running a job is never terminated unless the action is forced;
+* an instance the batch system may know (added, seen, or its VM ran) is terminated only after
+  the sensor confirmed its node removed (``removed``), unless forced;
 * an unavailable snapshot never leads to a scale-down (offline, remove, terminate);
-* one action per instance and kind, and none while the same one is still in flight;
+* one action per instance and kind, and none while the same one is still in flight; never
+  ``online`` while a ``remove`` of the same node is in flight, nor the reverse;
 * launches never take the domain above ``max_nodes`` and are placed on sites
-  (``placement.place``); stalled instances count as failures of their site.
+  (``placement.place``); a site with a stalled instance counts one failure per iteration.
 
 It also states each action's effect on the instance table, which the engine stores
 together with the action *before* sending it (intent first).
@@ -17,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
-from services.decision.actions import Decision, Launch, Node, Terminate
-from services.decision.placement import SiteHealth, SiteInfo, place, record_failure
-from services.decision.view import DomainView, Instance
+from epu.common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
+from epu.services.decision.actions import Decision, Launch, Node, Terminate
+from epu.services.decision.placement import SiteHealth, SiteInfo, place, record_failure
+from epu.services.decision.view import ACTIVE_STATES, DomainView, Instance, short_name
 
 SCALE_DOWN = frozenset({"offline", "remove", "terminate"})
 
@@ -66,10 +69,15 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
          in_flight: set[tuple[str, str]], *, make_id: Callable[[], str] = new_id) -> Plan:
     out = Plan(notes=list(decision.notes))
     targets = {a.instance_id for a in decision.actions if not isinstance(a, Launch)}
-    by_id = {i.instance_id: i for i in view.instances if i.instance_id in targets} if targets else {}
+    by_id = {i.instance_id: i for i in [*view.instances, *view.cleanup] if i.instance_id in targets} \
+        if targets else {}
     seen: set[tuple[str, str]] = set()
     launches: list[Launch] = []
     now = view.now
+    for site, why in sorted(decision.failed_sites.items()):  # one failure per site per iteration
+        h = placement.health.get(site, SiteHealth(site))
+        out.sites[site] = record_failure(h, now, why, initial=placement.backoff_initial,
+                                         maximum=placement.backoff_max, stalled=why.startswith("stalled"))
 
     def current(iid: str) -> Instance:
         return out.instances.get(iid, by_id[iid])
@@ -89,36 +97,52 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if kind in SCALE_DOWN and not view.available and not getattr(action, "force", False):
             out.notes.append(f"dropped {kind} {inst.node_name}: sensor unavailable, no scale-down")
             continue
+        terminal = inst.state in ("terminated", "failed")
         if isinstance(action, Terminate):
-            if inst.terminate_sent:
+            if inst.terminate_sent or terminal:
                 continue
             if view.running_jobs(inst) and not action.force:
                 out.notes.append(f"kept {inst.node_name}: a job runs there (terminate needs force)")
                 continue
+            if inst.batch_may_know and not inst.removed and not action.force:
+                out.notes.append(f"kept {inst.node_name}: the batch system may know it; terminate only "
+                                 "after its removal is confirmed")
+                continue
             msg: Message = TerminateRequest(request_id=make_id(), instance_id=iid, domain=view.domain,
                                             reason=action.reason, force=action.force)
-            out.instances[iid] = replace(inst, terminate_sent=True, idle_since=None)
-            if action.stalled:
-                h = out.sites.get(inst.site) or placement.health.get(inst.site, SiteHealth(inst.site))
-                out.sites[inst.site] = record_failure(h, now, f"instance {iid} stalled",
-                                                      initial=placement.backoff_initial,
-                                                      maximum=placement.backoff_max, stalled=True)
+            out.instances[iid] = replace(inst, terminate_sent=True, idle_since=None,
+                                         retire=inst.retire or action.retire)
             out.actions.append(Planned(msg.request_id, "terminate", iid, inst.site, action.reason, msg))
         else:
             assert isinstance(action, Node)
-            if kind == "offline" and inst.state != "joined":
+            if terminal and kind != "remove":
                 continue
-            if kind == "online" and inst.state != "draining":
+            if kind == "offline" and ((inst.state not in ACTIVE_STATES and inst.state != "draining")
+                                      or inst.removed):
                 continue
-            msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op, node=inst.node_name,
+            if kind == "online" and (inst.state != "draining" or inst.removed or (iid, "remove") in in_flight):
+                continue
+            if kind == "remove" and (iid, "online") in in_flight:
+                continue
+            if kind == "add" and (inst.state != "started" or inst.retire):
+                continue
+            node = view.node_of(inst)
+            msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op,
+                              node=node.name if node is not None else inst.node_name,
                               instance_id=iid, address=inst.ip if action.op == "add" else None,
                               cores=inst.cores if action.op == "add" else None, reason=action.reason)
             if kind == "add":
                 out.instances[iid] = replace(inst, add_sent_at=now)
             elif kind == "offline":
-                out.instances[iid] = replace(inst, state="draining", state_at=now, drain_at=now, idle_since=None)
+                out.instances[iid] = replace(inst, state="draining", state_at=now, drain_at=now, idle_since=None,
+                                             retire=action.retire or inst.retire or "scale-down")
             elif kind == "online":
-                out.instances[iid] = replace(inst, state="joined", state_at=now, drain_at=None, idle_since=None)
+                out.instances[iid] = replace(inst, state="joined", state_at=now, drain_at=None, idle_since=None,
+                                             retire="")
+            elif kind == "remove" and not terminal:
+                state = "draining" if inst.state in ACTIVE_STATES else inst.state
+                out.instances[iid] = replace(inst, state=state, state_at=now if state != inst.state else inst.state_at,
+                                             idle_since=None, retire=action.retire or inst.retire or "scale-down")
             out.actions.append(Planned(msg.command_id, kind, iid, inst.site, action.reason, msg))
         seen.add((iid, kind))
 
@@ -133,7 +157,8 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if placement.node_names:
             # a name is free once its instance is over AND its node has left the batch system
             # (a slot still draining or powering down would be taken for the new worker's node)
-            used = {i.node_name for i in view.instances if i.state not in ("terminated", "failed")} | set(view.nodes)
+            used = ({i.node_name for i in view.instances if i.state not in ("terminated", "failed")}
+                    | {i.node_name for i in view.cleanup} | {short_name(n) for n in view.nodes} | set(view.nodes))
             free = [n for n in placement.node_names if n not in used]
             if len(launches) > len(free):
                 out.notes.append(f"node_names: {len(launches) - len(free)} launch(es) wait for a free name")

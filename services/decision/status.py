@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.messages import DecisionRecord, InstanceEvent, Message, SensorSnapshot
+from epu.common.messages import DecisionRecord, InstanceEvent, Message, SensorSnapshot
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Board:
         if isinstance(msg, SensorSnapshot):
             st.snapshot_at, st.available = msg.taken_at, msg.available
             if msg.available:
-                q = msg.queued_demand()
+                q = msg.demand_shapes()
                 st.queued_jobs = sum(j.count for j in q)
                 st.queued_cores = sum(j.count * j.cores * j.nodes for j in q)
                 st.nodes = dict(Counter(n.state for n in msg.nodes))

@@ -1,21 +1,27 @@
 """The policy's view of one domain: latest snapshot + the engine's instance table. Pure.
 
 ``refresh`` is where the engine's own instance states come from: an instance whose node shows
-up in the snapshot has *joined*; a joined node that is free with no job has been idle since
-``idle_since`` (kept in the store so a restarted engine keeps counting).
+up in the snapshot, in service, has *joined*; a joined node that is free with no job has been
+idle since ``idle_since`` (kept in the store so a restarted engine keeps counting).
+
+Which node is an instance's: ``NodeIndex`` — by identity first (``NodeInfo.instance_id``, the
+launch id the backend carried into the batch system), and only for nodes that report no
+identity by name, normalized to the short host name (``short_name``: HTCondor reports the
+FQDN, Slurm and Torque the short name). This is the one place names are compared.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
-from common.messages import NodeInfo, QueuedJob, SensorSnapshot
+from epu.common.messages import JobShape, NodeInfo, QueuedJob, SensorSnapshot, group_jobs
 
 PENDING_STATES = frozenset({"requested", "pending", "started"})
 IN_SERVICE = frozenset({"free", "busy"})
+ACTIVE_STATES = frozenset({"requested", "pending", "started", "joined"})
 LIVE_STATES = frozenset({"requested", "pending", "started", "joined", "draining", "terminating"})
 
 
@@ -42,16 +48,62 @@ class Instance:
     reason: str = ""
     missing_since: float | None = None
     """Joined, but its node is absent from the snapshot or ``down`` since then (lost)."""
+    seen_at: float | None = None
+    """When its node first showed in a snapshot (the batch system knows it since)."""
+    retire: str = ""
+    """Why it is being taken out ("" = it is not): scale-down, stalled, lost, operator. Set with
+    the first step of the way out (offline, remove, or terminate for a node never in the batch
+    system); the way out is always offline → empty → remove confirmed → terminate."""
 
     @property
     def pending(self) -> bool:
         """Launched, not in the batch system yet, and not being given up."""
-        return self.state in PENDING_STATES and not self.terminate_sent
+        return self.state in PENDING_STATES and not self.terminate_sent and not self.retire
 
     @property
     def active(self) -> bool:
         """Counts towards the domain's size (min/max): live and not on its way out."""
-        return self.state in ("requested", "pending", "started", "joined") and not self.terminate_sent
+        return self.state in ACTIVE_STATES and not self.terminate_sent and not self.retire
+
+    @property
+    def batch_may_know(self) -> bool:
+        """The batch system may have (had) a node for it: we added it, a snapshot showed it, or
+        its VM ran (a daemon that registers by itself, HTCondor's startd). Such an instance is
+        terminated only after the sensor confirmed its node removed (or an operator forced it)."""
+        return (self.add_sent_at is not None or self.seen_at is not None or self.joined_at is not None
+                or self.state in ("started", "joined", "draining"))
+
+
+@lru_cache(maxsize=1 << 16)
+def short_name(name: str) -> str:
+    """The one normalization of node names: the short host name, lower case."""
+    return name.split(".", 1)[0].lower()
+
+
+class NodeIndex:
+    """A snapshot's nodes, found by instance identity, then by short name (see module docstring)."""
+
+    __slots__ = ("by_id", "by_name", "by_short")
+
+    def __init__(self, nodes: dict[str, NodeInfo] | list[NodeInfo] | None = None) -> None:
+        items = list(nodes.values()) if isinstance(nodes, dict) else list(nodes or [])
+        self.by_name: dict[str, NodeInfo] = {n.name: n for n in items}
+        self.by_id: dict[str, NodeInfo] = {}
+        self.by_short: dict[str, NodeInfo] = {}
+        for n in items:
+            if n.instance_id:
+                self.by_id[n.instance_id] = n
+            else:
+                self.by_short.setdefault(short_name(n.name), n)
+
+    def find(self, inst: Instance) -> NodeInfo | None:
+        node = self.by_id.get(inst.instance_id)
+        if node is not None or not self.by_short:
+            return node
+        return self.by_short.get(short_name(inst.node_name))
+
+    def __len__(self) -> int:
+        return len(self.by_name)
 
 
 @dataclass(frozen=True)
@@ -64,18 +116,30 @@ class JobDigest:
     jobs: int
     cores: int
     max_wait: float
+    detail: tuple[JobShape, ...] = ()
+    """The demand shapes themselves (time limits, waits), for policies that need more than counts."""
 
     @classmethod
     def of(cls, jobs: list[QueuedJob]) -> JobDigest:
-        shapes: Counter[tuple[int, int]] = Counter()
+        return cls.of_shapes(group_jobs(jobs))
+
+    @classmethod
+    def of_snapshot(cls, snapshot: SensorSnapshot) -> JobDigest:
+        return cls.of_shapes(snapshot.all_shapes()) if snapshot.available else cls({}, 0, 0, 0.0)
+
+    @classmethod
+    def of_shapes(cls, shapes: list[JobShape]) -> JobDigest:
+        """Only ``demand`` shapes count: held, dependent or limit-blocked jobs are no reason to launch."""
+        by_size: Counter[tuple[int, int]] = Counter()
         max_wait = 0.0
-        for j in jobs:
-            if j.state == "queued":
-                shapes[(j.cores, j.nodes)] += j.count
-                if j.wait_seconds > max_wait:
-                    max_wait = j.wait_seconds
-        return cls(dict(shapes), sum(shapes.values()),
-                   sum(c * n * k for (c, n), k in shapes.items()), max_wait)
+        for s in shapes:
+            if s.demand:
+                by_size[(s.cores, s.nodes)] += s.count
+                if s.max_wait_s > max_wait:
+                    max_wait = s.max_wait_s
+        return cls(dict(by_size), sum(by_size.values()),
+                   sum(c * n * k for (c, n), k in by_size.items()), max_wait,
+                   tuple(s for s in shapes if s.demand))
 
 
 @dataclass
@@ -92,10 +156,24 @@ class DomainView:
     memory: dict[str, Any] = field(default_factory=dict)
     parts: Parts | None = None
     """active/pending/joined/draining if already computed (``refresh_parts`` does it in its pass)."""
+    index: NodeIndex | None = None
+    """The snapshot's nodes by identity and short name (built from ``nodes`` when not given)."""
+    healthy_since: float = 0.0
+    """Since when the pipeline (sensor, broker, provisioner, engine) has been seen healthy without
+    a break: stall and loss clocks run only from then (our own outage is not a site's fault)."""
+    breaker: str = ""
+    """Why the circuit breaker is open ("" = closed): scale-down and "lost" handling are frozen."""
+    cleanup: list[Instance] = field(default_factory=list)
+    """Instances that ended (preempted, vanished, forced) whose batch node was never confirmed
+    removed: their node is removed so a pool name is reused."""
+    snapshot_at: float = 0.0
+    """When the snapshot behind this view was taken (a command sent after it is not visible yet)."""
 
     # ---- derived sets, used by every policy (computed once per view: 10,000 instances add up)
     def node_of(self, inst: Instance) -> NodeInfo | None:
-        return self.nodes.get(inst.node_name)
+        if self.index is None:
+            self.index = NodeIndex(self.nodes)
+        return self.index.find(inst)
 
     @cached_property
     def _parts(self) -> Parts:
@@ -152,10 +230,10 @@ def partition(instances: list[Instance]) -> Parts:
         if i.terminate_sent:
             continue
         s = i.state
-        if s == "joined":
+        if s == "joined" and not i.retire:
             joined.append(i)
             active.append(i)
-        elif s == "draining":
+        elif s == "draining" or (i.retire and s in ACTIVE_STATES):
             draining.append(i)
         elif s in PENDING_STATES:
             pending.append(i)
@@ -163,7 +241,7 @@ def partition(instances: list[Instance]) -> Parts:
     return active, pending, joined, draining
 
 
-def refresh(instances: list[Instance], nodes: dict[str, NodeInfo], now: float,
+def refresh(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
             available: bool) -> list[Instance]:
     """Apply what the snapshot shows to the engine-owned states and timers. Returns the new list.
 
@@ -171,50 +249,51 @@ def refresh(instances: list[Instance], nodes: dict[str, NodeInfo], now: float,
     return refresh_parts(instances, nodes, now, available)[0]
 
 
-def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo], now: float,
+def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
                   available: bool) -> tuple[list[Instance], Parts]:
     """``refresh`` and ``partition`` of the result in the same pass: at 10,000 instances every
-    pass over them is a millisecond of the iteration."""
+    pass over them is a millisecond of the iteration.
+
+    Absence never removes anything: a draining node missing from a snapshot is not "removed"
+    (only the sensor's successful ``remove`` says so, ``Engine.on_node_result``)."""
     if not available:
         return list(instances), partition(instances)
+    index = nodes if isinstance(nodes, NodeIndex) else NodeIndex(nodes)
+    find = index.find
     out: list[Instance] = []
     active: list[Instance] = []
     pending: list[Instance] = []
     joined: list[Instance] = []
     draining: list[Instance] = []
     append = out.append
-    get = nodes.get
     for inst in instances:
         state = inst.state
+        node = find(inst)
+        if node is not None and inst.seen_at is None:
+            inst = replace(inst, seen_at=now)
         if state == "joined":
-            node = get(inst.node_name)
             idle = node is not None and node.state == "free" and not node.jobs and not node.cores_used
             if idle != (inst.idle_since is not None):
                 inst = replace(inst, idle_since=now if idle else None)
             lost = node is None or node.state == "down"
             if lost != (inst.missing_since is not None):
                 inst = replace(inst, missing_since=now if lost else None)
-        elif state in PENDING_STATES:
-            node = get(inst.node_name)
+        elif (state in PENDING_STATES and node is not None and node.state in IN_SERVICE
+              and not inst.terminate_sent and not inst.retire):
             # joined = in service. A name that is merely known to the batch system (a
             # pre-declared, powered-down pool slot; a node still offline or down) has not
             # joined: the instance still needs its "add".
-            if node is not None and node.state in IN_SERVICE and not inst.terminate_sent:
-                idle = node.state == "free" and not node.jobs and not node.cores_used
-                inst = replace(inst, state="joined", state_at=now, joined_at=now,
-                               idle_since=now if idle else None)
-        elif (state == "draining" and not inst.removed and inst.add_sent_at is not None
-              and inst.node_name not in nodes):
-            inst = replace(inst, removed=True)  # gone from the batch system: nothing left to remove
+            idle = node.state == "free" and not node.jobs and not node.cores_used
+            inst = replace(inst, state="joined", state_at=now, joined_at=now, idle_since=now if idle else None)
         append(inst)
         if inst.terminate_sent:
             continue
         state = inst.state
-        if state == "joined":
+        if state == "draining" or (inst.retire and state in ACTIVE_STATES):
+            draining.append(inst)  # on its way out (given up, or drained)
+        elif state == "joined":
             joined.append(inst)
             active.append(inst)
-        elif state == "draining":
-            draining.append(inst)
         elif state in PENDING_STATES:
             pending.append(inst)
             active.append(inst)
@@ -224,15 +303,19 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo], now: fl
 def build_view(domain: str, snapshot: SensorSnapshot | None, digest: JobDigest | None,
                instances: list[Instance], now: float, *, min_nodes: int, max_nodes: int,
                cores_per_node: int, memory: dict[str, Any] | None = None,
-               nodes: dict[str, NodeInfo] | None = None, all_live: bool = False,
-               parts: Parts | None = None) -> DomainView:
+               nodes: dict[str, NodeInfo] | NodeIndex | None = None, all_live: bool = False,
+               parts: Parts | None = None, healthy_since: float = 0.0, breaker: str = "",
+               cleanup: list[Instance] | None = None) -> DomainView:
     """``digest`` and ``nodes`` may be precomputed once per snapshot (the engine does);
     ``all_live`` says the instances were loaded live-only already (skips a filter pass)."""
     available = snapshot is not None and snapshot.available
+    index = nodes if isinstance(nodes, NodeIndex) else None
     if nodes is None:
         nodes = {n.name: n for n in snapshot.nodes} if available and snapshot else {}
+    by_name = index.by_name if index is not None else nodes
     if digest is None:
-        digest = JobDigest.of(snapshot.jobs) if available and snapshot else JobDigest({}, 0, 0, 0.0)
+        digest = JobDigest.of_snapshot(snapshot) if snapshot else JobDigest({}, 0, 0, 0.0)
     live = instances if all_live else [i for i in instances if i.state in LIVE_STATES]
-    return DomainView(domain, now, available, digest, nodes, live, min_nodes, max_nodes,
-                      cores_per_node, dict(memory or {}), parts if all_live else None)
+    return DomainView(domain, now, available, digest, by_name, live, min_nodes, max_nodes,  # type: ignore[arg-type]
+                      cores_per_node, dict(memory or {}), parts if all_live else None, index,
+                      healthy_since, breaker, list(cleanup or []), snapshot.taken_at if snapshot else 0.0)

@@ -9,21 +9,28 @@ drive the poll loop, reconciliation and the outbox sweep; reconciliation also ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from epu.common.clock import Clock, RealClock
+from epu.common.config import EpuConfig
+from epu.common.messages import (
+    Envelope,
+    InstanceEvent,
+    LaunchRequest,
+    Message,
+    ProvisionerAlert,
+    TerminateRequest,
+)
+from epu.common.runtime import Reject, RuntimeSettings, Service
+from epu.services.provisioner.cloud import LibcloudSite, Site
+from epu.services.provisioner.drivers import make_driver
+from epu.services.provisioner.metrics import ProvisionerMetrics
+from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+from epu.services.provisioner.runner import CallObserver, RetryPolicy
+from epu.services.provisioner.store import Store
+from epu.services.provisioner.userdata import UserdataRenderer, worker_contexts
 from libcloud.compute.base import NodeDriver
-
-from common.clock import Clock, RealClock
-from common.config import EpuConfig
-from common.messages import Envelope, InstanceEvent, LaunchRequest, Message, TerminateRequest
-from common.runtime import Reject, RuntimeSettings, Service
-from services.provisioner.cloud import LibcloudSite, Site
-from services.provisioner.drivers import make_driver
-from services.provisioner.metrics import ProvisionerMetrics
-from services.provisioner.provisioner import Provisioner, ProvisionerSettings
-from services.provisioner.runner import CallObserver, RetryPolicy
-from services.provisioner.store import Store
-from services.provisioner.userdata import UserdataRenderer
 
 
 class ProvisionerService(Service):
@@ -41,29 +48,38 @@ class ProvisionerService(Service):
 
 def build_sites(config: EpuConfig, *, clock: Clock | None = None,
                 drivers: dict[str, NodeDriver] | None = None) -> dict[str, Site]:
-    deployment = config.provisioner.deployment
+    """The configured sites; the provisioner binds its store's deployment identity to them."""
     sites: dict[str, Site] = {}
     for name, site_cfg in config.sites.items():
         driver = (drivers or {}).get(name) or make_driver(name, site_cfg, clock=clock)
-        sites[name] = LibcloudSite(name, site_cfg, driver, deployment)
+        sites[name] = LibcloudSite(name, site_cfg, driver)
     return sites
 
 
 def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = None,
                       drivers: dict[str, NodeDriver] | None = None, store: Store | None = None,
-                      on_cloud_call: CallObserver | None = None) -> Provisioner:
+                      on_cloud_call: CallObserver | None = None, alert: Any = None,
+                      new_id: Callable[[], str] | None = None) -> Provisioner:
+    """``alert`` receives every ``ProvisionerAlert`` (the service publishes them); ``new_id`` makes
+    the store id and a generated deployment identity at a store's first start (default: random;
+    a simulator passes a seeded one so a run replays exactly)."""
     pc = config.provisioner
     sites = build_sites(config, clock=clock, drivers=drivers)
-    renderers = {name: UserdataRenderer.from_path(s.userdata_template, s.userdata_max_bytes)
+    workers = worker_contexts(config)
+    renderers = {name: UserdataRenderer.from_path(s.userdata_template, s.userdata_max_bytes, workers)
                  for name, s in config.sites.items()}
     settings = ProvisionerSettings(
         deployment=pc.deployment, orphan_grace_seconds=pc.orphan_grace_seconds,
+        vanish_misses=pc.vanish_misses, vanish_min_seconds=pc.vanish_min_seconds,
+        max_destroys_per_reconcile=pc.max_destroys_per_reconcile,
         outbox_delay_seconds=pc.outbox_seconds,
         retry=RetryPolicy(attempts=pc.retry_attempts, initial=pc.retry_initial_seconds,
                           maximum=pc.retry_max_seconds),
     )
+    if new_id is not None:
+        settings.new_id = new_id
     return Provisioner(store or Store(pc.store_url), sites, publish, clock=clock, settings=settings,
-                       renderers=renderers, on_cloud_call=on_cloud_call)
+                       renderers=renderers, on_cloud_call=on_cloud_call, alert=alert)
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None,
@@ -82,7 +98,12 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         service.publish(event)
         metrics.published(event)
 
-    prov = build_provisioner(config, publish, clock=clock, drivers=drivers, on_cloud_call=metrics.cloud_call)
+    def alert(message: ProvisionerAlert) -> None:
+        metrics.alerted(message)
+        service.publish(message)
+
+    prov = build_provisioner(config, publish, clock=clock, drivers=drivers, on_cloud_call=metrics.cloud_call,
+                             alert=alert)
     metrics.watch_runners(prov.runners)
     service.provisioner = prov
     service.settings.extra_health["sites"] = prov.health
@@ -101,4 +122,27 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     service.every(pc.poll_seconds, prov.poll_all, name="poll")
     service.every(pc.reconcile_seconds, prov.reconcile_all, name="reconcile")
     service.every(pc.outbox_seconds, prov.flush_outbox, name="outbox")
+    service.every(pc.report_seconds, lambda: publish_reports(service, prov.store, pc.report_horizon_seconds),
+                  name="report")
     return service
+
+
+def publish_reports(service: Service, store: Store, horizon: float) -> int:
+    """Anti-entropy: per domain, the current state of every instance this provisioner knows
+    (live, or ended within ``horizon``) as one ``instance.report``. Returns how many were sent."""
+    from collections import defaultdict
+
+    from epu.common.messages import InstanceReport
+
+    now = service.clock.now()
+    by_domain: dict[str, list[InstanceEvent]] = defaultdict(list)
+    for r in store.list(live_or_updated_since=now - horizon):  # not every record ever (O(history))
+        if r.terminal and r.updated_at < now - horizon:
+            continue
+        by_domain[r.domain].append(InstanceEvent(
+            instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
+            node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
+            error_kind=r.error_kind, at=r.updated_at))
+    for domain, items in by_domain.items():
+        service.publish(InstanceReport(domain=domain, as_of=now, horizon_seconds=horizon, instances=items))
+    return len(by_domain)

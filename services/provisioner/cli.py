@@ -1,9 +1,11 @@
 """``epu instances``: what the provisioner knows about instances, and terminating one.
 
 ``list`` reads the provisioner's store directly (read-only; works while the service runs,
-SQLite WAL or PostgreSQL). ``terminate`` does not touch a cloud: it sends a
-``TerminateRequest`` to the provisioners' work queue, so the one path that records intent,
-retries and reports is also the operator's.
+SQLite WAL or PostgreSQL). ``terminate`` does not touch a cloud. Without ``--force`` it asks
+the decision engine to take the instance out the way the engine takes out any worker — drain
+it, wait for its jobs, remove its node from the batch system, then terminate — by sending a
+``PolicyChange`` with ``retire=[ID]`` to the engine's control queue. With ``--force`` it sends a
+``TerminateRequest`` to the provisioners' work queue: the instance goes at once, jobs or not.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import json
 import sys
 import time
 
-from common.cli_core import add_config_arg, load_or_exit
-from common.messages import TerminateRequest, new_id
+from epu.common.cliargs import add_config_arg, load_or_exit
+from epu.common.messages import Message, PolicyChange, TerminateRequest, new_id
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -40,18 +42,25 @@ exit status: 0 on success, 2 on a bad configuration.
 """
 
 TERMINATE_DESCRIPTION = """\
-Ask the provisioners to terminate instance ID (send a TerminateRequest to their work queue).
+Take instance ID out of service.
 
-Terminate is idempotent: asking twice is harmless, and an instance already terminated
-stays so. The request is recorded before the cloud call; watch it with
-`epu tap 'instance.state.#'` or `epu instances list`. An ID the store does not know is
-recorded as terminated (so a late launch with that id never starts).
+Without --force (the safe way, what the engine does for any worker): the decision engine
+drains the node (no new job lands there), waits until no job runs on it, removes it from the
+batch system and only then terminates the instance; a replacement is launched if the policy
+still wants one. The request goes to the engine's control queue (an operator needs no more
+than decision.control permission) and is answered like `epu policy set`.
+
+With --force: a TerminateRequest goes straight to the provisioners — the instance is
+terminated at once, killing whatever runs there; its batch node is removed afterwards.
+
+Either way the request is idempotent: asking twice is harmless, and an instance already
+terminated stays so. Watch it with `epu tap 'instance.state.#'` or `epu instances list`.
 """
 
 TERMINATE_EPILOG = """\
 examples:
   epu instances terminate launch-7f3a -c /etc/epu/epu.toml --reason "stuck booting"
-  epu instances terminate 4b1c --domain alpha
+  epu instances terminate 4b1c --domain alpha --force      # now, even with jobs running
 
 exit status: 0 when the request was accepted by the broker, 1 if it could not be sent,
 2 on a bad configuration or when the domain cannot be determined.
@@ -59,7 +68,7 @@ exit status: 0 when the request was accepted by the broker, 1 if it could not be
 
 
 def _store(config):  # noqa: ANN001, ANN202 - small helper, typed at the call sites
-    from services.provisioner.store import Store
+    from epu.services.provisioner.store import Store
 
     return Store(config.provisioner.store_url)
 
@@ -94,6 +103,17 @@ def _age(seconds: float) -> str:
     return f"{s // 3600}h"
 
 
+def terminate_message(instance_id: str, domain: str, reason: str, force: bool,
+                      operator: str = "") -> Message:
+    """What ``epu instances terminate`` sends (the simulator sends the same): forced, a
+    TerminateRequest to the provisioners; otherwise a retire request to the decision engine,
+    which drains, removes and then terminates (see the module docstring)."""
+    if force:
+        return TerminateRequest(request_id=new_id(), instance_id=instance_id, domain=domain, reason=reason,
+                                force=True)
+    return PolicyChange(change_id=new_id(), domain=domain, retire=[instance_id], operator=operator or reason)
+
+
 def cmd_terminate(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
     domain = args.domain
@@ -107,10 +127,12 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             print(f"epu: instance {args.instance_id} is not in the store; give --domain", file=sys.stderr)
             return 2
         domain = rec.domain
-    from common.broker import Publisher
+    import getpass
 
-    req = TerminateRequest(request_id=new_id(), instance_id=args.instance_id, domain=domain,
-                           reason=args.reason, force=args.force)
+    from epu.common.broker import Publisher
+
+    req = terminate_message(args.instance_id, domain, args.reason, args.force,
+                            operator=f"{getpass.getuser()} ({args.reason})")
     publisher = Publisher(config.broker_obj(), source="epu-cli")
     try:
         publisher.publish(req)
@@ -119,7 +141,12 @@ def cmd_terminate(args: argparse.Namespace) -> int:
         return 1
     finally:
         publisher.close()
-    print(f"terminate requested: instance={req.instance_id} domain={domain} request_id={req.request_id}")
+    if isinstance(req, TerminateRequest):
+        print(f"forced terminate requested: instance={req.instance_id} domain={domain} "
+              f"request_id={req.request_id}")
+    else:
+        print(f"drain and terminate requested from the decision engine: instance={args.instance_id} "
+              f"domain={domain} change_id={req.change_id}")
     return 0
 
 
@@ -144,5 +171,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--domain", metavar="D", help="the instance's domain (default: looked up in the store)")
     tp.add_argument("--reason", default="terminated by an operator", help="recorded with the transition")
     tp.add_argument("--force", action="store_true",
-                    help="mark the request forced (the engine's drain-first rule does not apply)")
+                    help="terminate at once through the provisioners, even with jobs running "
+                         "(default: the engine drains, removes, then terminates)")
     tp.set_defaults(func=cmd_terminate)

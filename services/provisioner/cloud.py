@@ -6,27 +6,42 @@ normalized ``CloudNode`` values, and never a provider's quirks. ``LibcloudSite``
 calls onto any libcloud ``NodeDriver``: it finds out from ``create_node``'s signature which
 idempotency and tagging features the provider has (``ex_clienttoken``, ``ex_metadata``,
 ``ex_tags``, ``ex_userdata``...) and reads tags back from ``extra``, so EC2, OpenStack,
-the simulated cloud and the process site all carry the same four tags.
+the simulated cloud and the process site all carry the same tags. A site's provider extras
+(``create_args``: subnet, networks, spot options, IAM profile...) are checked against the
+driver's ``create_node`` when the site is built and passed through, built into the objects
+libcloud wants where it wants objects (``CREATE_ARG_OBJECTS``).
+
+Whose node is whose: every node carries this deployment's identity (``epu-deployment``) and
+this store's id (``epu-store``), both made at the store's first start (``Store.claim_identity``)
+and bound to the site by the provisioner (``bind``). ``nodes`` returns only nodes of this
+deployment; which of them this store may sweep is ``reconcile``'s business.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from epu.common.config.provisioner import SiteConfig
+from epu.services.provisioner.drivers import (
+    SiteConfigError,
+    check_driver_args,
+    driver_class,
+    driver_family,
+    keyword_names,
+)
+from epu.services.provisioner.states import map_node_state
 from libcloud.compute.base import Node, NodeDriver, NodeImage, NodeLocation, NodeSize
 from libcloud.compute.types import NodeState
-
-from common.config.provisioner import SiteConfig
-from services.provisioner.states import map_node_state
 
 TAG_DEPLOYMENT = "epu-deployment"
 TAG_DOMAIN = "epu-domain"
 TAG_LAUNCH = "epu-launch-id"
 TAG_INSTANCE = "epu-instance-id"
+TAG_STORE = "epu-store"
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,11 @@ class Site(Protocol):
     name: str
     config: SiteConfig
 
+    def bind(self, deployment: str, store_id: str) -> None:
+        """Tag launches with, and list the nodes of, this deployment and store (called once by
+        the provisioner with its store's identity)."""
+        ...
+
     def launch(self, spec: LaunchSpec) -> CloudNode: ...
     def terminate(self, cloud_id: str) -> None: ...
     def nodes(self) -> list[CloudNode]: ...
@@ -100,15 +120,101 @@ def is_not_found(exc: BaseException) -> bool:
                                    "No such process"))
 
 
+#: ``create_node`` arguments EPU sets itself (from the launch and the site's other keys): a
+#: site's ``create_args`` may not set them.
+RESERVED_CREATE_ARGS = frozenset({
+    "name", "size", "image", "location", "auth", "ex_clienttoken", "ex_metadata", "ex_tags", "ex_labels",
+    "ex_userdata", "ex_user_data", "ex_customdata", "ex_keyname", "ex_security_groups", "ex_securitygroup",
+    "ex_mincount", "ex_maxcount"})
+
+
+def _ec2_subnet(driver: NodeDriver, value: Any) -> Any:
+    from libcloud.compute.drivers.ec2 import EC2NetworkSubnet
+
+    return EC2NetworkSubnet(id=str(value), name=str(value), state="available")
+
+
+def _openstack_networks(driver: NodeDriver, value: Any) -> Any:
+    from libcloud.compute.drivers.openstack import OpenStackNetwork
+
+    return [OpenStackNetwork(id=str(v), name=str(v), cidr=None, driver=driver) for v in _as_list(value)]
+
+
+def _openstack_security_groups(driver: NodeDriver, value: Any) -> Any:
+    from libcloud.compute.drivers.openstack import OpenStackSecurityGroup
+
+    return [OpenStackSecurityGroup(id=None, tenant_id=None, name=str(v), description="", driver=driver)
+            for v in _as_list(value)]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+#: Extras libcloud wants as objects, built from the ids a config holds: (provider type, argument).
+CREATE_ARG_OBJECTS: dict[tuple[str, str], Callable[[NodeDriver, Any], Any]] = {
+    ("ec2", "ex_subnet"): _ec2_subnet,
+    ("openstack", "networks"): _openstack_networks,
+    ("openstack", "ex_security_groups"): _openstack_security_groups,
+}
+
+
+def check_site(name: str, config: SiteConfig) -> None:
+    """What can be checked of a site without its credentials or a connection — the provider
+    exists, every ``driver_args`` key is read by its driver, every ``create_args`` key is taken by
+    its ``create_node`` (any of the provider's classes) and none is EPU's own — raising
+    ``SiteConfigError`` naming the key. For ``epu config check``; building the site checks the
+    same against the driver itself, and the credentials too."""
+    cls = driver_class(name, config.driver)
+    check_driver_args(name, config, cls, {})
+    params: set[str] = set()
+    takes_any = False
+    for c in driver_family(cls):
+        if "create_node" in c.__dict__:
+            names, var = keyword_names(c.__dict__["create_node"])
+            params |= names
+            takes_any = takes_any or var
+    create_extras(name, config, None, params, takes_any)
+
+
+def create_extras(site: str, config: SiteConfig, driver: NodeDriver | None, params: set[str],
+                  takes_any: bool) -> dict[str, Any]:
+    """The site's ``create_args`` and ``security_groups`` as ``create_node`` keywords, checked
+    against the driver's signature (names the key that does not fit)."""
+    provider = str(getattr(driver, "type", "") or "") if driver is not None else ""  # no driver: check only
+    extras: dict[str, Any] = {}
+    for key, value in config.create_args.items():
+        if key in RESERVED_CREATE_ARGS:
+            raise SiteConfigError(f"site {site}: create_args key {key!r} is set by EPU, not by a site "
+                                  "(security groups: the site's security_groups key)")
+        if key not in params and not takes_any:
+            raise SiteConfigError(f"site {site}: create_args key {key!r} is not an argument of the "
+                                  f"{config.driver} driver's create_node (it takes: "
+                                  f"{', '.join(sorted(params - RESERVED_CREATE_ARGS))})")
+        convert = CREATE_ARG_OBJECTS.get((provider, key))
+        extras[key] = convert(driver, value) if convert else value
+    if config.security_groups:
+        if "ex_security_groups" not in params:
+            raise SiteConfigError(f"site {site}: security_groups is set but the {config.driver} driver's "
+                                  "create_node takes no security groups")
+        convert = CREATE_ARG_OBJECTS.get((provider, "ex_security_groups"))
+        groups = list(config.security_groups)
+        extras["ex_security_groups"] = convert(driver, groups) if convert else groups
+    return extras
+
+
 class LibcloudSite:
     """A ``Site`` over one libcloud driver."""
 
-    def __init__(self, name: str, config: SiteConfig, driver: NodeDriver, deployment: str) -> None:
+    def __init__(self, name: str, config: SiteConfig, driver: NodeDriver, deployment: str | None = None) -> None:
         self.name = name
         self.config = config
         self.driver = driver
         self.deployment = deployment
-        self._create_params = set(inspect.signature(driver.create_node).parameters)
+        """Set here only by callers that name the deployment explicitly; else by ``bind``."""
+        self.store_id: str | None = None
+        self._create_params, takes_any = keyword_names(driver.create_node)
+        self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
         self._size = NodeSize(id=config.size, name=config.size, ram=0, disk=0, bandwidth=None, price=None,
                               driver=driver)
@@ -120,11 +226,23 @@ class LibcloudSite:
         return {"site": self.name, "driver": self.config.driver, "image": self.config.image,
                 "size": self.config.size, "quota": self.config.quota}
 
+    def bind(self, deployment: str, store_id: str) -> None:
+        if self.deployment not in (None, deployment):
+            raise ValueError(f"site {self.name} was built for deployment {self.deployment!r}, "
+                             f"the store belongs to {deployment!r}")
+        self.deployment, self.store_id = deployment, store_id
+
+    def _identity(self) -> tuple[str, str]:
+        if self.deployment is None or self.store_id is None:
+            raise RuntimeError(f"site {self.name}: no deployment identity bound (Provisioner binds it)")
+        return self.deployment, self.store_id
+
     def tags_for(self, spec: LaunchSpec) -> dict[str, str]:
+        deployment, store_id = self._identity()
         tags = dict(self.config.tags)
         tags.update(spec.tags)
-        tags.update({TAG_DEPLOYMENT: self.deployment, TAG_DOMAIN: spec.domain, TAG_LAUNCH: spec.launch_id,
-                     TAG_INSTANCE: spec.launch_id})
+        tags.update({TAG_DEPLOYMENT: deployment, TAG_STORE: store_id, TAG_DOMAIN: spec.domain,
+                     TAG_LAUNCH: spec.launch_id, TAG_INSTANCE: spec.launch_id})
         return tags
 
     def create_kwargs(self, spec: LaunchSpec) -> dict[str, Any]:
@@ -151,8 +269,7 @@ class LibcloudSite:
                     kw["ex_metadata"] = {**tags, "user-data": spec.userdata}
         if self.config.keypair and "ex_keyname" in p:
             kw["ex_keyname"] = self.config.keypair
-        if self.config.security_groups and "ex_security_groups" in p and self.config.driver in ("ec2", "epu-ec2"):
-            kw["ex_security_groups"] = list(self.config.security_groups)
+        kw.update(self._extras)
         return kw
 
     @property
@@ -170,9 +287,10 @@ class LibcloudSite:
 
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""
+        deployment, _ = self._identity()
         out = []
         for node in self.driver.list_nodes():
             cn = to_cloud_node(node)
-            if cn.tags.get(TAG_DEPLOYMENT) == self.deployment:
+            if cn.tags.get(TAG_DEPLOYMENT) == deployment:
                 out.append(cn)
         return out

@@ -8,22 +8,29 @@ the XML-namespace fix in ``services.provisioner.ec2``).
 Credentials never sit in the main config: they come from ``credentials_file`` (a TOML or
 JSON table with ``key``, ``secret`` and any other driver argument) and from the
 environment (``EPU_SITE_<NAME>_KEY``, ``EPU_SITE_<NAME>_SECRET``; the name upper-cased,
-``-`` as ``_``), which wins. Nothing here logs the arguments.
+``-`` as ``_``), which wins. Nothing here logs the arguments' values.
+
+Unknown arguments are errors that name the key, as everywhere else in the config: libcloud's
+base driver takes ``**kwargs`` and drops what it does not know, so a misspelt ``regoin`` would
+silently launch in the default region. ``driver_arg_names`` says what a driver reads: the named
+parameters of its constructors (every class of the provider, including the version classes a
+provider like OpenStack dispatches to) and the keys they take out of ``**kwargs``.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from epu.common.clock import Clock
+from epu.common.config.provisioner import SiteConfig
 from libcloud.compute.base import NodeDriver
-
-from common.clock import Clock
-from common.config.provisioner import SiteConfig
 
 
 class SiteConfigError(ValueError):
@@ -51,30 +58,95 @@ def read_credentials(site: str, cfg: SiteConfig, environ: Mapping[str, str] | No
     return creds
 
 
+_KWARG_READ = re.compile(r"""kwargs(?:\.get|\.pop|\[)\(?\s*["']([A-Za-z_]\w*)["']""")
+#: Set by EPU itself, never from ``driver_args``.
+_OURS = frozenset({"clock"})
+
+
+def driver_class(site: str, name: str) -> Any:
+    """The driver class for a provider name (ours or libcloud's)."""
+    if name == "epu-sim":
+        from epu.services.provisioner.sim import SimulatedNodeDriver
+
+        return SimulatedNodeDriver
+    if name == "epu-process":
+        from epu.services.provisioner.process_site import ProcessNodeDriver
+
+        return ProcessNodeDriver
+    if name in ("ec2", "epu-ec2"):
+        from epu.services.provisioner.ec2 import EpuEC2NodeDriver
+
+        return EpuEC2NodeDriver
+    from libcloud.compute.providers import get_driver
+
+    try:
+        return get_driver(name)
+    except AttributeError:
+        raise SiteConfigError(f"site {site}: unknown libcloud provider {name!r}") from None
+
+
+def driver_family(cls: type) -> set[type]:
+    """The class, its descendants (a provider such as OpenStack constructs one of them, by API
+    version) and their ancestors."""
+    family, todo = set(), [cls]
+    while todo:
+        c = todo.pop()
+        if c not in family:
+            family.add(c)
+            todo += c.__subclasses__()
+    return {a for c in family for a in c.__mro__ if a is not object}
+
+
+def keyword_names(fn: Any) -> tuple[set[str], bool]:
+    """A function's keyword parameter names, and whether it takes ``**kwargs``."""
+    fn = getattr(fn, "__func__", fn)
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set(), False
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self", "cls"}
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def driver_arg_names(cls: type) -> set[str]:
+    """Keyword arguments a driver class's constructors read (see the module docstring)."""
+    names: set[str] = set()
+    for c in driver_family(cls):
+        for fn in (c.__dict__.get("__init__"), c.__dict__.get("__new__")):
+            if fn is None:
+                continue
+            names |= keyword_names(fn)[0]
+            try:
+                names |= set(_KWARG_READ.findall(inspect.getsource(getattr(fn, "__func__", fn))))
+            except (OSError, TypeError):
+                pass
+    return names - _OURS
+
+
+def check_driver_args(site: str, cfg: SiteConfig, cls: type, creds: Mapping[str, Any]) -> None:
+    """Refuse an argument the driver would drop, naming it (never its value)."""
+    known = driver_arg_names(cls)
+    for where, keys in (("driver_args", cfg.driver_args), ("credentials_file", creds)):
+        unknown = sorted(set(keys) - known)
+        if unknown:
+            raise SiteConfigError(
+                f"site {site}: {where} key {unknown[0]!r} is not an argument of the {cfg.driver} driver "
+                f"(it takes: {', '.join(sorted(known))})")
+
+
 def make_driver(site: str, cfg: SiteConfig, *, clock: Clock | None = None,
                 environ: Mapping[str, str] | None = None) -> NodeDriver:
+    creds = read_credentials(site, cfg, environ)
     args: dict[str, Any] = dict(cfg.driver_args)
-    args.update(read_credentials(site, cfg, environ))
+    args.update(creds)
     name = cfg.driver
-    if name == "epu-sim":
-        from services.provisioner.sim import SimulatedNodeDriver
-
-        return SimulatedNodeDriver(**args, clock=clock)
-    if name == "epu-process":
-        from services.provisioner.process_site import ProcessNodeDriver
-
-        return ProcessNodeDriver(**args)
-    if name in ("ec2", "epu-ec2"):
-        from services.provisioner.ec2 import EpuEC2NodeDriver
-
-        cls: Any = EpuEC2NodeDriver
-    else:
-        from libcloud.compute.providers import get_driver
-
+    cls: Any = driver_class(site, name)
+    check_driver_args(site, cfg, cls, creds)
+    if name in ("epu-sim", "epu-process"):
         try:
-            cls = get_driver(name)
-        except AttributeError:
-            raise SiteConfigError(f"site {site}: unknown libcloud provider {name!r}") from None
+            return cls(**args, clock=clock) if name == "epu-sim" else cls(**args)
+        except (TypeError, ValueError) as exc:
+            raise SiteConfigError(f"site {site}: driver_args: {exc}") from None
     key = args.pop("key", None)
     secret = args.pop("secret", None)
     try:

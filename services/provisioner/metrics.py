@@ -3,7 +3,8 @@
 Why these: an operator of a cloud-bursting cluster asks how fast each cloud answers (API
 latency by call and outcome: a site turning slow or refusing shows here first), how long
 instances take to boot (requested → started, per site), how much work is queued on each
-site's threads, and how many instances moved through which state.
+site's threads, how many instances moved through which state, how often the cloud stopped
+listing a node (presumed gone) or listed it again, and which alerts the destroy paths raised.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from epu.common.messages import InstanceEvent, ProvisionerAlert
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from common.messages import InstanceEvent
 
 CLOUD_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 BOOT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200)
@@ -34,6 +34,11 @@ class ProvisionerMetrics:
                               ["site"], buckets=BOOT_BUCKETS, registry=registry)
         self.in_flight = Gauge("epu_provisioner_site_in_flight", "Launch and terminate tasks running on a site",
                                ["site"], registry=registry)
+        self.presence = Counter("epu_provisioner_presence_changes_total",
+                                "Instances presumed gone (no longer listed) or re-adopted (listed again), "
+                                "by site and change", ["site", "change"], registry=registry)
+        self.alerts = Counter("epu_provisioner_alerts_total", "provisioner.alert events raised, by site and kind",
+                              ["site", "kind"], registry=registry)
         self._requested_at: dict[str, float] = {}
 
     def cloud_call(self, site: str, call: str, seconds: float, outcome: str) -> None:
@@ -41,7 +46,11 @@ class ProvisionerMetrics:
 
     def published(self, event: InstanceEvent) -> None:
         """Count a published transition; time the boot from this process's own ``requested``
-        (an instance requested before a restart is not timed rather than timed wrong)."""
+        (an instance requested before a restart is not timed rather than timed wrong). A presence
+        change (same state, new ``seq``) is counted as such, not as a transition."""
+        if event.previous == event.state:
+            self.presence.labels(event.site, "presumed_gone" if event.presumed_gone else "readopted").inc()
+            return
         self.transitions.labels(event.site, event.state).inc()
         if event.state == "requested":
             self._requested_at[event.instance_id] = event.at
@@ -53,6 +62,9 @@ class ProvisionerMetrics:
             self._requested_at.pop(event.instance_id, None)
         if event.state == "failed":
             self.failures.labels(event.site, event.error_kind or "none").inc()
+
+    def alerted(self, alert: ProvisionerAlert) -> None:
+        self.alerts.labels(alert.site, alert.kind).inc()
 
     def watch_runners(self, runners: Mapping[str, Any]) -> None:
         for name, runner in runners.items():

@@ -104,8 +104,8 @@ class ProcessNodeDriver(NodeDriver):
     def __init__(self, key: str = "process", secret: str | None = None, secure: bool = False,
                  host: str | None = None, port: int | None = None, *, argv: list[str] | None = None,
                  env: dict[str, str] | None = None, cwd: str | None = None, path: str | None = None,
-                 max_nodes: int | None = None, stop_timeout: float = 10.0, terminated_linger: float = 60.0,
-                 **_ignored: Any) -> None:
+                 max_nodes: int | None = None, stop_timeout: float = 10.0,
+                 terminated_linger: float = 60.0) -> None:
         super().__init__(key=key, secret=secret, secure=False, host=host, port=port)
         if not argv:
             raise ValueError("epu-process site needs driver_args.argv (a list of strings)")
@@ -186,7 +186,7 @@ class ProcessNodeDriver(NodeDriver):
     def create_node(self, name: str, size: NodeSize | None = None, image: NodeImage | None = None,
                     location: NodeLocation | None = None, auth: Any = None,
                     ex_metadata: dict[str, str] | None = None, ex_userdata: str | None = None,
-                    ex_clienttoken: str | None = None, **_kwargs: Any) -> Node:
+                    ex_clienttoken: str | None = None) -> Node:
         with self._lock, self._db() as db:
             if ex_clienttoken:
                 row = db.execute("SELECT * FROM procs WHERE client_token = ?", (ex_clienttoken,)).fetchone()

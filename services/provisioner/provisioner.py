@@ -14,8 +14,11 @@ Crash safety, step by step for a launch:
 Killed between 3 and 4, the restarted provisioner's reconciliation finds the node by its
 launch-id tag and adopts it; a launch that never reached the cloud is sent again; and a
 second create for the same launch id is answered with the same node by the client token
-(or avoided by looking the tag up first where a provider has no token). A node tagged with
-this deployment whose launch id the store does not know is swept after a grace period.
+(or avoided by looking the tag up first where a provider has no token).
+
+What the poll loop and reconciliation conclude from a listing — follow, presume gone,
+re-adopt, adopt, sweep (capped), re-drive — is decided by the pure functions of
+``reconcile``; this shell lists, reads the store, and carries their plan out.
 """
 
 from __future__ import annotations
@@ -25,18 +28,26 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.clock import Clock, RealClock
-from common.messages import InstanceEvent, LaunchRequest, TerminateRequest
-from services.provisioner.cloud import CloudNode, LaunchSpec, Site, is_not_found
-from services.provisioner.errors import classify, describe
-from services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
-from services.provisioner.states import check_transition
-from services.provisioner.store import InstanceRecord, Store, Transition
-from services.provisioner.userdata import UserdataError, UserdataRenderer
+from epu.common.clock import Clock, RealClock
+from epu.common.messages import InstanceEvent, LaunchRequest, ProvisionerAlert, TerminateRequest
+from epu.services.provisioner import reconcile as core
+from epu.services.provisioner.cloud import CloudNode, LaunchSpec, Site, is_not_found
+from epu.services.provisioner.errors import classify, describe
+from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
+from epu.services.provisioner.store import (
+    InstanceRecord,
+    Miss,
+    Sighting,
+    Store,
+    Transition,
+    new_identity_value,
+)
+from epu.services.provisioner.userdata import UserdataError, UserdataRenderer
 
 log = logging.getLogger("epu.provisioner")
 
@@ -47,14 +58,23 @@ CRASH_ENV = "EPU_PROVISIONER_CRASH_AT"
 
 @dataclass
 class ProvisionerSettings:
-    deployment: str = "epu"
+    deployment: str | None = None
+    """This deployment's identity, named explicitly (``provisioner.deployment``). ``None``: the
+    store's own, made at its first start — provisioners sharing a store share it."""
     orphan_grace_seconds: float = 600.0
-    vanish_misses: int = 2
-    """Consecutive polls a node must be missing before its record is marked terminated."""
+    """An orphan is destroyed this long after this store first saw it."""
+    vanish_misses: int = 3
+    """Consecutive listings without a record's node before it is presumed gone."""
+    vanish_min_seconds: float = 60.0
+    """... spanning at least this long."""
+    max_destroys_per_reconcile: int = 5
+    """Most nodes one reconciliation destroys; more orphans than this are refused (an alert)."""
     resume_after_seconds: float = 30.0
     """A ``requested`` record with no launch in flight here is re-driven after this long."""
     outbox_delay_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    new_id: Callable[[], str] = new_identity_value
+    """Makes the store id and a generated deployment identity (a simulator passes a seeded one)."""
 
 
 @dataclass
@@ -64,19 +84,35 @@ class ReconcileReport:
     swept: list[str] = field(default_factory=list)
     waiting_orphans: list[str] = field(default_factory=list)
     vanished: list[str] = field(default_factory=list)
+    """Records closed because the node of a terminate we asked for is no longer listed."""
     resumed: list[str] = field(default_factory=list)
+    presumed_gone: list[str] = field(default_factory=list)
+    readopted: list[str] = field(default_factory=list)
+    withheld: list[str] = field(default_factory=list)
+    """Cloud ids whose destruction the cap refused or deferred."""
+    alerts: list[str] = field(default_factory=list)
+    """Kinds of the alerts raised."""
+    transitions: int = 0
 
 
 class Provisioner:
     def __init__(self, store: Store, sites: dict[str, Site], publish: Callable[[InstanceEvent], Any], *,
                  clock: Clock | None = None, settings: ProvisionerSettings | None = None,
                  renderers: dict[str, UserdataRenderer] | None = None,
-                 sleep: Callable[[float], None] | None = None, on_cloud_call: CallObserver | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None, on_cloud_call: CallObserver | None = None,
+                 alert: Callable[[ProvisionerAlert], Any] | None = None) -> None:
         self.store = store
         self.sites = sites
         self._publish = publish
+        self._alert = alert
         self.clock = clock or RealClock()
         self.settings = settings or ProvisionerSettings()
+        self.identity = store.claim_identity(self.settings.deployment or _named_deployment(sites),
+                                             self.settings.new_id)
+        for site in sites.values():
+            site.bind(self.identity.deployment, self.identity.store_id)
+        self.alerts: deque[ProvisionerAlert] = deque(maxlen=200)
+        """The latest alerts raised (also published through ``alert`` and logged)."""
         self.renderers = renderers or {}
         self.runners = {
             name: SiteRunner(name, site.config.rate_limit_per_second, site.config.max_in_flight,
@@ -85,8 +121,6 @@ class Provisioner:
         }
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
-        self._misses: dict[str, int] = {}
-        self._orphans_seen: dict[str, float] = {}
         self._publish_lock = threading.Lock()
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
@@ -146,6 +180,14 @@ class Provisioner:
         return rec
 
     def handle_terminate(self, req: TerminateRequest) -> InstanceRecord:
+        """Store the terminate (``terminating``) and schedule the destroy. Returns when stored.
+
+        What ``force`` means here: nothing the provisioner does depends on it. Whether a node may
+        go is the sender's decision, made before the request is sent — the engine drains a node the
+        batch system has seen before it asks, and an operator's unforced terminate goes to the
+        engine to be drained; only a forced one is sent here directly. So every terminate that
+        reaches the provisioner is carried out, and ``force`` is kept in the instance's history
+        ("forced") so an operator override can be told from the engine's own decision."""
         now = self.clock.now()
         rec = self.store.get(req.instance_id)
         if rec is None:
@@ -155,8 +197,9 @@ class Provisioner:
             return rec
         if rec.terminal:
             return rec
+        reason = req.reason or "terminate requested"
         t = self.store.advance(rec.instance_id, "terminating", now,
-                               reason=req.reason or "terminate requested")
+                               reason=f"{reason} (forced)" if req.force else reason)
         self.emit(t)
         if rec.site in self.sites:
             self._schedule_terminate(rec.instance_id, rec.site)
@@ -218,7 +261,7 @@ class Provisioner:
             return ""
         values: dict[str, object] = dict(attributes)
         values.update(instance_id=rec.instance_id, launch_id=rec.instance_id, node_name=rec.node_name,
-                      domain=rec.domain, site=rec.site, deployment=self.settings.deployment, cores=rec.cores)
+                      domain=rec.domain, site=rec.site, deployment=self.identity.deployment, cores=rec.cores)
         return renderer.render(values)
 
     def _do_launch(self, instance_id: str, site_name: str) -> None:
@@ -322,113 +365,128 @@ class Provisioner:
         # the poll confirms "terminated" when the cloud lists the node so (or no longer lists it)
 
     # ------------------------------------------------------------------ observation
+    def rules(self, resume_after: float | None = None) -> core.Rules:
+        st = self.settings
+        return core.Rules(
+            deployment=self.identity.deployment, store_id=self.identity.store_id,
+            vanish_misses=st.vanish_misses, vanish_min_seconds=st.vanish_min_seconds,
+            orphan_grace_seconds=st.orphan_grace_seconds, max_destroys=st.max_destroys_per_reconcile,
+            resume_after_seconds=st.resume_after_seconds if resume_after is None else resume_after)
+
+    def _list(self, site_name: str, what: str) -> tuple[list[CloudNode], float] | None:
+        listed_at = self.clock.now()
+        try:
+            return self.runners[site_name].call(self.sites[site_name].nodes, "list"), listed_at
+        except Exception as exc:
+            log.warning(f"{what} failed: cannot list the site", extra={"site": site_name, "error": describe(exc)})
+            return None
+
+    def _world(self, site_name: str, nodes: list[CloudNode], listed_at: float, *,
+               sightings: bool) -> core.World:
+        """The store's side, read after the listing (so a record that changed since is seen as such)."""
+        with self._lock:
+            busy = frozenset(self._inflight)
+        launch_ids = [n.launch_id for n in nodes if n.launch_id] if sightings else []
+        return core.World(
+            site=site_name, nodes=tuple(nodes), listed_at=listed_at, now=self.clock.now(),
+            records=self.store.records_for(site_name, launch_ids), misses=self.store.misses(site_name),
+            sightings=self.store.sightings(site_name) if sightings else {}, busy=busy)
+
     def poll(self, site_name: str) -> int:
         """List the site's nodes once and move records to what the cloud says. Returns the
         number of transitions."""
-        listed_at = self.clock.now()
-        try:
-            nodes = self.runners[site_name].call(self.sites[site_name].nodes, "list")
-        except Exception as exc:
-            log.warning("poll failed", extra={"site": site_name, "error": describe(exc)})
+        listing = self._list(site_name, "poll")
+        if listing is None:
             return 0
-        return self._apply_observation(site_name, nodes, self.settings.vanish_misses, listed_at)
-
-    def _apply_observation(self, site_name: str, nodes: list[CloudNode], misses_needed: int,
-                           listed_at: float) -> int:
-        by_cloud = {n.cloud_id: n for n in nodes}
-        moved = 0
-        for rec in self.store.list(site=site_name, active_only=True):
-            if rec.cloud_id is None:
-                continue  # a launch in flight owns it
-            node = by_cloud.get(rec.cloud_id)
-            if node is None and rec.updated_at > listed_at:
-                continue  # landed after the list was taken: its absence means nothing
-            if node is None:
-                misses = self._misses.get(rec.instance_id, 0) + 1
-                self._misses[rec.instance_id] = misses
-                if misses >= misses_needed:
-                    if self._advance(rec.instance_id, "terminated",
-                                     reason=f"vanished: node {rec.cloud_id} no longer listed by site {site_name}"):
-                        moved += 1
-                    self._misses.pop(rec.instance_id, None)
-                continue
-            self._misses.pop(rec.instance_id, None)
-            target = node.state
-            if target == "failed":
-                reason, kind = f"node in state {node.native_state}", "transient"
-            elif target == "terminated":
-                reason, kind = ("terminated" if rec.state == "terminating"
-                                else f"terminated by the cloud (node {node.cloud_id})"), None
-            else:
-                reason, kind = f"node {node.native_state}", None
-            if target and check_transition(rec.state, target).allowed:
-                if self._advance(rec.instance_id, target, ip=node.ip, reason=reason, error_kind=kind):
-                    moved += 1
-            elif node.ip and node.ip != rec.ip:
-                self.store.set_cloud_fields(rec.instance_id, ip=node.ip)
-        return moved
+        world = self._world(site_name, *listing, sightings=False)
+        report = ReconcileReport(site_name)
+        self._carry_out(site_name, core.observe(world, self.rules()), report)
+        return report.transitions
 
     def reconcile(self, site_name: str, resume_after: float | None = None) -> ReconcileReport:
         """Make the store and the cloud agree (on start and every few minutes)."""
         report = ReconcileReport(site_name)
-        site, runner = self.sites[site_name], self.runners[site_name]
-        listed_at = self.clock.now()
-        try:
-            nodes = runner.call(site.nodes, "list")
-        except Exception as exc:
-            log.warning("reconcile failed", extra={"site": site_name, "error": describe(exc)})
+        listing = self._list(site_name, "reconcile")
+        if listing is None:
             return report
-        now = self.clock.now()
-        resume_after = self.settings.resume_after_seconds if resume_after is None else resume_after
-        tagged = [n for n in nodes if n.launch_id]
-        known = self.store.launch_ids([n.launch_id for n in tagged if n.launch_id])
-        for node in tagged:
-            lid = node.launch_id
-            assert lid is not None
-            rec = self.store.get(lid) if lid in known else None
-            if rec is None:
-                if not node.live:
-                    continue
-                first = self._orphans_seen.setdefault(node.cloud_id, node.created_at or now)
-                if now - first >= self.settings.orphan_grace_seconds:
-                    if self._destroy_quietly(site_name, node.cloud_id, f"orphan: launch id {lid} unknown"):
-                        report.swept.append(node.cloud_id)
-                        self._orphans_seen.pop(node.cloud_id, None)
-                else:
-                    report.waiting_orphans.append(node.cloud_id)
-                continue
-            if rec.cloud_id is None and not rec.terminal:
-                if f"launch:{lid}" in self._inflight:
-                    continue
-                self._land(lid, site_name, node, "adopted by reconciliation")
-                report.adopted.append(lid)
-            elif (rec.terminal and node.state != "terminated") or (
-                    node.live and rec.cloud_id and rec.cloud_id != node.cloud_id):
-                why = (f"record {lid} is {rec.state}" if rec.terminal
-                       else f"duplicate node for launch {lid} (tracked: {rec.cloud_id})")
-                if self._destroy_quietly(site_name, node.cloud_id, why):
-                    report.swept.append(node.cloud_id)
-        # records whose node is gone, or whose work stalled
-        by_cloud = {n.cloud_id: n for n in nodes}
-        for rec in self.store.list(site=site_name, active_only=True):
-            if rec.cloud_id and rec.cloud_id not in by_cloud and rec.updated_at <= listed_at:
-                if self._advance(rec.instance_id, "terminated",
-                                 reason=f"vanished: node {rec.cloud_id} not found by reconciliation"):
-                    report.vanished.append(rec.instance_id)
-            elif rec.state == "requested" and rec.cloud_id is None \
-                    and now - rec.updated_at >= resume_after \
-                    and f"launch:{rec.instance_id}" not in self._inflight:
-                self._schedule_launch(rec.instance_id, site_name)
-                report.resumed.append(rec.instance_id)
-            elif rec.state == "terminating" and f"terminate:{rec.instance_id}" not in self._inflight:
-                node = by_cloud.get(rec.cloud_id or "")
-                if node is None or node.live:
-                    self._schedule_terminate(rec.instance_id, site_name)
-                    report.resumed.append(rec.instance_id)
+        world = self._world(site_name, *listing, sightings=True)
+        plan = core.reconcile(world, self.rules(resume_after))
+        report.waiting_orphans, report.withheld = list(plan.waiting_orphans), list(plan.withheld)
+        self._carry_out(site_name, plan, report)
         log.info("reconciled", extra={"site": site_name, "adopted": len(report.adopted),
                                       "swept": len(report.swept), "vanished": len(report.vanished),
+                                      "presumed_gone": len(report.presumed_gone),
+                                      "readopted": len(report.readopted), "withheld": len(report.withheld),
                                       "resumed": len(report.resumed)})
         return report
+
+    def _carry_out(self, site_name: str, plan: core.Plan, report: ReconcileReport) -> None:
+        """Act on a plan, in its order. Every store move is a compare-and-set, so an action made
+        stale by a racing thread or process is refused by the store, not applied."""
+        now = self.clock.now()
+        put_misses: list[Miss] = []
+        clear_misses: list[str] = []
+        put_sightings: list[Sighting] = []
+        forget: list[str] = []
+        for a in plan.actions:
+            if isinstance(a, core.Follow):
+                if self._advance(a.instance_id, a.state, ip=a.ip, reason=a.reason, error_kind=a.error_kind):
+                    report.transitions += 1
+            elif isinstance(a, core.NoteIp):
+                self.store.set_cloud_fields(a.instance_id, ip=a.ip)
+            elif isinstance(a, core.CountMiss):
+                put_misses.append(a.miss)
+            elif isinstance(a, core.ClearMiss):
+                clear_misses.append(a.instance_id)
+            elif isinstance(a, core.PresumeGone | core.Readopt):
+                gone = isinstance(a, core.PresumeGone)
+                t = self.store.note_presence(a.instance_id, gone, now, a.reason)
+                if t is not None:
+                    self.emit(t)
+                    report.transitions += 1
+                    (report.presumed_gone if gone else report.readopted).append(a.instance_id)
+                    log.warning(a.reason, extra={"site": site_name, "instance": a.instance_id})
+            elif isinstance(a, core.CloseGone):
+                if self._advance(a.instance_id, "terminated", reason=a.reason):
+                    report.transitions += 1
+                    report.vanished.append(a.instance_id)
+            elif isinstance(a, core.Adopt):
+                self._land(a.instance_id, site_name, a.node, "adopted by reconciliation")
+                report.adopted.append(a.instance_id)
+            elif isinstance(a, core.Destroy):
+                if a.kind == "orphan" and self.store.launch_ids([a.launch_id]):
+                    continue  # its launch arrived since the listing: no longer an orphan
+                if self._destroy_quietly(site_name, a.cloud_id, a.why):
+                    report.swept.append(a.cloud_id)
+                    if a.kind == "orphan":
+                        forget.append(a.cloud_id)
+            elif isinstance(a, core.Sight):
+                put_sightings.append(a.sighting)
+            elif isinstance(a, core.Forget):
+                forget.append(a.cloud_id)
+            elif isinstance(a, core.ResumeLaunch):
+                self._schedule_launch(a.instance_id, site_name)
+                report.resumed.append(a.instance_id)
+            elif isinstance(a, core.ResumeTerminate):
+                self._schedule_terminate(a.instance_id, site_name)
+                report.resumed.append(a.instance_id)
+            elif isinstance(a, core.Alert):
+                self._raise_alert(site_name, a)
+                report.alerts.append(a.kind)
+        self.store.save_misses(put_misses, clear_misses)
+        self.store.save_sightings(site_name, [x for x in put_sightings if x.cloud_id not in forget], forget)
+
+    def _raise_alert(self, site_name: str, a: core.Alert) -> None:
+        msg = ProvisionerAlert(site=site_name, kind=a.kind, message=a.message,  # type: ignore[arg-type]
+                               deployment=self.identity.deployment, cloud_ids=list(a.cloud_ids), count=a.count,
+                               at=self.clock.now())
+        self.alerts.append(msg)
+        log.warning(a.message, extra={"site": site_name, "alert": a.kind, "count": a.count})
+        if self._alert is not None:
+            try:
+                self._alert(msg)
+            except Exception as exc:  # an alert lost with the broker is logged above; a refusal recurs
+                log.warning("alert publish failed", extra={"error": describe(exc)})
 
     def start(self) -> None:
         """On start: reconcile every site (adopting, sweeping, re-driving), concurrently. Nothing
@@ -458,3 +516,11 @@ class Provisioner:
     def shutdown(self, wait: bool = True) -> None:
         for r in self.runners.values():
             r.shutdown(wait=wait)
+
+
+def _named_deployment(sites: dict[str, Site]) -> str | None:
+    """The deployment the caller built the sites for, if it named one (all must agree)."""
+    named = {d for s in sites.values() if (d := getattr(s, "deployment", None))}
+    if len(named) > 1:
+        raise ValueError(f"sites were built for different deployments: {sorted(named)}")
+    return named.pop() if named else None

@@ -16,11 +16,18 @@ Knobs (constructor keywords, also settable later with ``set_knobs``):
 * ``capacity_error_rate`` — probability a create fails with ``InsufficientInstanceCapacity``.
 * ``images`` — when set, other image ids fail permanently (``InvalidAMIID.NotFound``).
 * ``terminated_linger`` — how long a terminated node stays listed before it vanishes.
+* ``partial_listing_rate`` — probability a listing is cut short (a random prefix of the nodes,
+  as a lost page or an OpenStack cell that is down returns): live nodes missing from it.
+* ``client_tokens`` — false models a provider without client tokens (the token is ignored).
 
 Deterministic fault injection for tests: ``inject("transient"|"capacity"|"permanent", n,
 call="create"|"destroy"|"list")`` makes the next ``n`` such calls fail that way; ``"lost"``
 makes a create *succeed* and then fail with a gateway timeout — the answer lost on the way
-back, the case client tokens exist for.
+back, the case client tokens exist for; ``"partial"`` (``call="list"``) makes the next ``n``
+listings return only the first half of the nodes.
+
+Every knob, ``seed``, ``path`` and a list of ``faults`` (``{kind, count, call}`` tables, injected
+at start) can be set from a site's ``driver_args``; an unknown key is an error that names it.
 
 State lives in SQLite (``path``) so several processes share one cloud; without a path the
 cloud is private to the process, in a temporary file removed at exit. The client token
@@ -44,12 +51,11 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
+from epu.common.clock import Clock, RealClock
 from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import InvalidCredsError, LibcloudError
 from libcloud.compute.base import Node, NodeDriver, NodeImage, NodeLocation, NodeSize
 from libcloud.compute.types import NodeState
-
-from common.clock import Clock, RealClock
 
 PROVIDER_NAME = "epu-sim"
 
@@ -70,7 +76,9 @@ CREATE TABLE IF NOT EXISTS nodes (
 """
 
 _KNOBS = ("api_latency", "boot_time_min", "boot_time_max", "boot_failure_rate", "api_error_rate", "quota",
-          "capacity_error_rate", "images", "terminated_linger")
+          "capacity_error_rate", "images", "terminated_linger", "partial_listing_rate", "client_tokens")
+FAULT_KINDS = ("transient", "capacity", "permanent", "lost", "partial")
+FAULT_CALLS = ("create", "destroy", "list")
 
 
 class SimulatedNodeDriver(NodeDriver):
@@ -86,8 +94,9 @@ class SimulatedNodeDriver(NodeDriver):
                  api_latency: float = 0.0, boot_time_min: float = 5.0, boot_time_max: float = 15.0,
                  boot_failure_rate: float = 0.0, api_error_rate: float = 0.0, quota: int | None = None,
                  capacity_error_rate: float = 0.0, images: list[str] | None = None,
-                 terminated_linger: float = 60.0, seed: int | None = None, clock: Clock | None = None,
-                 **_ignored: Any) -> None:
+                 terminated_linger: float = 60.0, partial_listing_rate: float = 0.0, client_tokens: bool = True,
+                 faults: list[dict[str, Any]] | None = None, seed: int | None = None,
+                 clock: Clock | None = None) -> None:
         super().__init__(key=key, secret=secret, secure=False, host=host, port=port)
         self.api_latency = float(api_latency)
         self.boot_time_min = float(boot_time_min)
@@ -98,14 +107,19 @@ class SimulatedNodeDriver(NodeDriver):
         self.capacity_error_rate = float(capacity_error_rate)
         self.images = images
         self.terminated_linger = float(terminated_linger)
+        self.partial_listing_rate = float(partial_listing_rate)
         self.clock: Clock = clock or RealClock()
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self._injected: dict[str, deque[str]] = {"create": deque(), "destroy": deque(), "list": deque()}
         self._inject_lock = threading.Lock()
         self.calls: dict[str, int] = {"create": 0, "destroy": 0, "list": 0}
-        self.client_tokens = True
+        self.client_tokens = bool(client_tokens)
         """False models a provider without client tokens (the token is then ignored)."""
+        for i, fault in enumerate(faults or []):
+            if not isinstance(fault, dict) or set(fault) - {"kind", "count", "call"} or "kind" not in fault:
+                raise ValueError(f"faults[{i}]: expected a table with kind, count and call (got {fault!r})")
+            self.inject(str(fault["kind"]), int(fault.get("count", 1)), str(fault.get("call", "create")))
         if path is None:
             tmp = tempfile.mkdtemp(prefix="epu-sim-")
             atexit.register(shutil.rmtree, tmp, True)
@@ -125,8 +139,12 @@ class SimulatedNodeDriver(NodeDriver):
 
     def inject(self, kind: str, count: int = 1, call: str = "create") -> None:
         """Make the next ``count`` calls of ``call`` fail with an error of ``kind``."""
-        if kind not in ("transient", "capacity", "permanent", "lost"):
-            raise ValueError(kind)
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
+        if call not in FAULT_CALLS:
+            raise ValueError(f"unknown fault call {call!r} (known: {', '.join(FAULT_CALLS)})")
+        if kind == "partial" and call != "list":
+            raise ValueError("a partial fault applies to call='list' only")
         with self._inject_lock:
             self._injected[call].extend([kind] * count)
 
@@ -188,17 +206,21 @@ class SimulatedNodeDriver(NodeDriver):
 
     # ------------------------------------------------------------------ libcloud API
     def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
-        self._api_call("list")
+        partial = self._api_call("list") == "partial"
         now = self._now()
         rows = self._db().execute(
             "SELECT * FROM nodes WHERE terminated_at IS NULL OR terminated_at > ? ORDER BY seq",
             (now - self.terminated_linger,)).fetchall()
+        if partial:
+            rows = rows[:len(rows) // 2]
+        elif rows and self.partial_listing_rate and self._random() < self.partial_listing_rate:
+            with self._rng_lock:
+                rows = rows[:self._rng.randrange(len(rows))]
         return [self._to_node(r, now) for r in rows]
 
     def create_node(self, name: str, size: NodeSize, image: NodeImage, location: NodeLocation | None = None,
                     auth: Any = None, ex_metadata: dict[str, str] | None = None,
-                    ex_userdata: str | None = None, ex_clienttoken: str | None = None,
-                    **_kwargs: Any) -> Node:
+                    ex_userdata: str | None = None, ex_clienttoken: str | None = None) -> Node:
         lost = self._api_call("create") == "lost"
         if not self.client_tokens:
             ex_clienttoken = None

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epu.common.messages import INSTANCE_STATE_ORDER, TERMINAL_INSTANCE_STATES
 from libcloud.compute.types import NodeState
-
-from common.messages import INSTANCE_STATE_ORDER, TERMINAL_INSTANCE_STATES
 
 #: States this service sets from cloud observations and commands.
 PROVISIONER_STATES = ("requested", "pending", "started", "terminating", "terminated", "failed")

@@ -6,21 +6,86 @@ YAML double-quoted scalar (JSON string syntax is valid YAML), so a value can nev
 the document's structure or inject keys. The result must fit the provider's limit (EC2:
 16 KB); a larger document is a permanent error with the size in the reason, not a silent
 truncation.
+
+What a worker is told comes from ``[workers.DOMAIN]`` (``WorkerContext``): the head node, the
+batch system, and the context — its URI and *this node's own* credential, derived from the
+context secret for the instance's host name and id (``epu.common.nodecred``), plus the broker's
+certificate to verify it with. So every launch's userdata joins the context, and what a job on
+the worker can read from the metadata service lets it speak only for that worker.
+
+The template ships inside the package (``epu/deploy/cloud-init/`` in a wheel, ``deploy/`` in a
+checkout: the same path relative to this module).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from epu.common import nodecred
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "cloud-init" / "epu-worker.yaml"
 MAX_USERDATA_BYTES = 16 * 1024
 
 #: Keys every template may use; missing ones render as "".
 CONTEXT_KEYS = ("instance_id", "launch_id", "node_name", "domain", "site", "deployment", "cores",
-                "context_uri", "context_id", "context_key", "context_secret", "head_node", "batch_system")
+                "context_uri", "context_id", "context_key", "context_secret", "context_ca_pem_b64",
+                "head_node", "batch_system")
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """One domain's ``[workers.DOMAIN]``, read and ready to render (the secret reduced to the
+    signing key, which is all derivation needs)."""
+
+    head_node: str = ""
+    batch_system: str = ""
+    context_uri: str = ""
+    context_id: str = ""
+    signing_key: str = field(default="", repr=False)
+    ca_pem_b64: str = ""
+
+    def values(self, node_name: str, instance_id: str) -> dict[str, str]:
+        out = {"head_node": self.head_node, "batch_system": self.batch_system}
+        if self.context_uri:
+            cred = nodecred.issue(self.signing_key, self.context_id, node_name, instance_id)
+            out.update(context_uri=self.context_uri, context_id=self.context_id, context_key=cred.key,
+                       context_secret=cred.secret, context_ca_pem_b64=self.ca_pem_b64)
+        return out
+
+
+def worker_contexts(config: Any) -> dict[str, WorkerContext]:
+    """``[workers.DOMAIN]`` of an ``EpuConfig``, files read. Raises ``UserdataError`` naming a
+    file that cannot be read (the provisioner cannot render a worker's userdata without it)."""
+    out: dict[str, WorkerContext] = {}
+    for domain, w in config.workers.items():
+        batch = w.batch_system or (config.sensor.backend if config.sensor.domain == domain else "")
+        ctx = WorkerContext(head_node=w.head_node or "", batch_system=batch or "")
+        if w.context_uri and w.context_secret_file:
+            secret = _read(w.context_secret_file, f"workers.{domain}.context_secret_file").strip()
+            if len(secret) < 16:
+                raise UserdataError(f"workers.{domain}.context_secret_file: {w.context_secret_file} holds no "
+                                    "context secret (write it with `epu ctx create {domain} --secret-file FILE`)")
+            ca = ""
+            if w.context_ca_file:
+                ca = base64.b64encode(_read(w.context_ca_file, f"workers.{domain}.context_ca_file").encode()).decode()
+            uri = w.context_uri.rstrip("/")
+            ctx = WorkerContext(head_node=ctx.head_node, batch_system=ctx.batch_system, context_uri=uri,
+                                context_id=nodecred.context_id_of(uri), signing_key=nodecred.signing_key(secret),
+                                ca_pem_b64=ca)
+        out[domain] = ctx
+    return out
+
+
+def _read(path: str, key: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UserdataError(f"{key}: cannot read {path}: {exc.strerror}") from None
 
 
 class UserdataError(ValueError):
@@ -31,17 +96,23 @@ class UserdataError(ValueError):
 class UserdataRenderer:
     template_text: str
     max_bytes: int = MAX_USERDATA_BYTES
+    workers: dict[str, WorkerContext] = field(default_factory=dict)
+    """Per domain: head node and context (``worker_contexts``)."""
 
     @classmethod
-    def from_path(cls, path: str | Path | None = None, max_bytes: int = MAX_USERDATA_BYTES) -> UserdataRenderer:
+    def from_path(cls, path: str | Path | None = None, max_bytes: int = MAX_USERDATA_BYTES,
+                  workers: dict[str, WorkerContext] | None = None) -> UserdataRenderer:
         p = Path(path) if path else DEFAULT_TEMPLATE
         try:
-            return cls(p.read_text(), max_bytes)
+            return cls(p.read_text(), max_bytes, workers or {})
         except OSError as exc:
             raise UserdataError(f"cannot read userdata template {p}: {exc.strerror}") from None
 
     def render(self, values: dict[str, object]) -> str:
         ctx = {k: "" for k in CONTEXT_KEYS}
+        worker = self.workers.get(str(values.get("domain", "")))
+        if worker is not None:
+            ctx.update(worker.values(str(values.get("node_name", "")), str(values.get("instance_id", ""))))
         ctx.update({k: v for k, v in values.items() if v is not None})
         quoted = {k: json.dumps(str(v)) for k, v in ctx.items()}
         try:

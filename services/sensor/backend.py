@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from common.messages import NodeInfo, QueuedJob, is_valid_hostname
+from epu.common.messages import JobShape, NodeInfo, QueuedJob, group_jobs, is_valid_hostname
 
 ACTIONS = ("add", "offline", "online", "remove")
 
@@ -31,31 +31,41 @@ class InvalidNodeName(ValueError):
 class Observation:
     """What one read of the batch system saw: the parts of a ``SensorSnapshot``.
 
+    ``shapes`` is the pending work, grouped as it was read (demand and not). ``jobs`` is, for
+    backends that group at the source, only a bounded sample of per-job records for operators
+    (``epu sensor snapshot``); a backend that reads job by job may give all of them and no
+    shapes, and the counts below then come from grouping ``jobs``.
     ``held_jobs``/``blocked_jobs``/``finished_jobs`` count what is *not* demand, so operators see
-    it was seen and excluded. Held and blocked jobs are also in ``jobs`` with their state.
+    it was seen and excluded.
     """
 
     jobs: list[QueuedJob] = field(default_factory=list)
     nodes: list[NodeInfo] = field(default_factory=list)
     running_jobs: int = 0
+    shapes: list[JobShape] = field(default_factory=list)
+    """Pending jobs grouped at the source; when empty the sensor core groups ``jobs``."""
     finished_jobs: int = 0
     warnings: list[str] = field(default_factory=list)
 
+    def all_shapes(self) -> list[JobShape]:
+        return self.shapes if self.shapes or not self.jobs else group_jobs(self.jobs)
+
     @property
     def queued_jobs(self) -> int:
-        return sum(j.count for j in self.jobs if j.state == "queued")
+        return sum(s.count for s in self.all_shapes() if s.demand)
 
     @property
     def queued_cores(self) -> int:
-        return sum(j.count * j.cores * j.nodes for j in self.jobs if j.state == "queued")
+        return sum(s.count * s.cores * s.nodes for s in self.all_shapes() if s.demand)
 
     @property
     def held_jobs(self) -> int:
-        return sum(j.count for j in self.jobs if j.state == "held")
+        return sum(s.count for s in self.all_shapes() if not s.demand and s.reason_class == "held")
 
     @property
     def blocked_jobs(self) -> int:
-        return sum(j.count for j in self.jobs if j.state == "blocked")
+        """Pending jobs that are not demand for any other reason (dependency, limits, begin time...)."""
+        return sum(s.count for s in self.all_shapes() if not s.demand and s.reason_class != "held")
 
 
 @dataclass(frozen=True)
@@ -84,8 +94,10 @@ class BatchBackend(Protocol):
         ...
 
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
-                reason: str = "", force: bool = False) -> CommandOutcome:
-        """Run ``add``/``offline``/``online``/``remove`` for ``node``; idempotent per action."""
+                reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
+        """Run ``add``/``offline``/``online``/``remove`` for ``node``; idempotent per action.
+        ``instance_id`` (for ``add``) is carried into the batch system so the read reports it
+        back as ``NodeInfo.instance_id``."""
         ...
 
 

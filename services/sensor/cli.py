@@ -12,15 +12,17 @@ import json
 import sys
 from typing import Any
 
-from services.sensor.backend import BackendUnavailable, Observation
+from epu.services.sensor.backend import BackendUnavailable, Observation
 
 DESCRIPTION = """\
 Read the local batch head node once, through the same backend and normalization the sensor
 service uses, and print the result. Nothing is published and nothing is changed.
 
-Demand is only jobs that can run now: held jobs (user/admin hold), blocked jobs (waiting on a
-dependency or a begin time, or that can never run) and finished jobs are counted apart.
-Job arrays count each pending element. Node states are normalized to:
+Demand is only jobs a new node could start (waiting for resources or priority). Pending jobs
+are grouped into shapes (nodes, cores, memory, GPUs, features, partition, time limit) with
+the native pending reason; held jobs, dependencies, begin times and limits (QOS, association,
+licenses...) are listed but are not demand. Job arrays count each pending element. Node
+states are normalized to:
 
   free     in service and can take work (it may already run some)
   busy     in service and full
@@ -28,15 +30,22 @@ Job arrays count each pending element. Node states are normalized to:
   down     not reachable / not usable
   unknown  a native state the sensor has no mapping for (a warning is printed)
 
-The mapping from every native state is in docs/sensor-states.md.
+The mapping from every native state is in docs/sensor-states.md, every pending reason in
+docs/pending-reasons.md.
 """
 
 EPILOG = """\
 JSON output (--json): an object with
   backend, queued_jobs, queued_cores, held_jobs, blocked_jobs, running_jobs, finished_jobs,
-  jobs   [{job_id, state, cores, nodes, count, queue, wait_seconds}]   (not running)
-  nodes  [{name, state, native_state, cores, cores_used, jobs}]
+  shapes [{count, nodes, cores, memory_mb, gpus, features, partition, time_limit_s, demand,
+           reason, reason_class, max_wait_s, sample_job_ids}]   pending jobs grouped by request
+  jobs   [{job_id, state, cores, nodes, count, queue, wait_seconds}]   a sample (at most 200)
+  nodes  [{name, state, native_state, cores, cores_used, jobs, instance_id, memory_mb,
+           memory_used_mb, gpus, gpus_used, features, partitions}]
   warnings [text]
+queued_jobs counts only demand (jobs a new node could start); held jobs, dependencies and
+limits (QOS, association, licenses, ...) are demand: false with their native reason. Every
+reason and its class: docs/pending-reasons.md.
 
 Exit status: 0 read fine, 1 the batch system could not be read (error on stderr), 2 bad usage.
 
@@ -57,10 +66,14 @@ def observation_to_json(backend: str, obs: Observation) -> dict[str, Any]:
         "blocked_jobs": obs.blocked_jobs,
         "running_jobs": obs.running_jobs,
         "finished_jobs": obs.finished_jobs,
+        "shapes": [s.model_dump(mode="json") for s in obs.all_shapes()],
         "jobs": [{"job_id": j.job_id, "state": j.state, "cores": j.cores, "nodes": j.nodes, "count": j.count,
                   "queue": j.queue, "wait_seconds": round(j.wait_seconds, 1)} for j in obs.jobs],
         "nodes": [{"name": n.name, "state": n.state, "native_state": n.native_state, "cores": n.cores,
-                   "cores_used": n.cores_used, "jobs": list(n.jobs)} for n in obs.nodes],
+                   "cores_used": n.cores_used, "jobs": list(n.jobs), "instance_id": n.instance_id,
+                   "memory_mb": n.memory_mb, "memory_used_mb": n.memory_used_mb, "gpus": n.gpus,
+                   "gpus_used": n.gpus_used, "features": list(n.features), "partitions": list(n.partitions)}
+                  for n in obs.nodes],
         "warnings": list(obs.warnings),
     }
 
@@ -77,15 +90,18 @@ def render_table(doc: dict[str, Any]) -> str:
                          f"{n['native_state'][:28]:<28} {jobs}")
     else:
         lines.append("(no nodes)")
-    not_running = [j for j in doc["jobs"]]
-    if not_running:
+    if doc["shapes"]:
         lines.append("")
-        lines.append(f"{'JOB':<20} {'STATE':<8} {'COUNT':>5} {'NODES':>5} {'CORES':>5}  {'QUEUE':<12} WAITED")
-        for j in not_running[:50]:
-            lines.append(f"{j['job_id'][:20]:<20} {j['state']:<8} {j['count']:>5} {j['nodes']:>5} {j['cores']:>5}  "
-                         f"{j['queue'][:12]:<12} {j['wait_seconds']:.0f}s")
-        if len(not_running) > 50:
-            lines.append(f"... and {len(not_running) - 50} more")
+        lines.append(f"{'JOBS':>6} {'DEMAND':<6} {'NODES':>5} {'CORES':>5} {'MEM_MB':>7} {'GPUS':>4}  "
+                     f"{'PARTITION':<12} {'LIMIT':>7}  {'REASON':<24} FEATURES / E.G.")
+        for s in doc["shapes"][:60]:
+            limit = f"{s['time_limit_s'] // 60}m" if s["time_limit_s"] else "-"
+            extra = ",".join(s["features"]) or "-"
+            lines.append(f"{s['count']:>6} {'yes' if s['demand'] else 'no':<6} {s['nodes']:>5} {s['cores']:>5} "
+                         f"{s['memory_mb']:>7} {s['gpus']:>4}  {s['partition'][:12]:<12} {limit:>7}  "
+                         f"{(s['reason'] or s['reason_class'])[:24]:<24} {extra} {' '.join(s['sample_job_ids'][:2])}")
+        if len(doc["shapes"]) > 60:
+            lines.append(f"... and {len(doc['shapes']) - 60} more shapes")
     for w in doc["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -107,11 +123,13 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from common.clock import RealClock
-    from common.config import SensorConfig, load_config
-    from services.sensor.factory import make_backend
+    from epu.common.cliargs import config_path
+    from epu.common.clock import RealClock
+    from epu.common.config import SensorConfig, load_config
+    from epu.services.sensor.factory import make_backend
 
-    base = load_config(args.config).sensor if args.config else SensorConfig()
+    path = config_path(args.config, required=False)  # --backend/--option suffice without one
+    base = load_config(path).sensor if path else SensorConfig()
     options = {**(base.options if base.backend == args.backend else {}), **_options(args.option)}
     sc = base.model_copy(update={"backend": args.backend, "options": options,
                                  "command_timeout_seconds": args.timeout})

@@ -5,7 +5,13 @@ list as the "bus"; ``app.build_service`` only wires it to a ``Service``.
 
 Rules it keeps (issue 3, item 7):
 
-* A snapshot every poll period, and one right after a command changed the cluster.
+* A snapshot every poll period, and one soon after commands changed the cluster — coalesced:
+  a burst of commands (200 adds) triggers one read ``refresh_seconds`` after the first change,
+  not one full read per command (issue 12, "polling storm").
+* Snapshots are compact (shapes and nodes, never one record per job) and bounded: one that
+  would still exceed ``max_snapshot_bytes`` after dropping per-node job ids is published as
+  ``available=False`` with the reason, logged as an error and counted — never silently lost,
+  never mistaken for an empty cluster.
 * If the batch system cannot be read, publish ``available=False`` with the error and retry
   with exponential backoff (capped at the poll period) — never an empty queue it did not see.
 * A command id runs once: a redelivered or re-sent command gets its stored result again,
@@ -15,15 +21,65 @@ Rules it keeps (issue 3, item 7):
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.clock import Clock
-from common.messages import Message, NodeCommand, NodeCommandResult, NodeInfo, SensorSnapshot
-from services.sensor.backend import BackendUnavailable, BatchBackend, InvalidNodeName, Observation
-from services.sensor.dedupe import CommandLog
+import msgpack
+from epu.common.clock import Clock
+from epu.common.codec import packb
+from epu.common.columns import replace_fields
+from epu.common.messages import (
+    Message,
+    NodeCommand,
+    NodeCommandResult,
+    NodeInfo,
+    SensorSnapshot,
+)
+from epu.services.sensor.backend import (
+    ACTIONS,
+    BackendUnavailable,
+    BatchBackend,
+    InvalidNodeName,
+    Observation,
+)
+from epu.services.sensor.dedupe import CommandLog
 
 log = logging.getLogger("epu.sensor")
+
+
+def invalid_command_result(body: bytes, reason: str, domain: str) -> tuple[NodeCommandResult, str | None] | None:
+    """(failed result, correlation id) for an undecodable/invalid ``node.command`` whose
+    ``command_id``, ``domain`` (this sensor's) and ``action`` are readable; None otherwise."""
+    try:
+        env = msgpack.unpackb(body, raw=False, strict_map_key=False, max_str_len=1 << 20, max_bin_len=1 << 20,
+                              max_array_len=10_000, max_map_len=10_000)
+    except Exception:
+        return None
+    if not isinstance(env, dict) or env.get("type") != NodeCommand.TYPE or not isinstance(env.get("body"), dict):
+        return None
+    b = env["body"]
+    command_id, action, node = b.get("command_id"), b.get("action"), b.get("node")
+    if (not isinstance(command_id, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", command_id)
+            or b.get("domain") != domain or action not in ACTIONS):
+        return None
+    shown = "".join(c if c.isprintable() else "?" for c in str(node))[:253] if node is not None else ""
+    result = NodeCommandResult(command_id=command_id, domain=domain, action=action, node=shown, ok=False,
+                               error=f"invalid command, not executed: {reason[:1000]}")
+    env_id = env.get("id")
+    return result, env_id if isinstance(env_id, str) and len(env_id) <= 128 else None
+
+
+def estimated_bytes(snap: SensorSnapshot) -> int:
+    """A generous upper bound of the wire size (no encoding): per node and shape a fixed
+    allowance plus the node job ids and names."""
+    node_part = sum(120 + len(n.name) + len(n.instance_id or "") + sum(len(j) + 2 for j in n.jobs) for n in snap.nodes)
+    return 4096 + node_part + 400 * len(snap.shapes) + 200 * len(snap.jobs)
+
+
+def snapshot_bytes(snap: SensorSnapshot) -> int:
+    """Size of the snapshot's wire body (msgpack; the envelope adds ~150 bytes)."""
+    return len(packb(snap.to_wire()))
 
 
 class StateSince:
@@ -45,7 +101,7 @@ class StateSince:
             else:
                 since = now
             seen[node.name] = (node.state, since)
-            out.append(node if node.state_since is not None else node.model_copy(update={"state_since": since}))
+            out.append(node if node.state_since is not None else replace_fields(node, state_since=float(since)))
         self._seen = seen
         return out
 
@@ -54,6 +110,10 @@ class StateSince:
 class PollSchedule:
     poll_seconds: float = 60.0
     retry_initial_seconds: float = 2.0
+    refresh_seconds: float = 1.0
+    """After a command changed the cluster, read again this much later (one read per burst)."""
+    max_snapshot_bytes: int = 8 * 1024 * 1024
+    """Largest snapshot body to publish (RabbitMQ 4 refuses messages over 16 MiB by default)."""
 
     def delay(self, failures: int) -> float:
         if failures <= 0:
@@ -72,17 +132,28 @@ class SensorCore:
         self.schedule = schedule or PollSchedule()
         self.failures = 0
         self.next_poll_at = clock.monotonic()
+        self.refresh_at: float | None = None
         self.last_snapshot: SensorSnapshot | None = None
+        self.reads = 0
+        self.oversize_snapshots = 0
         self._since = StateSince()
 
     # ------------------------------------------------------------------ snapshots
     def tick(self) -> None:
-        """Called often by the service; polls when due (per the injected clock)."""
-        if self.clock.monotonic() >= self.next_poll_at:
+        """Called often by the service; polls when due (per the injected clock), or when a
+        refresh after changing commands is due."""
+        now = self.clock.monotonic()
+        if now >= self.next_poll_at or (self.refresh_at is not None and now >= self.refresh_at):
             self.poll()
 
+    def request_refresh(self) -> None:
+        """The cluster changed: read it again soon. Several changes in a row share one read."""
+        if self.refresh_at is None:
+            self.refresh_at = self.clock.monotonic() + self.schedule.refresh_seconds
+
     def poll(self) -> SensorSnapshot:
-        snap = self.read()
+        self.refresh_at = None
+        snap = self.bounded(self.read())
         self.failures = 0 if snap.available else self.failures + 1
         self.next_poll_at = self.clock.monotonic() + self.schedule.delay(self.failures)
         if not snap.available:
@@ -93,7 +164,31 @@ class SensorCore:
         self.last_snapshot = snap
         return snap
 
+    def bounded(self, snap: SensorSnapshot) -> SensorSnapshot:
+        """The snapshot if it fits ``max_snapshot_bytes``; else without per-node job ids (a busy
+        node still shows its ``cores_used``); else an unavailable snapshot saying why."""
+        limit = self.schedule.max_snapshot_bytes
+        if estimated_bytes(snap) * 2 < limit:
+            return snap  # far below the limit: no need to encode it once more to know
+        size = snapshot_bytes(snap)
+        if size <= limit:
+            return snap
+        trimmed = snap.model_copy(update={"nodes": [n.model_copy(update={"jobs": []}) if n.jobs else n
+                                                    for n in snap.nodes]})
+        trimmed_size = snapshot_bytes(trimmed)
+        self.oversize_snapshots += 1
+        if trimmed_size <= limit:
+            log.warning("snapshot over max_snapshot_bytes: per-node job ids left out",
+                        extra={"domain": self.domain, "bytes": size, "trimmed_bytes": trimmed_size, "limit": limit})
+            return trimmed
+        error = (f"snapshot of {trimmed_size} bytes ({len(snap.nodes)} nodes, {len(snap.shapes)} shapes) exceeds "
+                 f"max_snapshot_bytes={limit}: not published as is; raise [sensor.options] max_snapshot_bytes and "
+                 "the broker's max_message_size, or lower max_shapes")
+        log.error("snapshot too large", extra={"domain": self.domain, "bytes": trimmed_size, "limit": limit})
+        return self._unavailable(snap.taken_at, error)
+
     def read(self) -> SensorSnapshot:
+        self.reads += 1
         now = self.clock.now()
         try:
             obs: Observation = self.backend.snapshot()
@@ -102,8 +197,11 @@ class SensorCore:
         except Exception as exc:  # a parser bug must not look like an empty cluster either
             log.exception("snapshot failed", extra={"domain": self.domain})
             return self._unavailable(now, f"{type(exc).__name__}: {exc}")
+        for warning in obs.warnings[:20]:
+            log.warning(warning, extra={"domain": self.domain})
+        # The wire carries shapes, never one record per job (``jobs`` stays empty).
         return SensorSnapshot(domain=self.domain, backend=self.backend.name, available=True, taken_at=now,
-                              jobs=obs.jobs, nodes=self._since.fill(obs.nodes, now),
+                              shapes=obs.all_shapes(), nodes=self._since.fill(obs.nodes, now),
                               running_jobs=obs.running_jobs)
 
     def _unavailable(self, now: float, error: str) -> SensorSnapshot:
@@ -126,7 +224,8 @@ class SensorCore:
             return again
         try:
             outcome = self.backend.execute(command.action, command.node, cores=command.cores,
-                                           address=command.address, reason=command.reason, force=command.force)
+                                           address=command.address, reason=command.reason, force=command.force,
+                                           instance_id=command.instance_id)
         except InvalidNodeName as exc:
             outcome_ok, changed, output, error, transient = False, False, "", str(exc), False
         except BackendUnavailable as exc:
@@ -141,7 +240,20 @@ class SensorCore:
                                                  "node": command.node, "ok": outcome_ok, "error": error})
         self.publish(result, correlation_id)
         if changed:
-            self.poll()
+            self.request_refresh()
+        return result
+
+    def handle_invalid(self, body: bytes, reason: str) -> NodeCommandResult | None:
+        """A command the runtime dead-lettered as invalid (e.g. a hostile node name): if its id,
+        domain and action can be read, answer it with a failed result, so the sender stops
+        re-sending it instead of waiting forever for an outcome. Nothing is executed."""
+        found = invalid_command_result(body, reason, self.domain)
+        if found is None:
+            return None
+        result, correlation_id = found
+        log.warning("invalid node command answered with a failed result",
+                    extra={"command_id": result.command_id, "reason": reason[:300]})
+        self.publish(result, correlation_id)
         return result
 
     def _result(self, command: NodeCommand, *, ok: bool, error: str | None = None,

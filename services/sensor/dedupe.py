@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from common.messages import NodeCommandResult
+from epu.common.messages import NodeCommandResult
 
 
 class CommandLog(Protocol):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.clock import Clock
-from common.config import SensorConfig
-from services.sensor.backend import BatchBackend
+from epu.common.clock import Clock
+from epu.common.config import SensorConfig
+from epu.services.sensor.backend import BatchBackend
 
 
 def make_backend(sc: SensorConfig, clock: Clock, backend: str | None = None) -> BatchBackend:
@@ -22,7 +22,7 @@ def make_backend(sc: SensorConfig, clock: Clock, backend: str | None = None) -> 
     opts: dict[str, Any] = dict(sc.options)
     timeout = sc.command_timeout_seconds
     if name == "simulated":
-        from services.sensor.simulated import SimulatedBatch
+        from epu.services.sensor.simulated import SimulatedBatch
 
         nodes = opts.get("nodes")
         if nodes is None:
@@ -30,15 +30,15 @@ def make_backend(sc: SensorConfig, clock: Clock, backend: str | None = None) -> 
             nodes = {f"{opts.get('node_prefix', 'sim')}{i:03d}": int(opts.get("node_cores", 4)) for i in range(n)}
         return SimulatedBatch(clock, nodes={str(k): int(v) for k, v in nodes.items()})
     if name == "torque":
-        from services.sensor.torque.backend import TorqueBackend
+        from epu.services.sensor.torque.backend import TorqueBackend
 
         return TorqueBackend.from_options(opts, timeout=timeout, clock=clock)
     if name == "slurm":
-        from services.sensor.slurm.backend import SlurmBackend
+        from epu.services.sensor.slurm.backend import SlurmBackend
 
         return SlurmBackend.from_options(opts, timeout=timeout, clock=clock)
     if name == "htcondor":
-        from services.sensor.htcondor.backend import HTCondorBackend
+        from epu.services.sensor.htcondor.backend import HTCondorBackend
 
         return HTCondorBackend.from_options(opts, timeout=timeout, clock=clock)
     raise ValueError(f"unknown sensor backend {name!r}")

@@ -14,6 +14,12 @@ the fullest node that fits, so idle nodes stay idle and can be scaled down.
 Node commands behave like a real batch system, idempotently: ``add`` of an existing node is
 a no-op, ``remove`` of a missing one too; ``remove`` of a node running jobs is refused unless
 ``force`` (then its jobs go back to the head of the queue, like a requeue).
+
+Identity: ``add`` may carry the EPU instance id (``instance_id=``), which the node then reports
+as ``NodeInfo.instance_id`` — as the real backends carry it in a Slurm feature, an HTCondor
+startd attribute or a Torque note. The simulator (``epu.sim``) also turns a node's daemon on and
+off as its virtual machine lives and dies (``set_node_up``) and counts the jobs a dying node
+takes with it (``on_kill``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-from common.clock import Clock, RealClock
-from common.messages import NodeInfo, QueuedJob
-from services.sensor.backend import (
+from epu.common.clock import Clock, RealClock
+from epu.common.messages import JobShape, NodeInfo, QueuedJob
+from epu.services.sensor.backend import (
     BackendUnavailable,
     CommandOutcome,
     Observation,
@@ -44,6 +50,7 @@ class SimNode:
     """job id → cores used on this node."""
     state_since: float = 0.0
     last_state: str = "free"
+    instance_id: str | None = None
 
     @property
     def used(self) -> int:
@@ -77,6 +84,9 @@ class SimJob:
     end_time: float | None = None
     placed_on: list[str] = field(default_factory=list)
     array_id: str | None = None
+    time_limit: float = 0.0
+    """Requested wall time, seconds (0 = none): reported in shapes and as the running job's
+    expected end (``NodeInfo.job_ends``); the job still runs ``duration``."""
 
 
 class SimulatedBatch:
@@ -101,14 +111,23 @@ class SimulatedBatch:
         self._completed = 0
         self.available = True
         self.unavailable_reason = "simulated batch server not responding"
+        self.on_kill: list = []
+        """Called with (job_id, node_name, why) when a running job loses its node (requeued)."""
+        self.on_start: list = []
+        """Called with the ``SimJob`` when it starts (``epu simulate`` measures waits)."""
+        self.on_finish: list = []
+        """Called with the ``SimJob`` when it completes."""
         for name, cores in (nodes or {}).items():
             self._add(name, cores)
 
     # ------------------------------------------------------------------ demo-facing API
     def submit(self, cores: int = 1, nodes: int = 1, duration: float = 60.0, count: int = 1,
-               queue: str | None = None, hold: bool = False) -> list[str]:
+               queue: str | None = None, hold: bool = False, time_limit: float = 0.0,
+               job_id: str | None = None) -> list[str]:
         """Queue ``count`` jobs, each needing ``nodes`` nodes with ``cores`` free cores for
-        ``duration`` seconds of clock time. ``count`` > 1 makes an array (ids ``N[i]``)."""
+        ``duration`` seconds of clock time. ``count`` > 1 makes an array (ids ``N[i]``).
+        ``job_id`` names a single job (a trace's job number); ``time_limit`` is its requested
+        wall time (0 = none)."""
         if cores < 1 or nodes < 1 or count < 1 or duration < 0:
             raise ValueError("cores, nodes and count must be >= 1 and duration >= 0")
         with self._lock:
@@ -116,11 +135,12 @@ class SimulatedBatch:
             base = next(self._ids)
             ids = []
             for i in range(count):
-                job_id = f"{base}[{i}]" if count > 1 else str(base)
-                self._queue.append(SimJob(job_id, cores, nodes, duration, self._now,
+                name = f"{base}[{i}]" if count > 1 else (job_id or str(base))
+                self._queue.append(SimJob(name, cores, nodes, duration, self._now,
                                           queue or self.queue_name, held=hold,
-                                          array_id=str(base) if count > 1 else None))
-                ids.append(job_id)
+                                          array_id=str(base) if count > 1 else None,
+                                          time_limit=max(0.0, time_limit)))
+                ids.append(name)
             self.submitted += count
             self._schedule()
             return ids
@@ -164,9 +184,37 @@ class SimulatedBatch:
         with self._lock:
             self._advance()
             node = self._nodes[name]
-            self._requeue_jobs_of(node)
+            self._requeue_jobs_of(node, "node failed")
             node.down = True
             self._touch(node)
+
+    def add_node(self, name: str, cores: int, *, instance_id: str | None = None, up: bool = True) -> bool:
+        """Create a node (``up=False``: known to the batch system, its daemon not registered
+        yet). Returns False when it already exists."""
+        with self._lock:
+            self._advance()
+            if name in self._nodes:
+                return False
+            self._add(name, cores, instance_id)
+            if not up:
+                self._nodes[name].down = True
+                self._nodes[name].last_state = "down"
+            self._schedule()
+            return True
+
+    def set_node_up(self, name: str, up: bool, why: str = "node daemon gone") -> None:
+        """The node's daemon comes (back) up, or dies with its machine: down, jobs requeued."""
+        with self._lock:
+            self._advance()
+            node = self._nodes.get(name)
+            if node is None or node.down == (not up):
+                return
+            if not up:
+                self._requeue_jobs_of(node, why)
+            node.down = not up
+            self._touch(node)
+            if up:
+                self._schedule()
 
     def set_available(self, available: bool, reason: str | None = None) -> None:
         """Make the batch server unreadable (``snapshot`` raises) — to exercise the sensor's
@@ -200,13 +248,41 @@ class SimulatedBatch:
             for key, n in arrays.items():
                 jobs.append(self._queued(first[key], f"{key[0]}[]", n))
             nodes = [NodeInfo(name=n.name, state=n.state(), cores=n.cores, cores_used=n.used,  # type: ignore[arg-type]
-                              jobs=sorted(n.jobs), state_since=n.state_since, native_state=n.state())
+                              jobs=sorted(n.jobs), state_since=n.state_since, native_state=n.state(),
+                              instance_id=n.instance_id, job_ends=self._job_ends(n))
                      for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+            shapes = self._shapes() if any(j.time_limit for j in self._queue) else []
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
-                               finished_jobs=self._completed)
+                               finished_jobs=self._completed, shapes=shapes)
+
+    def _job_ends(self, node: SimNode) -> list[float]:
+        """Expected end of each job on ``node`` (start + time limit; 0 = no limit), sorted by job id."""
+        ends = []
+        for job_id in sorted(node.jobs):
+            job = self._running.get(job_id)
+            ends.append(job.start_time + job.time_limit if job and job.time_limit and job.start_time is not None
+                        else 0.0)
+        return ends
+
+    def _shapes(self) -> list[JobShape]:
+        """Pending jobs grouped with their time limits (only when some job has one: otherwise the
+        sensor core groups ``jobs`` as before)."""
+        groups: dict[tuple, list] = {}
+        for job in self._queue:
+            key = (job.nodes, job.cores, job.queue, int(job.time_limit), not job.held)
+            g = groups.get(key)
+            wait = max(0.0, self._now - job.submit_time)
+            if g is None:
+                groups[key] = [1, wait]
+            else:
+                g[0] += 1
+                g[1] = max(g[1], wait)
+        return [JobShape(count=c, nodes=k[0], cores=k[1], partition=k[2], time_limit_s=k[3], demand=k[4],
+                         reason="" if k[4] else "held", max_wait_s=w)
+                for k, (c, w) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
 
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
-                reason: str = "", force: bool = False) -> CommandOutcome:
+                reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
         check_action(action)
         check_node_name(node)
         with self._lock:
@@ -216,8 +292,10 @@ class SimulatedBatch:
             existing = self._nodes.get(node)
             if action == "add":
                 if existing is not None:
+                    if instance_id and existing.instance_id is None:
+                        existing.instance_id = instance_id
                     return CommandOutcome(True, output=f"node {node} already exists")
-                self._add(node, cores or 1)
+                self._add(node, cores or 1, instance_id)
                 self._schedule()
                 return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
             if existing is None:
@@ -242,7 +320,7 @@ class SimulatedBatch:
                 return CommandOutcome(False, error=f"node {node} runs {len(existing.jobs)} job(s): "
                                                    "offline it and wait for them, or force",
                                       output=", ".join(sorted(existing.jobs)))
-            self._requeue_jobs_of(existing)
+            self._requeue_jobs_of(existing, "node removed by force")
             del self._nodes[node]
             self._schedule()
             return CommandOutcome(True, changed=True, output=f"node {node} removed")
@@ -253,8 +331,8 @@ class SimulatedBatch:
                          submit_time=job.submit_time, wait_seconds=max(0.0, self._now - job.submit_time),
                          state="held" if job.held else "queued", count=count)
 
-    def _add(self, name: str, cores: int) -> None:
-        self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now)
+    def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
+        self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
 
     def _touch(self, node: SimNode) -> None:
         state = node.state()
@@ -289,12 +367,16 @@ class SimulatedBatch:
                 node.jobs.pop(job.job_id, None)
                 self._touch(node)
         self._completed += 1
+        for fn in self.on_finish:
+            fn(job)
 
-    def _requeue_jobs_of(self, node: SimNode) -> None:
+    def _requeue_jobs_of(self, node: SimNode, why: str = "") -> None:
         for job_id in list(node.jobs):
             job = self._running.pop(job_id, None)
             if job is None:
                 continue
+            for fn in self.on_kill:
+                fn(job_id, node.name, why)
             for name in job.placed_on:
                 other = self._nodes.get(name)
                 if other is not None:
@@ -354,3 +436,5 @@ class SimulatedBatch:
             node.jobs[job.job_id] = job.cores
             self._touch(node)
         heapq.heappush(self._ends, (job.end_time, next(self._seq), job.job_id))
+        for fn in self.on_start:
+            fn(job)

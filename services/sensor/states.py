@@ -158,7 +158,7 @@ SLURM_SUFFIXES = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP"
                   "!": "POWER_DOWN", "$": "MAINTENANCE", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
                   "-": "PLANNED"}
 
-#: Slurm job_state → disposition; PENDING is refined by the reason (``slurm_pending_disposition``)
+#: Slurm job_state → disposition; a PENDING job is demand or not by its reason (``reasons.py``)
 SLURM_JOB_STATES: dict[str, str] = {
     "PENDING": "queued", "REQUEUED": "queued", "REQUEUE_FED": "queued",
     "REQUEUE_HOLD": "held", "RESV_DEL_HOLD": "held", "SPECIAL_EXIT": "held",
@@ -168,13 +168,6 @@ SLURM_JOB_STATES: dict[str, str] = {
     "NODE_FAIL": "finished", "PREEMPTED": "finished", "BOOT_FAIL": "finished", "DEADLINE": "finished",
     "OUT_OF_MEMORY": "finished", "REVOKED": "finished",
 }
-SLURM_HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "held", "JobHeld"})
-SLURM_BLOCKED_REASONS = frozenset({
-    "Dependency", "DependencyNeverSatisfied", "BeginTime", "PartitionDown", "PartitionInactive",
-    "PartitionTimeLimit", "PartitionConfig", "BadConstraints", "InvalidAccount",
-    "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed", "FrontEndDown", "JobArrayTaskLimit",
-})
-
 # ------------------------------------------------------------------ HTCondor (startd State/Activity)
 HTCONDOR_SLOT_STATES: dict[str, str | None] = {
     "Unclaimed": "free",
@@ -258,11 +251,3 @@ def slurm_state_tokens(native: str | list[str], flags: Iterable[str] = ()) -> li
 def slurm_node_state(native: str | list[str], flags: Iterable[str] = (), node: str = "",
                      warnings: list[str] | None = None) -> str:
     return normalize_tokens(slurm_state_tokens(native, flags), SLURM_NODE_STATES, "slurm", node, warnings)
-
-
-def slurm_pending_disposition(reason: str) -> str:
-    if reason in SLURM_HELD_REASONS:
-        return "held"
-    if reason in SLURM_BLOCKED_REASONS:
-        return "blocked"
-    return "queued"

@@ -1,16 +1,16 @@
 """Render docs/sensor-states.md from the tables in ``states`` (so the doc cannot drift).
 
-``python -m services.sensor.statesdoc > docs/sensor-states.md``; a test checks the file is current.
+``python -m epu.services.sensor.statesdoc > docs/sensor-states.md``; a test checks the file is current.
 """
 
 from __future__ import annotations
 
-from services.sensor import states as s
+from epu.services.sensor import states as s
 
 HEADER = """\
 # Sensor: native batch states → normalized states
 
-Generated from `services/sensor/states.py` by `python -m services.sensor.statesdoc` — edit the
+Generated from `services/sensor/states.py` by `python -m epu.services.sensor.statesdoc` — edit the
 tables there, then regenerate; `tests/sensor/test_states_doc.py` fails when this file is stale.
 
 Normalized node states:
@@ -28,9 +28,9 @@ A native state that combines several tokens (Torque `down,offline`, Slurm `IDLE+
 Tokens marked "—" are flags that do not change availability on their own. A node whose
 state says `free` but whose cores are all in use is reported `busy`.
 
-Jobs: only `queued` is demand. `held` (user/admin hold) and `blocked` (dependency, begin
-time, can never run) are reported with their state but not counted as demand; running and
-finished jobs are counted apart. Arrays count each pending element (`count`).
+Jobs: only pending jobs a new node could start are demand; each pending job's native reason
+decides (every reason of every backend: [pending-reasons.md](pending-reasons.md)). Running
+and finished jobs are counted apart. Arrays count each pending element.
 """
 
 
@@ -56,11 +56,8 @@ def render() -> str:
                  "(an unused CLOUD pool slot — left out of snapshots unless `include_powered_down`); "
                  "`COMPLETING` → busy.\n")
     parts.append(_table("Job states (`job_state`)", s.SLURM_JOB_STATES, {}, "job_state"))
-    parts.append("A `PENDING` job is `held` when its reason is one of "
-                 + ", ".join(f"`{r}`" for r in sorted(s.SLURM_HELD_REASONS))
-                 + " (or its priority is 0), `blocked` when it is one of "
-                 + ", ".join(f"`{r}`" for r in sorted(s.SLURM_BLOCKED_REASONS))
-                 + ", else `queued` (e.g. `Resources`, `Priority`, `ReqNodeNotAvail`, `PartitionNodeLimit`).\n")
+    parts.append("Whether a `PENDING` job is demand depends on its reason: see "
+                 "[pending-reasons.md](pending-reasons.md) for every Slurm, Torque and HTCondor reason.\n")
     parts.append("\n## HTCondor (startd slot `State`; a machine = its slots)\n")
     parts.append(_table("Slot states", s.HTCONDOR_SLOT_STATES, s.HTCONDOR_SLOT_NOTES, "State"))
     parts.append("A slot with `Draining == true`, or `Activity == \"Retiring\"` while draining, is offline. "

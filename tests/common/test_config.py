@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from epu.common.config import ConfigError, load_config
 
-from common.cli import main
-from common.config import ConfigError, load_config
+from epu.cli import main
 
 GOOD = """
 [broker]

@@ -15,7 +15,7 @@ import msgpack
 import pika
 import pytest
 
-from common.demo import DemoSettings, run_demo
+from epu.demo import DemoSettings, run_demo
 
 pytestmark = pytest.mark.rabbitmq
 

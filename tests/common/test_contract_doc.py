@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.contract_doc import BEGIN, END, EXAMPLES, generate
-from common.messages import REGISTRY
+from epu.common.contract_doc import BEGIN, END, EXAMPLES, generate
+from epu.common.messages import REGISTRY
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "messages.md"
 
@@ -13,7 +13,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "messages.md"
 def test_generated_reference_is_current() -> None:
     text = DOC.read_text()
     block = BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
-    assert block == generate(), "docs/messages.md is stale: run .venv/bin/python -m common.contract_doc"
+    assert block == generate(), "docs/messages.md is stale: run .venv/bin/python -m epu.common.contract_doc"
 
 
 def test_every_message_type_has_an_example_and_a_section() -> None:

@@ -4,10 +4,9 @@ create the schema; the loser must start anyway. Real SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import pytest
+from epu.common.db import create_schema, make_engine
 from sqlalchemy import Column, Integer, MetaData, Table, event, inspect
 from sqlalchemy.exc import DBAPIError
-
-from common.db import create_schema, make_engine
 
 
 def schema() -> MetaData:

@@ -6,8 +6,8 @@ import io
 import json
 import logging
 
-from common.broker import Broker
-from common.logs import setup_logging
+from epu.common.broker import Broker
+from epu.common.logs import setup_logging
 
 
 def test_json_logs_carry_fields_and_redact_secrets() -> None:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from common.codec import decode, decode_envelope, encode
-from common.messages import (
+from epu.common.codec import decode, decode_envelope, encode
+from epu.common.messages import (
     REGISTRY,
     DecodeError,
     Envelope,
@@ -17,6 +14,9 @@ from common.messages import (
     PolicyChange,
     open_envelope,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.common.strategies import model_strategy
 
 ALL_TYPES = sorted(REGISTRY)

@@ -3,16 +3,17 @@ and in order, survives a connection the broker closed, and reports what the brok
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import msgpack
 import pytest
 from amqp.exceptions import MessageNacked
+from epu.common.broker import Broker, Publisher
+from epu.common.messages import PolicyOutcome
+from epu.common.testing import drain, queue_depth
 from kombu import Queue
 
-from common.broker import Broker, Publisher
-from common.messages import PolicyOutcome
-from common.testing import drain, queue_depth
 from tests.conftest import rabbitmqctl
 
 pytestmark = pytest.mark.rabbitmq
@@ -76,10 +77,11 @@ def test_a_connection_the_broker_closed_is_replaced_and_nothing_lost(broker: Bro
 def test_messages_the_broker_refuses_are_reported_and_the_rest_delivered(broker: Broker) -> None:
     # a queue that refuses (nacks) publishes beyond 3 messages
     qname = bind(broker, "pm.full", "policy.outcome.full", **{"x-max-length": 3, "x-overflow": "reject-publish"})
-    pub = Publisher(broker, "test")
+    pub = Publisher(dataclasses.replace(broker, nack_retry_seconds=1.0), "test")
     try:
-        with pytest.raises(MessageNacked, match="broker refused 5 of 8 messages"):
+        with pytest.raises(MessageNacked, match="broker refused 5 of 8 messages") as info:
             pub.publish_many([outcome(i, "full") for i in range(8)])
+        assert info.value.transient, "a full queue may take the message later: the caller may retry"
         # the publisher is still usable afterwards
         drained = change_ids(broker, qname)
         pub.publish_many([outcome(9, "full")])
@@ -102,3 +104,38 @@ def test_memory_transport_publishes_one_by_one(memory_broker: Broker) -> None:
         while (m := q.get(no_ack=True, accept=None)) is not None:
             got.append(msgpack.unpackb(m.body)["body"]["change_id"])
     assert got == [f"c{i}" for i in range(5)]
+
+
+def test_an_unroutable_command_is_an_error_the_sender_sees(broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    from epu.common.broker import Unroutable
+    from epu.common.messages import NodeCommand
+
+    with broker.connection() as conn:
+        broker.topology.declare(conn.channel(), [])  # exchanges, no sensor queue for "nowhere"
+    pub = Publisher(broker, "test")
+    try:
+        with caplog.at_level(logging.WARNING, logger="epu.broker"), pytest.raises(Unroutable, match="unroutable"):
+            pub.publish(NodeCommand(command_id="c1", domain="nowhere", action="add", node="w1"))
+        # an event nobody listens to is fine (events are observations, not orders)
+        pub.publish(outcome(1, "nobody"))
+        assert not caplog.records, "a refusal is not retried as a broker loss"
+    finally:
+        pub.close()
+
+
+def test_a_refused_publish_is_not_a_connection_loss(broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    from epu.common.broker import PublishRefused
+
+    qname = bind(broker, "pm.refused", "policy.outcome.refused")
+    pub = Publisher(broker, "test")
+    try:
+        pub.publish_many([outcome(0, "refused")])
+        conn = pub._conn
+        with caplog.at_level(logging.WARNING, logger="epu.broker"), pytest.raises(PublishRefused, match="404"):
+            pub.publish_raw(b"x", exchange=broker.topology.n("no-such-exchange"), routing_key="k")
+        assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+        pub.publish_many([outcome(1, "refused")])
+        assert pub._conn is conn, "the connection was kept"
+    finally:
+        pub.close()
+    assert change_ids(broker, qname) == ["c0", "c1"]

@@ -4,7 +4,6 @@ each service user can do its job and is refused what it must not do (checked wit
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,15 +12,16 @@ from pathlib import Path
 import pika
 import pika.exceptions
 import pytest
+from epu.common.broker import Broker
+from epu.common.codec import encode
+from epu.common.definitions import rabbitmq_definitions
+from epu.common.messages import Envelope, NodeCommand, SensorSnapshot
+from epu.common.runtime import Service, run_in_thread
+from epu.common.testing import wait_for
+from epu.common.topology import Topology
 
-from common.broker import Broker
-from common.codec import encode
-from common.definitions import rabbitmq_definitions
-from common.messages import Envelope, NodeCommand, SensorSnapshot
-from common.runtime import Service, run_in_thread
-from common.testing import wait_for
-from common.topology import Topology
 from tests.conftest import RABBIT_HOST, rabbitmqctl
+from tests.support.definitions import loaded_definitions
 
 pytestmark = pytest.mark.rabbitmq
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,23 +36,8 @@ def test_committed_definitions_match_the_topology() -> None:
 
 @pytest.fixture(scope="module")
 def loaded() -> Iterator[dict]:
-    vhost = f"epu-defs-{uuid.uuid4().hex[:8]}"
-    user_prefix = f"t{uuid.uuid4().hex[:6]}-"
-    topology = Topology()
-    base = rabbitmq_definitions(topology, ["alpha", "beta"], vhost=vhost, user_prefix=user_prefix)
-    passwords = {u["name"]: secrets.token_urlsafe(12) for u in base["users"]}
-    doc = rabbitmq_definitions(topology, ["alpha", "beta"], vhost=vhost, user_prefix=user_prefix, passwords=passwords)
-    # via stdin: rabbitmqctl reads files as the rabbitmq user, which cannot see pytest's tmp dirs
-    res = rabbitmqctl("import_definitions", check=False, stdin=json.dumps(doc))
-    assert res.returncode == 0, res.stdout + res.stderr
-    # the import is asynchronous: wait until the last user's topic permissions are in place
-    last = user_prefix + "epu-operator"
-    wait_for(lambda: "decision" in rabbitmqctl("list_user_topic_permissions", last, check=False).stdout,
-             30, message="definitions imported")
-    yield {"vhost": vhost, "prefix": user_prefix, "passwords": passwords, "topology": topology}
-    for name in passwords:
-        rabbitmqctl("delete_user", name, check=False)
-    rabbitmqctl("delete_vhost", vhost, check=False)
+    with loaded_definitions(["alpha", "beta"]) as d:
+        yield {"vhost": d.vhost, "prefix": d.prefix, "passwords": d.passwords, "topology": d.topology}
 
 
 def connect(loaded: dict, role: str) -> pika.BlockingConnection:
@@ -96,7 +81,7 @@ def test_sensor_user_reads_only_its_queue_and_writes_only_its_events(loaded: dic
     assert not can(loaded, "epu-sensor-alpha", consume("epu.provisioner"))
     assert not can(loaded, "epu-sensor-alpha", publish("epu.events", "sensor.snapshot.beta"))
     assert not can(loaded, "epu-sensor-alpha", publish("epu.events", "instance.state.alpha.started"))
-    assert not can(loaded, "epu-sensor-alpha", publish("epu.commands", "provisioner"))
+    assert not can(loaded, "epu-sensor-alpha", publish("epu.commands", "provisioner.launch"))
     assert not can(loaded, "epu-sensor-alpha", lambda ch: ch.queue_declare("mine"))
 
 
@@ -104,7 +89,8 @@ def test_decision_user(loaded: dict) -> None:
     assert can(loaded, "epu-decision", consume("epu.decision.input"))
     assert can(loaded, "epu-decision", consume("epu.decision.control"))
     assert can(loaded, "epu-decision", publish("epu.commands", "sensor.alpha"))
-    assert can(loaded, "epu-decision", publish("epu.commands", "provisioner"))
+    assert can(loaded, "epu-decision", publish("epu.commands", "provisioner.launch"))
+    assert can(loaded, "epu-decision", publish("epu.commands", "provisioner.terminate"))
     assert can(loaded, "epu-decision", publish("epu.events", "decision.record.alpha"))
     assert can(loaded, "epu-decision", publish("epu.events", "policy.outcome.alpha"))
     assert not can(loaded, "epu-decision", publish("epu.events", "instance.state.alpha.started"))
@@ -115,6 +101,7 @@ def test_decision_user(loaded: dict) -> None:
 def test_provisioner_and_ctxbroker_users(loaded: dict) -> None:
     assert can(loaded, "epu-provisioner", consume("epu.provisioner"))
     assert can(loaded, "epu-provisioner", publish("epu.events", "instance.state.alpha.started"))
+    assert can(loaded, "epu-provisioner", publish("epu.events", "provisioner.alert.sim.orphan-seen"))
     assert not can(loaded, "epu-provisioner", publish("epu.events", "decision.record.alpha"))
     assert not can(loaded, "epu-provisioner", consume("epu.decision.input"))
     assert can(loaded, "epu-ctxbroker", consume("epu.ctxbroker.instances"))
@@ -124,6 +111,10 @@ def test_provisioner_and_ctxbroker_users(loaded: dict) -> None:
 
 def test_operator_sends_control_messages_and_taps_events_but_nothing_else(loaded: dict) -> None:
     assert can(loaded, "epu-operator", publish("epu.commands", "decision.control"))
+    assert can(loaded, "epu-operator", publish("epu.commands", "provisioner.terminate"))
+    # terminate and launch have distinct keys: an operator may terminate but never launch
+    assert not can(loaded, "epu-operator", publish("epu.commands", "provisioner.launch"))
+    assert not can(loaded, "epu-operator", publish("epu.commands", "provisioner"))
     assert not can(loaded, "epu-operator", publish("epu.commands", "sensor.alpha"))
     assert not can(loaded, "epu-operator", publish("epu.events", "decision.record.alpha"))
     assert not can(loaded, "epu-operator", consume("epu.provisioner"))
@@ -182,3 +173,117 @@ def test_a_real_sensor_service_runs_as_its_least_privilege_user(loaded: dict) ->
         tap_conn.close()
         dconn.close()
     assert got[0].node == "w1"
+
+
+def test_a_passwords_file_must_name_every_user_and_the_output_is_private(tmp_path: Path) -> None:
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    users = [u["name"] for u in rabbitmq_definitions(Topology(), ["alpha"])["users"]]
+
+    def deploy(pw: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "pw.toml").write_text(pw)
+        out = tmp_path / "defs.json"
+        out.unlink(missing_ok=True)
+        return subprocess.run([sys.executable, "-m", "epu", "deploy", "rabbitmq-definitions", "--domain", "alpha",
+                               "--passwords-file", str(tmp_path / "pw.toml"), "-o", str(out)],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    full = "".join(f'"{u}" = "pw-{i}"\n' for i, u in enumerate(users))
+    missing = "".join(f'"{u}" = "pw"\n' for u in users if u != "epu-decision")
+    misspelled = missing + '"epu-decison" = "pw"\n'
+    res = deploy(missing)
+    assert res.returncode == 2 and "no password for epu-decision" in res.stderr
+    assert not (tmp_path / "defs.json").exists(), "nothing written"
+    res = deploy(misspelled)
+    assert res.returncode == 2 and "epu-decison" in res.stderr and "misspelled" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = deploy(full)
+    assert res.returncode == 0, res.stderr
+    mode = stat.S_IMODE((tmp_path / "defs.json").stat().st_mode)
+    assert mode == 0o600, oct(mode)
+    doc = json.loads((tmp_path / "defs.json").read_text())
+    assert all(u["password_hash"] for u in doc["users"])
+    assert "pw-0" not in (tmp_path / "defs.json").read_text()
+
+
+def test_queues_are_bounded_by_policy() -> None:
+    """Small bounds, so the test can reach them: a suspended tap drops its oldest beyond its
+    byte bound; dead letters expire; the decision input refuses publishes once full (the
+    publisher is told); every durable queue has exactly one bounding policy."""
+    import time
+
+    import msgpack
+    from epu.common.broker import Publisher, PublishRefused
+    from epu.common.definitions import QueueBounds
+    from epu.common.messages import InstanceEvent, PolicyOutcome
+    from epu.common.testing import queue_depth
+
+    bounds = QueueBounds(tap_max_bytes=64 * 1024, dead_letter_days=2 / 86400, input_max_bytes=32 * 1024,
+                         input_max_length=1000)
+    with loaded_definitions(["alpha"], bounds=bounds, admin_access=True) as d:
+        admin = Broker(d.admin_url, d.topology)
+        out = rabbitmqctl("list_queues", "-p", d.vhost, "-q", "--no-table-headers", "name", "policy").stdout
+        policies = {(p := line.split())[0]: (p[1:] or [""])[0] for line in out.splitlines() if line.strip()}
+        assert policies == {"epu.dead": "epu-dead", "epu.decision.input": "epu-decision-input",
+                            "epu.provisioner": "epu-work", "epu.decision.control": "epu-work",
+                            "epu.ctxbroker.instances": "epu-work", "epu.sensor.alpha": "epu-work",
+                            "epu.decision.snapshot.alpha": ""}  # one message deep by its own arguments
+        # a tap nobody reads: bounded by bytes
+        conn = connect({"prefix": d.prefix, "passwords": d.passwords, "vhost": d.vhost}, "epu-operator")
+        ch = conn.channel()
+        tap = f"epu.tap.{uuid.uuid4().hex[:8]}"
+        ch.queue_declare(tap, exclusive=True, auto_delete=True)
+        ch.queue_bind(tap, "epu.events", "#")
+        pub = Publisher(Broker(d.url("epu-decision"), d.topology, declare=False), "decision")
+        try:
+            big = [PolicyOutcome(change_id=f"c{i}", domain="alpha", applied=False, reason="x" * 4000)
+                   for i in range(64)]
+            pub.publish_many(big)  # ~256 KB into a 64 KB tap
+            q = ch.queue_declare(tap, passive=True).method
+            assert 0 < q.message_count < 20, q.message_count
+        finally:
+            conn.close()
+        # the decision input refuses beyond its bytes: the provisioner is told, nothing is silently lost
+        prov = Publisher(Broker(d.url("epu-provisioner"), d.topology, declare=False, nack_retry_seconds=0.5),
+                         "provisioner")
+        refused = 0
+        try:
+            for i in range(20):
+                try:
+                    prov.publish(InstanceEvent(instance_id=f"i{i}", domain="alpha", site="s", state="failed",
+                                               seq=1, reason="y" * 4000, at=1.0))
+                except PublishRefused as exc:
+                    assert exc.transient, "a full queue may take it later"
+                    refused += 1
+        finally:
+            prov.close()
+        assert refused > 0 and queue_depth(admin, "epu.decision.input") < 20
+        # the latest-value snapshot queue keeps only the newest snapshot
+        sensor = Publisher(Broker(d.url("epu-sensor-alpha"), d.topology, declare=False), "sensor")
+        try:
+            for i in range(5):
+                sensor.publish(SensorSnapshot(domain="alpha", backend="x", taken_at=float(i)))
+        finally:
+            sensor.close()
+        assert queue_depth(admin, "epu.decision.snapshot.alpha") == 1
+        conn = connect({"prefix": d.prefix, "passwords": d.passwords, "vhost": d.vhost}, "epu-decision")
+        try:
+            _method, _props, body = next(conn.channel().consume("epu.decision.snapshot.alpha",
+                                                               inactivity_timeout=10))
+        finally:
+            conn.close()
+        assert msgpack.unpackb(body)["body"]["taken_at"] == 4.0, "only the newest is kept"
+        assert queue_depth(admin, "epu.dead") == 0, "replaced snapshots are not dead letters"
+        # dead letters expire after dead_letter_days (2 s here)
+        admin_pub = Publisher(admin, "test")
+        admin_pub.publish_raw(b"dead", exchange="epu.dlx", routing_key="epu.sensor.alpha", mandatory=True)
+        admin_pub.close()
+        assert queue_depth(admin, "epu.dead") == 1
+        deadline = time.monotonic() + 15
+        while queue_depth(admin, "epu.dead") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert queue_depth(admin, "epu.dead") == 0, "the dead letter expired"

@@ -4,6 +4,7 @@ broker loss and graceful shutdown. Every test uses names unique to it (``broker`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,12 +16,12 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from epu.common.broker import Broker, Publisher
+from epu.common.messages import Envelope, PolicyChange, SensorSnapshot
+from epu.common.runtime import Reject, RuntimeSettings, Service, run_in_thread
+from epu.common.testing import drain, queue_depth, wait_for
+from epu.common.topology import REASON_HEADER
 
-from common.broker import Broker, Publisher
-from common.messages import Envelope, PolicyChange, SensorSnapshot
-from common.runtime import Reject, RuntimeSettings, Service, run_in_thread
-from common.testing import drain, queue_depth, wait_for
-from common.topology import REASON_HEADER
 from tests.conftest import rabbitmqctl
 
 pytestmark = pytest.mark.rabbitmq
@@ -187,9 +188,9 @@ def test_broker_connection_force_closed_mid_stream_loses_nothing(broker: Broker,
 
 SHUTDOWN_SCRIPT = r"""
 import sys, time, json
-from common.broker import Broker
-from common.topology import Topology
-from common.runtime import Service
+from epu.common.broker import Broker
+from epu.common.topology import Topology
+from epu.common.runtime import Service
 url, prefix, out = sys.argv[1:4]
 broker = Broker(url, Topology(prefix=prefix))
 svc = Service("decision", broker)
@@ -296,3 +297,99 @@ def test_single_active_consumer_delivers_to_one_engine_only(broker: Broker) -> N
         for s, t in ((sa, ta), (sb, tb)):
             if t.is_alive():
                 stop(s, t)
+
+
+def _connections(vhost: str) -> list[str]:
+    out = rabbitmqctl("list_connections", "-q", "--no-table-headers", "peer_port", "vhost").stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.strip().endswith(vhost))
+
+
+def test_heartbeats_are_serviced_while_a_handler_and_a_timer_block(broker: Broker, rabbit_vhost: str) -> None:
+    """A 2 s heartbeat; a handler that works 9 s (a node command) and a timer that works 7 s (a
+    batch poll): the connection survives both, nothing is redelivered, nothing reconnects."""
+    short = Broker(broker.url, broker.topology, heartbeat=2)
+    calls: list[str] = []
+    svc = Service("sensor", short)
+
+    def handler(msg: PolicyChange, env: Envelope) -> None:
+        calls.append(msg.change_id)
+        if msg.change_id == "slow":
+            time.sleep(9)  # the work itself: what the handler does, not a wait for a condition
+
+    polls: list[float] = []
+
+    def slow_poll() -> None:
+        polls.append(time.monotonic())
+        if len(polls) == 1:
+            time.sleep(7)
+
+    svc.consume(broker.topology.decision_control_spec(), handler, prefetch=5)
+    svc.every(30, slow_poll, name="poll", initial_delay=0)
+    t = start(svc)
+    pub = Publisher(short, "test")
+    try:
+        before = _connections(rabbit_vhost)
+        pub.publish(change(0).model_copy(update={"change_id": "slow"}))
+        pub.publish(change(1))
+        wait_for(lambda: calls == ["slow", "c1"], 40, message="both handled")
+        wait_for(lambda: queue_depth(broker, broker.topology.n("epu.decision.control")) == 0, 10)
+        assert svc.metrics.connection_losses._value.get() == 0, "no missed-heartbeat disconnect"
+        assert svc.reconnect_count == 0 and len(polls) == 1
+        assert set(before) <= set(_connections(rabbit_vhost)), "the same connections are still open"
+    finally:
+        stop(svc, t)
+        pub.close()
+    assert calls == ["slow", "c1"], "nothing was redelivered"
+
+
+def test_an_idle_publisher_keeps_its_connection(broker: Broker, rabbit_vhost: str,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The publisher negotiates heartbeats: it must send them (and read the broker's) while idle."""
+    short = Broker(broker.url, broker.topology, heartbeat=2)
+    declarer = Service("declarer", broker)
+    declarer.declare(broker.topology.decision_control_spec())
+    stop(declarer, start(declarer))
+    pub = Publisher(short, "test")
+    try:
+        pub.publish(change(1))
+        conn_before = pub._conn
+        ports = _connections(rabbit_vhost)
+        time.sleep(8)  # the idle gap itself (4 heartbeat intervals) is the scenario
+        assert _connections(rabbit_vhost) == ports, "the broker kept the idle publisher's connection"
+        with caplog.at_level(logging.WARNING, logger="epu.broker"):
+            pub.publish(change(2))
+        assert pub._conn is conn_before
+        assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+    finally:
+        pub.close()
+
+
+def test_store_errors_for_a_few_seconds_lose_nothing_and_keep_order(broker: Broker) -> None:
+    """An infrastructure error (the database failing over) is retried in place until it passes:
+    nothing dead-lettered, every message handled once, in order."""
+    from sqlalchemy.exc import OperationalError
+
+    handled: list[int] = []
+    failing_until = [0.0]
+
+    def handler(msg: PolicyChange, env: Envelope) -> None:
+        if not failing_until[0]:
+            failing_until[0] = time.monotonic() + 3.0
+        if time.monotonic() < failing_until[0]:
+            raise OperationalError("INSERT ...", {}, ConnectionRefusedError("server closed the connection"))
+        handled.append(msg.min_nodes)
+
+    svc = Service("decision", broker, settings=RuntimeSettings(max_attempts=3, retry_base_seconds=0.1,
+                                                              retry_max_seconds=0.5))
+    svc.consume(broker.topology.decision_control_spec(), handler, prefetch=10)
+    t = start(svc)
+    try:
+        for i in range(40):
+            svc.publish(change(i))
+        wait_for(lambda: len(handled) == 40, 30, message="all 40 handled after the outage")
+        assert svc.metrics.handler_retries.labels(broker.topology.n("epu.decision.control"),
+                                                  "transient")._value.get() >= 5
+    finally:
+        stop(svc, t)
+    assert handled == list(range(40))
+    assert queue_depth(broker, broker.topology.n("epu.dead")) == 0

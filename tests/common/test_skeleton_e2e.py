@@ -13,24 +13,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from epu.common.broker import Broker
+from epu.common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent, SensorSnapshot
+from epu.common.runtime import Service, run_in_thread
+from epu.common.testing import wait_for
 
-from common.broker import Broker
-from common.demo import DemoSettings, run_demo
-from common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent, SensorSnapshot
-from common.runtime import Service, run_in_thread
-from common.testing import wait_for
+from epu.demo import DemoSettings, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
-EPU = [sys.executable, "-m", "common.cli"]
+EPU = [sys.executable, "-m", "epu.cli"]
 
 # The sensor process: the real sensor service with a simulated batch system that receives a
 # burst of 12 one-core jobs of 3 s at start (what a user's qsub would do on a real head node).
 SENSOR_SCRIPT = r"""
 import sys
-from common.config import load_config
-from common.logs import setup_logging
-from services.sensor.app import build_service
-from services.sensor.simulated import SimulatedBatch
+from epu.common.config import load_config
+from epu.common.logs import setup_logging
+from epu.services.sensor.app import build_service
+from epu.services.sensor.simulated import SimulatedBatch
 config = load_config(sys.argv[1])
 setup_logging("warning")
 batch = SimulatedBatch()

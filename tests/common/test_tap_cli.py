@@ -9,18 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from common.broker import Broker
-from common.messages import InstanceEvent, PolicyOutcome, SensorSnapshot
-from common.runtime import Service, run_in_thread
-from common.testing import wait_for
+from epu.common.broker import Broker
+from epu.common.messages import InstanceEvent, PolicyOutcome, SensorSnapshot
+from epu.common.runtime import Service, run_in_thread
+from epu.common.testing import wait_for
 
 pytestmark = pytest.mark.rabbitmq
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tap_prints_every_event_matching_the_pattern(broker: Broker, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EPU_BROKER__URL": broker.url,
+    config = tmp_path / "epu.toml"  # the file names the broker; the environment still overrides it
+    config.write_text('[broker]\nurl = "amqp://nobody@127.0.0.1:1/"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EPU_CONFIG": str(config), "EPU_BROKER__URL": broker.url,
            "EPU_BROKER__PREFIX": broker.topology.prefix}
     svc = Service("declarer", broker)  # make the exchanges exist
     t = run_in_thread(svc)
@@ -28,7 +29,7 @@ def test_tap_prints_every_event_matching_the_pattern(broker: Broker, tmp_path: P
     out = tmp_path / "tap.out"
     err = tmp_path / "tap.err"
     with out.open("w") as fo, err.open("w") as fe:
-        tap = subprocess.Popen([sys.executable, "-m", "common.cli", "tap", "instance.state.#", "--json",
+        tap = subprocess.Popen([sys.executable, "-m", "epu.cli", "tap", "instance.state.#", "--json",
                                 "--count", "2", "--seconds", "60"], env=env, stdout=fo, stderr=fe)
         try:
             wait_for(lambda: "tapping" in err.read_text(), 20, message="tap bound")
@@ -49,8 +50,9 @@ def test_tap_prints_every_event_matching_the_pattern(broker: Broker, tmp_path: P
 
 
 def test_tap_text_format_is_one_line_per_event() -> None:
-    from common.cli_core import format_event
-    from common.messages import Envelope
+    from epu.common.messages import Envelope
+
+    from epu.cli_core import format_event
 
     msg = InstanceEvent(instance_id="i1", domain="alpha", site="sim", state="started", seq=2, at=2.0,
                         ip="10.0.0.5")

@@ -1,4 +1,4 @@
-"""common.timeline: events → rows → summary, with hand-made events (no broker, no files);
+"""epu.common.timeline: events → rows → summary, with hand-made events (no broker, no files);
 and the results folder writer on top of it."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import csv
 import json
 from pathlib import Path
 
-from common.cli_record import write_results
-from common.messages import InstanceEvent, NodeInfo, QueuedJob, SensorSnapshot
-from common.timeline import Timeline, csv_header, csv_rows
+from epu.common.messages import InstanceEvent, NodeInfo, QueuedJob, SensorSnapshot
+from epu.common.timeline import Timeline, csv_header, csv_rows
+
+from epu.cli_record import write_results
 
 
 def snap(at: float, queued: list[str] = (), nodes: dict[str, tuple[str, list[str]]] | None = None,

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from services.ctxbroker.client import AdminClient, NodeClient
-from services.ctxbroker.server import BrokerServer, ServerSettings
-from services.ctxbroker.tls import self_signed
+from epu.common import nodecred
+from epu.services.ctxbroker.client import AdminClient, NodeClient
+from epu.services.ctxbroker.server import BrokerServer, ServerSettings
+from epu.services.ctxbroker.tls import self_signed
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 REPO = Path(__file__).resolve().parents[2]
@@ -81,8 +81,46 @@ def context(admin: AdminClient) -> dict[str, str]:
     return admin.create("test")
 
 
+def node_credential(context: dict[str, str], hostname: str, instance_id: str | None = None) -> nodecred.NodeCredential:
+    """What the provisioner derives for a node it launches (from the context secret)."""
+    return nodecred.issue(nodecred.signing_key(context["secret"]), context["id"], hostname, instance_id)
+
+
+class Nodes:
+    """Speaks for any node of a context, each with its own credential (as every node's agent
+    would); reads with the context's key and secret. Drop-in for one ``NodeClient``."""
+
+    def __init__(self, context: dict[str, str], ca_file: str, uri: str | None = None) -> None:
+        self.context, self.ca_file, self.uri = context, ca_file, uri or context["uri"]
+        self.reader = NodeClient(self.uri, context["key"], context["secret"], ca_file=ca_file)
+
+    def as_node(self, hostname: str, instance_id: str | None = None) -> NodeClient:
+        cred = node_credential(self.context, hostname, instance_id)
+        return NodeClient(self.uri, cred.key, cred.secret, ca_file=self.ca_file)
+
+    def join(self, doc: dict[str, object]) -> dict[str, object]:
+        c = self.as_node(str(doc["hostname"]), doc.get("instance_id"))  # type: ignore[arg-type]
+        try:
+            return c.join(doc)
+        finally:
+            c.close()
+
+    def leave(self, hostname: str, instance_id: str | None = None) -> dict[str, object]:
+        c = self.as_node(hostname, instance_id)
+        try:
+            return c.leave(hostname)
+        finally:
+            c.close()
+
+    def updates(self, after: int, wait: float = 0.0) -> dict[str, object]:
+        return self.reader.updates(after, wait)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 @pytest.fixture
-def node_client(context: dict[str, str], tls_files: tuple[str, str]) -> Iterator[NodeClient]:
-    c = NodeClient(context["uri"], context["key"], context["secret"], ca_file=tls_files[0])
+def node_client(context: dict[str, str], tls_files: tuple[str, str]) -> Iterator[Nodes]:
+    c = Nodes(context, tls_files[0])
     yield c
     c.close()

@@ -10,13 +10,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from common.testing import wait_for
-from services.ctxbroker.agent.agent import Agent
-from services.ctxbroker.agent.config import AgentConfig, load_agent_config, parse_userdata
-from services.ctxbroker.client import AdminClient, NodeClient
-from services.ctxbroker.core import Entry, NodeFields
-from services.ctxbroker.server import BrokerServer
-from tests.ctxbroker.conftest import ADMIN_TOKEN, DEFAULT_SCRIPTS, node
+from epu.common.testing import wait_for
+from epu.services.ctxbroker.agent.agent import Agent
+from epu.services.ctxbroker.agent.config import AgentConfig, load_agent_config, parse_userdata
+from epu.services.ctxbroker.client import AdminClient, NodeClient
+from epu.services.ctxbroker.core import Entry, NodeFields
+from epu.services.ctxbroker.server import BrokerServer
+
+from tests.ctxbroker.conftest import ADMIN_TOKEN, DEFAULT_SCRIPTS, node, node_credential
 
 
 class Running:
@@ -34,7 +35,8 @@ class Running:
 def make_agent(ctx: dict[str, str], tls: tuple[str, str], tmp: Path, i: int, scripts: Path = DEFAULT_SCRIPTS,
                **kw: object) -> Agent:
     fields = node(i)
-    cfg = AgentConfig(uri=ctx["uri"], key=ctx["key"], secret=ctx["secret"], ca_file=tls[0],
+    cred = node_credential(ctx, str(fields["hostname"]))
+    cfg = AgentConfig(uri=ctx["uri"], key=cred.key, secret=cred.secret, ca_file=tls[0],
                       scripts_dir=str(scripts), state_dir=str(tmp / f"state-{i}"), root=str(tmp / f"root-{i}"),
                       wait=10, backoff_initial=0.05, backoff_max=0.5, **kw)  # type: ignore[arg-type]
     return Agent(cfg, NodeFields.model_validate(fields))
@@ -43,10 +45,10 @@ def make_agent(ctx: dict[str, str], tls: tuple[str, str], tmp: Path, i: int, scr
 def test_agents_converge_on_the_same_membership(broker_server: BrokerServer, context: dict[str, str],
                                                 node_client: NodeClient, admin: AdminClient,
                                                 tls_files: tuple[str, str], tmp_path: Path) -> None:
-    # only the hosts block: every agent renders it once per batch (script start-up is the slow part)
+    # the default restart script: every agent renders the cluster files once per batch
     scripts = tmp_path / "scripts" / "restart.d"
     scripts.mkdir(parents=True)
-    (scripts / "20-etc-hosts").symlink_to(DEFAULT_SCRIPTS / "restart.d" / "20-etc-hosts")
+    (scripts / "10-cluster-files").symlink_to(DEFAULT_SCRIPTS / "restart.d" / "10-cluster-files")
     agents = [Running(make_agent(context, tls_files, tmp_path, i, tmp_path / "scripts")) for i in range(3)]
     wait_for(lambda: all(a.agent.registered.is_set() for a in agents), message="agents registered")
     rng = random.Random(6)
@@ -208,7 +210,7 @@ def test_agent_starts_over_when_the_broker_list_is_behind(tmp_path: Path) -> Non
     class Stub:
         def __init__(self) -> None:
             self.docs = [{"last_id": 1, "entries": []},
-                         {"last_id": 1, "entries": [{"id": 1, "kind": "join", **node(4)}]}]
+                         {"last_id": 1, "snapshot": True, "entries": [{"id": 1, "kind": "join", **node(4)}]}]
 
         def updates(self, after: int, wait: float) -> dict[str, object]:
             return self.docs.pop(0)
@@ -218,5 +220,6 @@ def test_agent_starts_over_when_the_broker_list_is_behind(tmp_path: Path) -> Non
     a = Agent(cfg, NodeFields.model_validate(node(1)), client=Stub())  # type: ignore[arg-type]
     a.state.last_id = 7
     a.state.members = {"wn-9": NodeFields.model_validate(node(9)).model_dump()}
-    assert a.poll_once() == 0 and a.state.last_id == 0 and a.state.members == {}
-    assert a.poll_once() == 1 and a.state.last_id == 1 and list(a.state.members) == ["wn-4"]
+    assert a.poll_once() == 0 and a.state.last_id == 0 and list(a.state.members) == ["wn-9"]
+    # the snapshot that follows replaces the membership: wn-9 deleted, wn-4 added
+    assert a.poll_once() == 2 and a.state.last_id == 1 and list(a.state.members) == ["wn-4"]

@@ -7,24 +7,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.testing import wait_for
-from services.ctxbroker.client import AdminClient, NodeClient
-from services.ctxbroker.server import BrokerServer
-from tests.ctxbroker.conftest import DEFAULT_SCRIPTS, REPO, node, ssh_key
+from epu.common.testing import wait_for
+from epu.services.ctxbroker.client import AdminClient
+from epu.services.ctxbroker.server import BrokerServer
+
+from tests.ctxbroker.conftest import DEFAULT_SCRIPTS, REPO, Nodes, node, node_credential, ssh_key
 
 
 def test_agent_process_joins_applies_and_leaves_on_sigterm(broker_server: BrokerServer, admin: AdminClient,
-                                                           context: dict[str, str], node_client: NodeClient,
+                                                           context: dict[str, str], node_client: Nodes,
                                                            tls_files: tuple[str, str], tmp_path: Path) -> None:
+    cred = node_credential(context, "wn-77", "i-77")  # what the provisioner renders for instance i-77
     env_file = tmp_path / "context.env"
     env_file.write_text(f"EPU_CONTEXT_URI={context['uri']}\nEPU_CONTEXT_ID={context['id']}\n"
-                        f"EPU_CONTEXT_KEY={context['key']}\nEPU_CONTEXT_SECRET={context['secret']}\n"
+                        f"EPU_CONTEXT_KEY={cred.key}\nEPU_CONTEXT_SECRET={cred.secret}\n"
                         "EPU_INSTANCE_ID=i-77\n")
     conf = tmp_path / "agent.toml"
     conf.write_text(f'fqdn = "wn-77.cluster.test"\nssh_host_key = "{ssh_key(77)}"\nwait = 20\n')
     node_client.join(node(1))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.ctxbroker.agent.main", "--env", str(env_file), "--config", str(conf),
+        [sys.executable, "-m", "epu.services.ctxbroker.agent.main", "--env", str(env_file), "--config", str(conf),
          "--scripts-dir", str(DEFAULT_SCRIPTS), "--state-dir", str(tmp_path / "state"),
          "--root", str(tmp_path / "root"), "--ca-file", tls_files[0], "--hostname", "wn-77", "--ip", "10.0.7.7"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -37,7 +39,7 @@ def test_agent_process_joins_applies_and_leaves_on_sigterm(broker_server: Broker
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0, out
-        assert context["secret"] not in out  # never logged
+        assert context["secret"] not in out and cred.secret not in out  # never logged
     finally:
         if proc.poll() is None:
             proc.kill()

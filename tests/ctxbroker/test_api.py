@@ -5,13 +5,14 @@ from __future__ import annotations
 import base64
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from epu.services.ctxbroker.client import AdminClient, BrokerError, NodeClient
+from epu.services.ctxbroker.server import BrokerServer
 
-from services.ctxbroker.client import AdminClient, BrokerError, NodeClient
-from services.ctxbroker.server import BrokerServer
-from tests.ctxbroker.conftest import ADMIN_TOKEN, node
+from tests.ctxbroker.conftest import ADMIN_TOKEN, Nodes, node, node_credential
 
 
 def test_admin_create_list_show_delete(admin: AdminClient) -> None:
@@ -30,29 +31,38 @@ def test_admin_create_list_show_delete(admin: AdminClient) -> None:
     assert [c["name"] for c in admin.list()] == ["beta"]
 
 
-def test_join_update_leave_and_ordered_list(node_client: NodeClient, admin: AdminClient,
+def test_join_update_leave_and_ordered_list(node_client: Nodes, admin: AdminClient,
                                             context: dict[str, str]) -> None:
-    assert node_client.updates(0) == {"context_id": context["id"], "last_id": 0, "entries": []}
+    assert node_client.updates(0) == {"context_id": context["id"], "last_id": 0, "snapshot": False, "entries": []}
     assert node_client.join(node(1)) == {"changed": True, "entry_id": 1, "last_id": 1}
     assert node_client.join(node(1))["changed"] is False  # re-register: no new entry
     node_client.join(node(2))
+    node_client.join(node(3))
     node_client.join(node(1, ip="10.7.7.7"))  # changed fields: a new join entry
     node_client.leave("wn-2")
     assert node_client.leave("wn-2")["changed"] is False
-    doc = node_client.updates(0)
-    assert [(e["id"], e["kind"], e["hostname"]) for e in doc["entries"]] == [
-        (1, "join", "wn-1"), (2, "join", "wn-2"), (3, "join", "wn-1"), (4, "leave", "wn-2")]
-    assert [e["id"] for e in node_client.updates(2)["entries"]] == [3, 4]
-    assert node_client.updates(4)["entries"] == []
-    assert [n["ip"] for n in admin.nodes(context["id"])] == ["10.7.7.7"]
+    # a few entries behind: the entries, in order
+    doc = node_client.updates(3)
+    assert doc["snapshot"] is False and doc["last_id"] == 5
+    assert [(e["id"], e["kind"], e["hostname"]) for e in doc["entries"]] == [(4, "join", "wn-1"), (5, "leave", "wn-2")]
+    assert node_client.updates(5)["entries"] == []
+    # a new agent: the current members as one snapshot at the newest id, not the history
+    snap = node_client.updates(0)
+    assert snap["snapshot"] is True and snap["last_id"] == 5
+    assert [(e["id"], e["kind"], e["hostname"], e["ip"]) for e in snap["entries"]] == [
+        (3, "join", "wn-3", node(3)["ip"]), (4, "join", "wn-1", "10.7.7.7")]
+    # further behind than the membership is long: a snapshot is the shorter way there
+    assert node_client.updates(1)["snapshot"] is True
+    assert sorted(n["ip"] for n in admin.nodes(context["id"])) == sorted(["10.7.7.7", str(node(3)["ip"])])
 
 
 def test_long_poll_wakes_within_a_second(broker_server: BrokerServer, context: dict[str, str],
                                          tls_files: tuple[str, str]) -> None:
-    from common.testing import wait_for
+    from epu.common.testing import wait_for
 
     poller = NodeClient(context["uri"], context["key"], context["secret"], ca_file=tls_files[0])
-    joiner = NodeClient(context["uri"], context["key"], context["secret"], ca_file=tls_files[0])
+    cred = node_credential(context, "wn-5")
+    joiner = NodeClient(context["uri"], cred.key, cred.secret, ca_file=tls_files[0])
     result: dict[str, object] = {}
 
     def poll() -> None:
@@ -67,7 +77,6 @@ def test_long_poll_wakes_within_a_second(broker_server: BrokerServer, context: d
     t.join(10)
     assert [e["hostname"] for e in result["doc"]["entries"]] == ["wn-5"]  # type: ignore[index]
     assert result["at"] - t0 < 1.0  # type: ignore[operator]
-    assert broker_server.hub.direct_answers == 1  # answered from the wake-up loop, not by its task
     # an empty wait returns after its timeout with no entries
     t1 = time.monotonic()
     assert poller.updates(1, wait=0.3)["entries"] == []
@@ -91,6 +100,9 @@ def test_every_auth_failure_is_refused(broker_server: BrokerServer, tls_files: t
     other = admin.create("other")
     cid = context["id"]
     good = _basic(context["key"], context["secret"])
+    wn1 = node_credential(context, "wn-1")
+    wn1_basic = _basic(wn1.key, wn1.secret)
+    other_wn1 = node_credential(other, "wn-1")
     bad_node = [
         {},
         {"Authorization": "Basic !!!"},
@@ -99,6 +111,11 @@ def test_every_auth_failure_is_refused(broker_server: BrokerServer, tls_files: t
         _basic(context["key"], ""),
         _basic("wrong", context["secret"]),
         _basic(other["key"], other["secret"]),  # another context's credentials
+        _basic(other_wn1.key, other_wn1.secret),  # a node credential of another context
+        _basic(wn1.key, wn1.secret + "x"),  # a node credential, wrong secret
+        _basic("node/wn-2/", wn1.secret),  # wn-1's secret with another host name
+        _basic("node/wn-1/i-1", wn1.secret),  # ... or another instance id
+        _basic("node/wn-1", wn1.secret),  # malformed node user
         {"Authorization": f"Bearer {ADMIN_TOKEN}"},  # the admin token is not a node credential
     ]
     with _raw(broker_server, tls_files) as http:
@@ -107,29 +124,33 @@ def test_every_auth_failure_is_refused(broker_server: BrokerServer, tls_files: t
                                      ("GET", f"/v1/contexts/{cid}/updates?wait=5", {}),
                                      ("POST", f"/v1/contexts/{cid}/nodes", {"json": node(1)}),
                                      ("DELETE", f"/v1/contexts/{cid}/nodes/wn-1", {})]:
+                if headers.get("Authorization", "").startswith("Bearer") and method == "DELETE":
+                    continue  # the admin may remove a node (test_security)
                 r = http.request(method, path, headers=headers, **kw)
                 assert r.status_code == 401, (method, path, headers, r.text)
                 assert r.json()["detail"] and context["secret"] not in r.text
         bad_admin = [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {ADMIN_TOKEN}x"},
-                     {"Authorization": ADMIN_TOKEN}, good]
+                     {"Authorization": ADMIN_TOKEN}, good, wn1_basic]
         for headers in bad_admin:
             for method, path in [("GET", "/v1/contexts"), ("POST", "/v1/contexts"), ("GET", f"/v1/contexts/{cid}"),
-                                 ("DELETE", f"/v1/contexts/{cid}"), ("GET", f"/v1/contexts/{cid}/nodes")]:
-                r = http.request(method, path, headers=headers, json={"name": "x"})
+                                 ("DELETE", f"/v1/contexts/{cid}"), ("GET", f"/v1/contexts/{cid}/nodes"),
+                                 ("POST", f"/v1/contexts/{cid}/credentials")]:
+                r = http.request(method, path, headers=headers, json={"name": "x", "hostname": "head"})
                 assert r.status_code == 401, (method, path, headers)
         # nothing was changed by any refused request
         assert http.get(f"/v1/contexts/{cid}/updates", headers=good).json()["last_id"] == 0
         assert admin.show(cid)["name"] == "test"
-        http.post(f"/v1/contexts/{cid}/nodes", json=node(1), headers=good).raise_for_status()
+        http.post(f"/v1/contexts/{cid}/nodes", json=node(1), headers=wn1_basic).raise_for_status()
     # secrets and tokens never reach a log line
     assert "context created" in caplog.text and "node joined" in caplog.text
-    for secret in (context["secret"], other["secret"], ADMIN_TOKEN):
+    for secret in (context["secret"], other["secret"], ADMIN_TOKEN, wn1.secret):
         assert secret not in caplog.text
 
 
 def test_unknown_context_is_404(broker_server: BrokerServer, tls_files: tuple[str, str],
                                 context: dict[str, str]) -> None:
-    good = _basic(context["key"], context["secret"])
+    cred = node_credential(context, "wn-1")
+    good = _basic(cred.key, cred.secret)
     with _raw(broker_server, tls_files) as http:
         for method, path in [("GET", "/v1/contexts/nosuch/updates"), ("POST", "/v1/contexts/nosuch/nodes"),
                              ("DELETE", "/v1/contexts/nosuch/nodes/wn-1")]:
@@ -144,7 +165,8 @@ def test_unknown_context_is_404(broker_server: BrokerServer, tls_files: tuple[st
 def test_bad_input_is_4xx_with_a_message_and_the_broker_keeps_serving(
         broker_server: BrokerServer, tls_files: tuple[str, str], context: dict[str, str]) -> None:
     cid = context["id"]
-    good = _basic(context["key"], context["secret"])
+    cred = node_credential(context, "wn-1")
+    good = _basic(cred.key, cred.secret)
     cases = [
         (b"{not json", 422, "JSON"),
         (b"[]", 422, ""),
@@ -184,11 +206,11 @@ def test_openapi_is_served_and_matches_the_committed_copy(broker_server: BrokerS
     assert "/v1/contexts/{context_id}/updates" in served["paths"]
 
 
-def test_plain_asgi_servers_get_standard_messages() -> None:
-    """The one-write shortcut only applies to uvicorn's protocol; any other server gets plain ASGI."""
+def test_answers_are_plain_asgi_messages() -> None:
+    """No server internals: every answer is the two standard ASGI messages (issue 14)."""
     import asyncio
 
-    from services.ctxbroker.api import _send
+    from epu.services.ctxbroker.api import _send
 
     sent: list[dict[str, object]] = []
 
@@ -198,3 +220,6 @@ def test_plain_asgi_servers_get_standard_messages() -> None:
     asyncio.run(_send(send, 200, b"{}", {"WWW-Authenticate": "Basic"}))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert (b"www-authenticate", b"Basic") in sent[0]["headers"]  # type: ignore[operator]
+    import epu.services.ctxbroker.api as api_module
+
+    assert "_write_whole" not in Path(api_module.__file__).read_text()

@@ -6,11 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
+from epu.common.nodecred import NodeCredential
+from epu.services.ctxbroker.client import BrokerError, NodeClient
+from epu.services.ctxbroker.server import BrokerServer
 
-from common.cli import main
-from services.ctxbroker.client import NodeClient
-from services.ctxbroker.server import BrokerServer
-from tests.ctxbroker.conftest import ADMIN_TOKEN, node
+from epu.cli import main
+from tests.ctxbroker.conftest import ADMIN_TOKEN, node, node_credential
+
+
+def _cred(c: NodeCredential) -> tuple[str, str]:
+    return c.key, c.secret
 
 
 def test_ctx_commands(broker_server: BrokerServer, tls_files: tuple[str, str], tmp_path: Path,
@@ -22,9 +27,21 @@ def test_ctx_commands(broker_server: BrokerServer, tls_files: tuple[str, str], t
     assert main(["ctx", "create", "cluster-a", "--json", *conn]) == 0
     ctx = json.loads(capsys.readouterr().out)
     assert set(ctx) == {"id", "name", "uri", "key", "secret"}
-    nc = NodeClient(ctx["uri"], ctx["key"], ctx["secret"], ca_file=tls_files[0])
+    nc = NodeClient(ctx["uri"], *_cred(node_credential(ctx, "wn-3", "i-3")), ca_file=tls_files[0])
     nc.join(node(3, instance_id="i-3"))
     nc.close()
+    # an operator-issued credential for the head node joins as head, and as head only
+    assert main(["ctx", "credential", ctx["id"], "head", "--json", *conn]) == 0
+    cred = json.loads(capsys.readouterr().out)
+    assert cred["key"] == "node/head/" and cred["uri"] == ctx["uri"]
+    head = NodeClient(cred["uri"], cred["key"], cred["secret"], ca_file=tls_files[0])
+    assert head.join(node(0, hostname="head", fqdn="head.cluster.test"))["changed"] is True
+    with pytest.raises(BrokerError) as refused:
+        head.join(node(3))
+    assert refused.value.status == 403
+    head.close()
+    assert main(["ctx", "remove-node", ctx["id"], "head", *conn]) == 0
+    assert "removed head" in capsys.readouterr().out
 
     assert main(["ctx", "list", *conn]) == 0
     out = capsys.readouterr().out
@@ -39,6 +56,16 @@ def test_ctx_commands(broker_server: BrokerServer, tls_files: tuple[str, str], t
     assert main(["ctx", "show", ctx["id"], *conn]) == 1
     assert "404: unknown context" in capsys.readouterr().err
 
+    # --secret-file: the secret goes to a new 0600 file, never to stdout
+    secret_file = tmp_path / "contexts" / "b.secret"
+    assert main(["ctx", "create", "cluster-b", "--secret-file", str(secret_file), "--json", *conn]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    secret = secret_file.read_text().strip()
+    assert len(secret) >= 43 and secret not in json.dumps(shown)
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+    assert main(["ctx", "create", "cluster-c", "--secret-file", str(secret_file), *conn]) == 2  # never overwritten
+    assert "exists" in capsys.readouterr().err and secret_file.read_text().strip() == secret
+
     bad = tmp_path / "bad"
     bad.write_text("wrong-token-wrong-token")
     assert main(["ctx", "list", "--url", broker_server.public_url, "--token-file", str(bad),
@@ -47,7 +74,7 @@ def test_ctx_commands(broker_server: BrokerServer, tls_files: tuple[str, str], t
 
 
 @pytest.mark.parametrize("argv", [["ctx", "--help"], ["ctx", "create", "--help"], ["ctx", "agent", "--help"],
-                                  ["ctx", "nodes", "--help"]])
+                                  ["ctx", "nodes", "--help"], ["ctx", "credential", "--help"]])
 def test_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pydantic import ValidationError
-
-from services.ctxbroker.core import (
+from epu.services.ctxbroker.core import (
     Entry,
     NodeFields,
     apply_entry,
@@ -19,6 +15,10 @@ from services.ctxbroker.core import (
     next_entry,
     parse_ssh_key,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from tests.ctxbroker.conftest import node, ssh_key
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import schemathesis
+from epu.services.ctxbroker.client import AdminClient
+from epu.services.ctxbroker.server import BrokerServer
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from services.ctxbroker.client import AdminClient
-from services.ctxbroker.server import BrokerServer
-from tests.ctxbroker.conftest import ADMIN_TOKEN, node
+from tests.ctxbroker.conftest import ADMIN_TOKEN, node, node_credential
 
 SPEC = json.loads((Path(__file__).resolve().parents[2] / "docs" / "ctxbroker-openapi.json").read_text())
 schema = schemathesis.openapi.from_dict(SPEC)
@@ -31,12 +31,13 @@ schema.config.generation.update(modes=[schemathesis.GenerationMode.POSITIVE, sch
 @pytest.fixture
 def target(broker_server: BrokerServer, admin: AdminClient, tls_files: tuple[str, str]) -> dict[str, Any]:
     ctx = admin.create("fuzz")
-    from services.ctxbroker.client import NodeClient
+    from epu.services.ctxbroker.client import NodeClient
 
-    nc = NodeClient(ctx["uri"], ctx["key"], ctx["secret"], ca_file=tls_files[0])
+    cred = node_credential(ctx, "wn-1")
+    nc = NodeClient(ctx["uri"], cred.key, cred.secret, ca_file=tls_files[0])
     nc.join(node(1))
     nc.close()
-    basic = base64.b64encode(f"{ctx['key']}:{ctx['secret']}".encode()).decode()
+    basic = base64.b64encode(f"{cred.key}:{cred.secret}".encode()).decode()
     return {"url": broker_server.public_url, "ctx": ctx, "ca": tls_files[0], "server": broker_server,
             "admin": {"Authorization": f"Bearer {ADMIN_TOKEN}"}, "node": {"Authorization": f"Basic {basic}"}}
 

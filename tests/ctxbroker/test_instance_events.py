@@ -7,17 +7,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from epu.common.broker import Broker, Publisher
+from epu.common.config import parse_config
+from epu.common.messages import ContextMembership, InstanceEvent
+from epu.common.runtime import Service
+from epu.common.testing import drain, wait_for
+from epu.services.ctxbroker.app import CtxBrokerService, build_service
+from epu.services.ctxbroker.client import AdminClient, BrokerError
+from epu.services.ctxbroker.server import BrokerServer, ServerSettings
 from kombu import Queue
 
-from common.broker import Broker, Publisher
-from common.config import parse_config
-from common.messages import ContextMembership, InstanceEvent
-from common.runtime import Service
-from common.testing import drain, wait_for
-from services.ctxbroker.app import CtxBrokerService, build_service
-from services.ctxbroker.client import AdminClient, NodeClient
-from services.ctxbroker.server import BrokerServer, ServerSettings
-from tests.ctxbroker.conftest import ADMIN_TOKEN, node
+from tests.ctxbroker.conftest import ADMIN_TOKEN, Nodes, node
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_terminated_instance_leaves_its_context(service: CtxBrokerService, broke
     tap = _tap(broker)
     admin = AdminClient(service.server.public_url, ADMIN_TOKEN, ca_file=tls_files[0])
     ctx = admin.create("cluster")
-    nc = NodeClient(ctx["uri"], ctx["key"], ctx["secret"], ca_file=tls_files[0])
+    nc = Nodes(ctx, tls_files[0])
     nc.join(node(1, instance_id="i-1"))
     nc.join(node(2, instance_id="i-2"))
     publisher = Publisher(broker, source="test-provisioner")
@@ -60,13 +60,19 @@ def test_terminated_instance_leaves_its_context(service: CtxBrokerService, broke
              message="wn-1 removed after its instance terminated")
     # the store is the truth; what agents read follows it within a loop tick
     def updates_with_leave() -> dict | None:
-        d = nc.updates(0)
-        return d if len(d["entries"]) == 3 else None
+        d = nc.updates(2)
+        return d if d["last_id"] == 3 else None
 
     doc = wait_for(updates_with_leave, timeout=10, message="the leave visible to agents")
-    assert [(e["id"], e["kind"], e["hostname"]) for e in doc["entries"]] == [
-        (1, "join", "wn-1"), (2, "join", "wn-2"), (3, "leave", "wn-1")]
-    assert doc["entries"][2]["reason"] == "instance terminated: idle"
+    assert [(e["id"], e["kind"], e["hostname"]) for e in doc["entries"]] == [(3, "leave", "wn-1")]
+    assert doc["entries"][0]["reason"] == "instance terminated: idle"
+    # the gone instance's credential is revoked: a late (or forged) join from it is refused
+    late = nc.as_node("wn-1", "i-1")
+    with pytest.raises(BrokerError) as refused:
+        late.join(node(1, instance_id="i-1"))
+    assert refused.value.status == 403 and "terminated" in refused.value.message
+    late.close()
+    assert [n["hostname"] for n in admin.nodes(ctx["id"])] == ["wn-2"]
 
     events: list[ContextMembership] = []
 

@@ -6,10 +6,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from common.testing import wait_for
-from services.ctxbroker.client import AdminClient, NodeClient
-from services.ctxbroker.server import BrokerServer
-from tests.ctxbroker.conftest import ADMIN_TOKEN, node
+from epu.common.testing import wait_for
+from epu.services.ctxbroker.client import AdminClient, NodeClient
+from epu.services.ctxbroker.server import BrokerServer
+
+from tests.ctxbroker.conftest import ADMIN_TOKEN, Nodes, node
 
 
 def test_two_replicas_on_one_postgres(make_broker: Callable[..., BrokerServer], pg_url: str,
@@ -24,7 +25,7 @@ def test_two_replicas_on_one_postgres(make_broker: Callable[..., BrokerServer], 
     def client(uri: str) -> NodeClient:
         return NodeClient(uri, ctx["key"], ctx["secret"], ca_file=tls_files[0])
 
-    on_a, on_b = client(ctx["uri"]), client(uri_b)
+    on_a, on_b = Nodes(ctx, tls_files[0]), Nodes(ctx, tls_files[0], uri=uri_b)
     # a context created on A is served by B (loaded on a cache miss)
     assert on_b.updates(0)["last_id"] == 0
 
@@ -45,7 +46,7 @@ def test_two_replicas_on_one_postgres(make_broker: Callable[..., BrokerServer], 
     assert got["at"] - t0 < 1.0  # type: ignore[operator]
 
     # concurrent joins and leaves through both replicas: one dense order, the same on both
-    def churn(c: NodeClient, base: int) -> None:
+    def churn(c: Nodes, base: int) -> None:
         for i in range(base, base + 8):
             c.join(node(i))
         for i in range(base, base + 8, 2):
@@ -58,15 +59,16 @@ def test_two_replicas_on_one_postgres(make_broker: Callable[..., BrokerServer], 
         th.join()
     wait_for(lambda: on_a.updates(0)["last_id"] == on_b.updates(0)["last_id"] == 1 + 2 * 12,
              message="both replicas to see all entries")
-    list_a, list_b = on_a.updates(0)["entries"], on_b.updates(0)["entries"]
-    assert list_a == list_b
-    assert [e["id"] for e in list_a] == list(range(1, 26))
+    assert on_a.updates(0) == on_b.updates(0)  # the same snapshot
+    tail_a, tail_b = on_a.updates(20), on_b.updates(20)  # and the same entries after 20
+    assert tail_a == tail_b and [e["id"] for e in tail_a["entries"]] == [21, 22, 23, 24, 25]
+    assert [e.entry_id for e in a.store.entries(ctx["id"])] == list(range(1, 26))  # one dense order
     nodes = {n["hostname"] for n in admin_a.nodes(ctx["id"])}
     assert nodes == {"wn-1"} | {f"wn-{i}" for i in (101, 103, 105, 107, 201, 203, 205, 207)}
 
     # deleting through A: B answers 404
     admin_a.delete(ctx["id"])
-    from services.ctxbroker.client import BrokerError
+    from epu.services.ctxbroker.client import BrokerError
 
     def gone() -> bool:
         try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+from epu.services.ctxbroker.core import NodeFields, fold
+from epu.services.ctxbroker.store import ContextNotFound, Store
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ctxbroker.core import NodeFields, fold
-from services.ctxbroker.store import ContextNotFound, Store
 from tests.ctxbroker.conftest import node
 
 

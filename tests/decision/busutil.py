@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from epu.common.broker import Broker
+from epu.common.codec import decode
 from kombu import Queue, binding
-
-from common.broker import Broker
-from common.codec import decode
 
 
 class Tap:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.clock import ManualClock
-from common.config import parse_config
-from common.messages import InstanceEvent, Message, NodeInfo, QueuedJob, SensorSnapshot
-from services.decision.engine import Engine
-from services.decision.store import Store
-from services.decision.view import DomainView, Instance, JobDigest
+from epu.common.clock import ManualClock
+from epu.common.config import parse_config
+from epu.common.messages import InstanceEvent, Message, NodeInfo, QueuedJob, SensorSnapshot
+from epu.services.decision.engine import Engine
+from epu.services.decision.store import Store
+from epu.services.decision.view import DomainView, Instance, JobDigest
 
 T0 = 1_700_000_000.0
 
@@ -72,9 +72,8 @@ class Bus:
 
 
 def make_engine(store_url: str = "sqlite://", cfg=None, clock: ManualClock | None = None) -> tuple[Engine, Bus, ManualClock]:
+    from epu.common.db import make_engine as mk
     from sqlalchemy.pool import StaticPool
-
-    from common.db import make_engine as mk
 
     clock = clock or ManualClock(T0)
     bus = Bus()

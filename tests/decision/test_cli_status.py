@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from epu.common.messages import ActionRecord, DecisionRecord, InstanceEvent, ViewSummary
+from epu.services.decision.cli import UsageError, parse_assignments
+from epu.services.decision.status import Board, render
 
-from common.messages import ActionRecord, DecisionRecord, InstanceEvent, ViewSummary
-from services.decision.cli import UsageError, parse_assignments
-from services.decision.status import Board, render
 from tests.decision.helpers import jobs, node, snapshot
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+from epu.services.decision.demand import DemandResult, nodes_needed
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.decision.demand import DemandResult, nodes_needed
 
 shapes = st.dictionaries(st.tuples(st.integers(1, 8), st.integers(1, 6)), st.integers(1, 40), max_size=5)
 supply = st.lists(st.integers(0, 8), max_size=30)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from epu.common.messages import NodeCommandResult, PolicyChange
+from epu.services.decision.actions import Decision, Terminate
+from epu.services.decision.placement import SiteInfo
+from epu.services.decision.planner import PlacementInput, plan
 
-from common.messages import NodeCommandResult, PolicyChange
-from services.decision.actions import Decision, Terminate
-from services.decision.placement import SiteInfo
-from services.decision.planner import PlacementInput, plan
 from tests.decision.helpers import T0, config, event, inst, jobs, make_engine, node, snapshot, view
 
 
@@ -269,8 +269,7 @@ def test_a_burst_goes_out_as_one_batch_and_a_failed_batch_is_resent_whole():
 
     e.publish_many = publish_many
     e.on_snapshot(snapshot(queued=jobs(3)))
-    with pytest.raises(ConnectionError):
-        e.iterate()  # the batch fails (and its re-send too): nothing counts as sent ...
+    e.iterate()  # the batch fails (and its re-send too; both logged): nothing counts as sent ...
     stored = e.store.actions("d", "launch")
     assert len(stored) == 3 and all(a["sent_at"] is None for a in stored)
     assert bus.of("instance.launch") == []

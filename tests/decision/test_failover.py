@@ -11,9 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-from common.broker import Publisher
-from common.testing import wait_for
-from common.topology import DECISION_CONTROL_QUEUE, DECISION_INPUT_QUEUE, PROVISIONER_QUEUE
+from epu.common.broker import Publisher
+from epu.common.testing import wait_for
+from epu.common.topology import DECISION_CONTROL_QUEUE, DECISION_INPUT_QUEUE, PROVISIONER_QUEUE
+
 from tests.conftest import rabbitmqctl
 from tests.decision.busutil import read_queue
 from tests.decision.helpers import jobs, snapshot
@@ -58,7 +59,7 @@ def sac_states(broker, rabbit_url: str) -> dict[str, list[bool]]:
 
 
 def start_engine(cfg: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "services.decision", "-c", str(cfg)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "epu.services.decision", "-c", str(cfg)], cwd=ROOT,
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from common.broker import Publisher
-from common.config import parse_config
-from common.runtime import run_in_thread
-from common.testing import wait_for
-from common.topology import PROVISIONER_QUEUE
-from services.decision.app import build_service
+from epu.common.broker import Publisher
+from epu.common.config import parse_config
+from epu.common.runtime import run_in_thread
+from epu.common.testing import wait_for
+from epu.common.topology import PROVISIONER_QUEUE
+from epu.services.decision.app import build_service
+
 from tests.decision.busutil import read_queue
 from tests.decision.helpers import jobs, snapshot
 

@@ -7,14 +7,14 @@ import threading
 import uuid
 
 import pytest
+from epu.common.broker import Publisher
+from epu.common.config import load_config
+from epu.common.messages import PolicyChange
+from epu.common.runtime import run_in_thread
+from epu.common.testing import get_raw, wait_for
+from epu.common.topology import PROVISIONER_QUEUE
+from epu.services.decision.app import build_service
 
-from common.broker import Publisher
-from common.config import load_config
-from common.messages import PolicyChange
-from common.runtime import run_in_thread
-from common.testing import get_raw, wait_for
-from common.topology import PROVISIONER_QUEUE
-from services.decision.app import build_service
 from tests.decision.busutil import Tap, read_queue
 from tests.decision.helpers import jobs, snapshot
 
@@ -110,7 +110,7 @@ def test_undecodable_control_message_is_dead_lettered_engine_keeps_running(runni
 def cli(*argv: str) -> int:
     import argparse
 
-    from services.decision.cli import register
+    from epu.services.decision.cli import register
 
     parser = argparse.ArgumentParser(prog="epu")
     register(parser.add_subparsers())
@@ -138,7 +138,7 @@ def test_cli_policy_set_show_pause_resume(running, config_file, capsys):
 
 def test_cli_status_json_from_the_event_stream(running, config_file, capsys):
     service, thread, tap, pub = running
-    from common.messages import InstanceEvent
+    from epu.common.messages import InstanceEvent
 
     done = threading.Event()
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from epu.common.messages import NodeCommandResult, PolicyChange
+from epu.services.decision.placement import SiteHealth
+from epu.services.decision.store import Store
 
-from common.messages import NodeCommandResult, PolicyChange
-from services.decision.placement import SiteHealth
-from services.decision.store import Store
 from tests.decision.helpers import config, event, jobs, make_engine, node, snapshot
 
 
@@ -58,7 +58,7 @@ def test_state_survives_a_restart(store_url):
 
 def test_file_change_seeds_a_new_version(sqlite_url):
     store = Store(sqlite_url).create()
-    from common.config.decision import DomainConfig
+    from epu.common.config.decision import DomainConfig
 
     assert store.seed_config("d", DomainConfig(max_nodes=3), 1.0) == 1
     assert store.seed_config("d", DomainConfig(max_nodes=3), 2.0) == 1

@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.broker import Broker
-from common.messages import SensorSnapshot
-from common.runtime import Service, run_in_thread
-from common.testing import wait_for
+from epu.common.broker import Broker
+from epu.common.messages import SensorSnapshot
+from epu.common.runtime import Service, run_in_thread
+from epu.common.testing import wait_for
+
 from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster, find_exe, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "examples" / "e2e-slurm.toml"
-EPU = [sys.executable, "-m", "common.cli"]
+EPU = [sys.executable, "-m", "epu.cli"]
 POOL = [f"elastic{i:02d}" for i in range(1, 7)]
 SERVICES = ("ctxbroker", "provisioner", "decision", "sensor")
 
@@ -194,6 +195,7 @@ class E2E:
     config: Path = field(init=False)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     census: Census = field(init=False)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> E2E:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -226,7 +228,7 @@ class E2E:
     # ------------------------------------------------------------------ processes
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_CONF": str(self.cluster.conf_path)}
+        return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_CONF": str(self.cluster.conf_path), **self.extra_env}
 
     def start(self, name: str, argv: list[str] | None = None, stdout: Path | None = None) -> subprocess.Popen[bytes]:
         """Start a service (``epu run NAME``) or any argv, logging to logs/NAME.log (stdout to
@@ -291,15 +293,23 @@ class E2E:
             self.start(name)
 
     def create_context(self) -> dict[str, Any]:
-        """Create the cluster's context and write what a worker's userdata would carry."""
+        """Create the cluster's context as an operator would (``epu ctx create --secret-file``) and
+        point the provisioner's ``[workers.alpha]`` at it (here through the environment, since the
+        context id is known only now): every worker's rendered userdata then carries its own
+        node credential."""
+        secret_file = self.workdir / "context.secret"
+
         def created() -> dict[str, Any] | None:
-            proc = subprocess.run([*EPU, "ctx", "create", "e2e", "--json", "--insecure", "-c", str(self.config)],
+            secret_file.unlink(missing_ok=True)
+            proc = subprocess.run([*EPU, "ctx", "create", "e2e", "--json", "--insecure", "--secret-file",
+                                   str(secret_file), "-c", str(self.config)],
                                   env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=30)
             return json.loads(proc.stdout) if proc.returncode == 0 else None
 
         ctx = wait_for(created, 30, interval=0.3, message="context broker answering: context created")
-        (self.workdir / "context.env").write_text(
-            f"EPU_CTX_URI={ctx['uri']}\nEPU_CTX_KEY={ctx['key']}\nEPU_CTX_SECRET={ctx['secret']}\n")
+        self.extra_env.update(EPU_WORKERS__ALPHA__CONTEXT_URI=ctx["uri"],
+                              EPU_WORKERS__ALPHA__CONTEXT_SECRET_FILE=str(secret_file),
+                              EPU_WORKERS__ALPHA__CONTEXT_CA_FILE=str(self.workdir / "epu-ctxbroker-tls" / "cert.pem"))
         return ctx
 
     def _kill_stray_workers(self) -> None:

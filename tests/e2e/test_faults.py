@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from epu.common.broker import Broker
+from epu.common.testing import wait_for
 
-from common.broker import Broker
-from common.testing import wait_for
 from tests.e2e.harness import E2E, EPU, slurmd_census
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.rabbitmq]

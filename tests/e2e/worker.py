@@ -42,7 +42,7 @@ def agent_config(args: argparse.Namespace) -> Path:
 
 
 def agent_argv(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "services.ctxbroker.agent.main", "--config", str(agent_config(args)),
+    return [sys.executable, "-m", "epu.services.ctxbroker.agent.main", "--config", str(agent_config(args)),
             "--userdata", args.ctx_env,
             "--scripts-dir", args.scripts, "--state-dir", args.state, "--root", args.root, "--insecure",
             "--hostname", args.name, "--ip", args.ip, "--log-level", "warning"]

@@ -6,16 +6,15 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-
-from common.clock import ManualClock
-from common.config.provisioner import SiteConfig
-from common.messages import InstanceEvent
-from services.provisioner.cloud import LibcloudSite
-from services.provisioner.provisioner import Provisioner, ProvisionerSettings
-from services.provisioner.runner import RetryPolicy
-from services.provisioner.sim import SimulatedNodeDriver
-from services.provisioner.store import Store
-from services.provisioner.userdata import UserdataRenderer
+from epu.common.clock import ManualClock
+from epu.common.config.provisioner import SiteConfig
+from epu.common.messages import InstanceEvent
+from epu.services.provisioner.cloud import LibcloudSite
+from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+from epu.services.provisioner.runner import RetryPolicy
+from epu.services.provisioner.sim import SimulatedNodeDriver
+from epu.services.provisioner.store import Store
+from epu.services.provisioner.userdata import UserdataRenderer
 
 FAST_RETRY = RetryPolicy(attempts=5, initial=0.001, maximum=0.01, jitter=0.005)
 
@@ -65,8 +64,18 @@ def cloud(tmp_path, clock: ManualClock) -> SimulatedNodeDriver:
 
 
 @pytest.fixture
-def make_provisioner(sqlite_url: str, clock: ManualClock) -> Iterator[Callable[..., tuple[Provisioner, Events]]]:
-    made: list[Provisioner] = []
+def made() -> Iterator[list[Provisioner]]:
+    """Provisioners a test made: stopped and their stores closed at the end."""
+    out: list[Provisioner] = []
+    yield out
+    for p in out:
+        p.shutdown(wait=True)
+        p.store.close()
+
+
+@pytest.fixture
+def make_provisioner(sqlite_url: str, clock: ManualClock,
+                     made: list[Provisioner]) -> Callable[..., tuple[Provisioner, Events]]:
 
     def make(drivers: dict[str, SimulatedNodeDriver], *, url: str | None = None, deployment: str = "epu",
              grace: float = 600.0, site_kw: dict[str, object] | None = None,
@@ -81,7 +90,4 @@ def make_provisioner(sqlite_url: str, clock: ManualClock) -> Iterator[Callable[.
         made.append(prov)
         return prov, events
 
-    yield make
-    for p in made:
-        p.shutdown(wait=True)
-        p.store.close()
+    return make

@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 import time
 
-from common.config.provisioner import SiteConfig
-from common.messages import LaunchRequest
-from services.provisioner.cloud import LibcloudSite
-from services.provisioner.provisioner import Provisioner, ProvisionerSettings
-from services.provisioner.sim import SimulatedNodeDriver
-from services.provisioner.store import Store
+from epu.common.config.provisioner import SiteConfig
+from epu.common.messages import LaunchRequest
+from epu.services.provisioner.cloud import LibcloudSite
+from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+from epu.services.provisioner.sim import SimulatedNodeDriver
+from epu.services.provisioner.store import Store
 
 
 def main() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from epu.common.broker import Broker
+from epu.common.messages import LaunchRequest, PolicyChange, TerminateRequest
+from epu.common.testing import drain
+from epu.services.provisioner.store import Store
+from kombu import Queue
 
-from common.broker import Broker
-from common.cli import main
-from common.messages import LaunchRequest, TerminateRequest
-from common.testing import drain
-from services.provisioner.store import Store
+from epu.cli import main
 
 
 def write_config(tmp_path, store_url: str, broker: Broker | None = None) -> str:
@@ -43,17 +44,37 @@ def test_list_table_and_json(tmp_path, sqlite_url, capsys) -> None:
 
 
 @pytest.mark.rabbitmq
-def test_terminate_sends_a_request(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
+def test_forced_terminate_goes_to_the_provisioners(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
     seed(sqlite_url)
     cfg = write_config(tmp_path, sqlite_url, broker)
     with broker.connection() as conn:
         broker.topology.declare(conn.channel(), [broker.topology.provisioner_spec()])
-    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck"]) == 0
-    assert "terminate requested" in capsys.readouterr().out
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck", "--force"]) == 0
+    assert "forced terminate requested" in capsys.readouterr().out
     [(envelope, msg)] = drain(broker, broker.topology.n("epu.provisioner"))
     assert isinstance(msg, TerminateRequest) and msg.instance_id == "i1" and msg.domain == "alpha"
-    assert msg.reason == "stuck"
+    assert msg.reason == "stuck" and msg.force
     assert main(["instances", "terminate", "unknown-id", "-c", cfg]) == 2
+
+
+@pytest.mark.rabbitmq
+def test_unforced_terminate_asks_the_engine_to_drain_first(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
+    """Without --force nothing goes to the provisioners (they would destroy at once): the engine
+    gets a retire request and drains, removes, then terminates (issue 11)."""
+    seed(sqlite_url)
+    cfg = write_config(tmp_path, sqlite_url, broker)
+    topo = broker.topology
+    watch = Queue(topo.n("test.cli.control-watch"), exchange=topo.commands_exchange, routing_key="decision.control",
+                  durable=False, auto_delete=False)
+    with broker.connection() as conn:
+        topo.declare(conn.channel(), [topo.provisioner_spec()])
+        watch(conn.channel()).declare()
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck"]) == 0
+    assert "drain and terminate requested" in capsys.readouterr().out
+    assert drain(broker, topo.n("epu.provisioner")) == []
+    [(envelope, msg)] = drain(broker, watch.name)
+    assert isinstance(msg, PolicyChange) and msg.retire == ["i1"] and msg.domain == "alpha"
+    assert "stuck" in msg.operator
 
 
 def test_help_reads_like_a_man_page(capsys) -> None:

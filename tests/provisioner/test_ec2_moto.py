@@ -7,15 +7,16 @@ from collections.abc import Iterator
 
 import boto3
 import pytest
+from epu.common.clock import RealClock
+from epu.common.config import parse_config
+from epu.common.messages import LaunchRequest, TerminateRequest
+from epu.services.provisioner.app import build_provisioner
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, TAG_STORE, LaunchSpec
+from epu.services.provisioner.drivers import SiteConfigError
+from epu.services.provisioner.ec2 import EpuEC2NodeDriver, canonical_namespace
 from libcloud.compute.drivers.ec2 import EC2NodeDriver
 from moto.server import ThreadedMotoServer
 
-from common.clock import RealClock
-from common.config import parse_config
-from common.messages import LaunchRequest, TerminateRequest
-from services.provisioner.app import build_provisioner
-from services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, LaunchSpec
-from services.provisioner.ec2 import EpuEC2NodeDriver, canonical_namespace
 from tests.provisioner.conftest import FAST_RETRY, Events
 
 AMI = "ami-12c6146b"  # one of moto's built-in images
@@ -130,11 +131,96 @@ def test_interrupted_launch_is_adopted_not_repeated(provisioner, ec2) -> None:
     assert "adopted" in events.for_("ec2-launch-2")[-1].reason
 
 
-def test_orphans_swept_by_tag(provisioner, ec2) -> None:
+def run_tagged(ec2, **tags: str) -> str:
+    out = ec2.run_instances(ImageId=AMI, MinCount=1, MaxCount=1, InstanceType="t2.micro", TagSpecifications=[{
+        "ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}])
+    return out["Instances"][0]["InstanceId"]
+
+
+def test_orphans_swept_by_tag_only_of_this_store(provisioner, ec2) -> None:
     prov, _ = provisioner
-    ec2.run_instances(ImageId=AMI, MinCount=1, MaxCount=1, InstanceType="t2.micro", TagSpecifications=[{
-        "ResourceType": "instance",
-        "Tags": [{"Key": TAG_DEPLOYMENT, "Value": "epu-ec2test"}, {"Key": TAG_LAUNCH, "Value": "nobody"}]}])
+    store = prov.identity.store_id
+    run_tagged(ec2, **{TAG_DEPLOYMENT: "epu-ec2test", TAG_STORE: store, TAG_LAUNCH: "nobody"})
+    # the same deployment name from another store (e.g. a re-created database), an older release
+    # (no store tag) and another deployment: none of them is this store's to sweep
+    run_tagged(ec2, **{TAG_DEPLOYMENT: "epu-ec2test", TAG_STORE: "other-store", TAG_LAUNCH: "theirs"})
+    run_tagged(ec2, **{TAG_DEPLOYMENT: "epu-ec2test", TAG_LAUNCH: "legacy"})
+    run_tagged(ec2, **{TAG_DEPLOYMENT: "staging", TAG_STORE: store, TAG_LAUNCH: "staging-1"})
     report = prov.reconcile("aws")
     assert len(report.swept) == 1
     assert instances(ec2, "nobody") == []
+    assert all(len(instances(ec2, lid)) == 1 for lid in ("theirs", "legacy", "staging-1"))
+    assert sorted(a.kind for a in prov.alerts) == ["foreign-node", "foreign-node", "orphan-seen"]
+
+
+def test_absence_from_the_real_drivers_listing_presumes_never_destroys(provisioner, ec2) -> None:
+    """libcloud's EC2 driver lists only what carries our deployment tag: take the tag away (the node
+    drops out of the listing exactly as from a partial one), and the node is presumed gone, never
+    destroyed; put it back and it is re-adopted. Was: closed at the first miss, destroyed after."""
+    prov, events = provisioner
+    prov.settings.vanish_min_seconds = 0.0
+    prov.handle_launch(LaunchRequest(launch_id="ec2-absent", domain="alpha", site="aws", node_name="worker-a"))
+    assert prov.wait_idle(30)
+    [inst] = instances(ec2, "ec2-absent")
+    ec2.delete_tags(Resources=[inst["InstanceId"]], Tags=[{"Key": TAG_DEPLOYMENT}])
+    for _ in range(3):
+        prov.poll("aws")
+        assert prov.reconcile("aws").swept == []
+    rec = prov.store.get("ec2-absent")
+    assert rec.presumed_gone and rec.state in ("pending", "started") and events.for_("ec2-absent")[-1].presumed_gone
+    ec2.create_tags(Resources=[inst["InstanceId"]], Tags=[{"Key": TAG_DEPLOYMENT, "Value": "epu-ec2test"}])
+    report = prov.reconcile("aws")
+    assert report.readopted == ["ec2-absent"] and report.swept == []
+    assert len(instances(ec2, "ec2-absent")) == 1 and not prov.store.get("ec2-absent").presumed_gone
+
+
+def ec2_config(moto_port: int, tmp_path, sqlite_url: str, **site: object):
+    creds = tmp_path / "aws.toml"
+    creds.write_text('key = "testing"\nsecret = "testing"\n')
+    driver_args = {"host": "127.0.0.1", "port": moto_port, "secure": False, "region": "us-east-1",
+                   "signature_version": "4", **site.pop("driver_args", {})}  # type: ignore[dict-item]
+    return parse_config({
+        "provisioner": {"store_url": sqlite_url, "deployment": "epu-ec2test"},
+        "sites": {"aws": {"driver": "ec2", "image": AMI, "size": "t2.micro", "credentials_file": str(creds),
+                          "driver_args": driver_args, **site}},
+    }, environ={})
+
+
+def test_provider_extras_reach_ec2(moto_port, tmp_path, sqlite_url, ec2) -> None:
+    """Subnet, security group ids, IAM instance profile and spot options from a site's create_args,
+    through libcloud's EC2 driver, as moto records them."""
+    kw = dict(region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
+              aws_access_key_id="testing", aws_secret_access_key="testing")
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.1.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName="epu-workers", Description="workers", VpcId=vpc)["GroupId"]
+    boto3.client("iam", **kw).create_instance_profile(InstanceProfileName="epu-worker")
+    config = ec2_config(moto_port, tmp_path, sqlite_url, create_args={
+        "ex_subnet": subnet, "ex_security_group_ids": [group], "ex_iamprofile": "epu-worker", "ex_spot": True,
+        "ex_spot_max_price": 0.05})
+    prov = build_provisioner(config, Events(), clock=RealClock())
+    prov.settings.retry = FAST_RETRY
+    try:
+        prov.handle_launch(LaunchRequest(launch_id="ec2-extras", domain="alpha", site="aws", node_name="worker-x"))
+        assert prov.wait_idle(30)
+        [inst] = instances(ec2, "ec2-extras")
+        assert inst["SubnetId"] == subnet and inst["VpcId"] == vpc
+        assert [g["GroupId"] for g in inst["SecurityGroups"]] == [group]
+        assert inst["IamInstanceProfile"]["Arn"].endswith("instance-profile/epu-worker")
+        assert inst["InstanceLifecycle"] == "spot"
+        assert prov.store.get("ec2-extras").cloud_id == inst["InstanceId"]
+    finally:
+        prov.shutdown()
+        prov.store.close()
+
+
+@pytest.mark.parametrize("site,key", [
+    ({"driver_args": {"regoin": "eu-west-1"}}, "regoin"),                  # libcloud would drop it silently
+    ({"create_args": {"ex_subnett": "subnet-1"}}, "ex_subnett"),          # not a create_node argument
+    ({"create_args": {"ex_clienttoken": "x"}}, "ex_clienttoken"),         # EPU sets it (the launch id)
+])
+def test_misspelt_or_reserved_keys_are_refused_by_name(moto_port, tmp_path, sqlite_url, site, key) -> None:
+    config = ec2_config(moto_port, tmp_path, sqlite_url, **site)
+    with pytest.raises(SiteConfigError) as exc:
+        build_provisioner(config, Events(), clock=RealClock())
+    assert f"'{key}'" in str(exc.value) and "site aws" in str(exc.value) and "testing" not in str(exc.value)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from epu.common.messages import LaunchRequest, TerminateRequest
+from epu.services.provisioner.metrics import ProvisionerMetrics
+from epu.services.provisioner.sim import SimulatedNodeDriver
 from prometheus_client import CollectorRegistry
-
-from common.messages import LaunchRequest, TerminateRequest
-from services.provisioner.metrics import ProvisionerMetrics
-from services.provisioner.sim import SimulatedNodeDriver
 
 
 def count(reg: CollectorRegistry, name: str, **labels: str) -> float:
@@ -45,3 +44,20 @@ def test_every_cloud_attempt_is_timed_with_its_outcome_and_boot_time_is_measured
     assert prov.wait_idle()
     assert count(reg, "epu_provisioner_cloud_call_seconds_count", site="sim", call="destroy", outcome="ok") == 1
     assert count(reg, "epu_provisioner_site_in_flight", site="sim") == 0
+
+
+def test_presence_changes_and_alerts_are_counted_apart_from_transitions(make_provisioner, cloud, clock) -> None:
+    reg = CollectorRegistry()
+    metrics = ProvisionerMetrics(reg)
+    prov, events = make_provisioner({"sim": cloud})
+    events.subscribe(metrics.published)
+    prov.handle_launch(LaunchRequest(launch_id="m1", domain="alpha", site="sim", node_name="n1"))
+    assert prov.wait_idle()
+    cloud.inject("partial", 3, call="list")
+    for _ in range(3):
+        clock.advance(30)
+        prov.poll("sim")
+    prov.poll("sim")  # listed again
+    assert count(reg, "epu_provisioner_presence_changes_total", site="sim", change="presumed_gone") == 1
+    assert count(reg, "epu_provisioner_presence_changes_total", site="sim", change="readopted") == 1
+    assert count(reg, "epu_provisioner_transitions_total", site="sim", state="pending") == 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common.clock import RealClock
-from common.messages import LaunchRequest, TerminateRequest
-from common.testing import wait_for
-from services.provisioner.process_site import ProcessNodeDriver, _start_ticks
+from epu.common.clock import RealClock
+from epu.common.messages import LaunchRequest, TerminateRequest
+from epu.common.testing import wait_for
+from epu.services.provisioner.process_site import ProcessNodeDriver, _start_ticks
 
 WORKER = (
     "import pathlib, signal, sys, time\n"

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from epu.common.clock import RealClock
+from epu.common.messages import LaunchRequest, TerminateRequest
+from epu.common.testing import wait_for
+from epu.services.provisioner.process_site import ProcessNodeDriver
 
-from common.clock import RealClock
-from common.messages import LaunchRequest, TerminateRequest
-from common.testing import wait_for
-from services.provisioner.process_site import ProcessNodeDriver
 from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster, find_exe, free_port
 
 pytestmark = [pytest.mark.slurm]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from common.clock import ManualClock
-from common.messages import LaunchRequest, TerminateRequest
-from common.testing import wait_for
-from services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH
-from services.provisioner.sim import SimulatedNodeDriver
+from epu.common.clock import ManualClock
+from epu.common.messages import LaunchRequest, TerminateRequest
+from epu.common.testing import wait_for
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, TAG_STORE
+from epu.services.provisioner.sim import SimulatedNodeDriver
 
 
 def launch(i: int = 1, site: str = "sim", **kw: object) -> LaunchRequest:
@@ -142,16 +141,26 @@ def test_slow_site_does_not_block_another(make_provisioner, tmp_path, clock: Man
     assert prov.wait_idle(10)
 
 
-def test_vanished_nodes_are_marked_terminated(make_provisioner, cloud, clock: ManualClock) -> None:
+def test_vanished_node_is_presumed_gone_never_closed_and_readopted(make_provisioner, cloud, clock) -> None:
+    """Was: two polls without the node closed the record as terminated, and the next reconcile
+    destroyed the node when a partial listing had hidden it (issue 11). Now absence only flags
+    the record, announced with its own seq, and a node listed again is re-adopted."""
     prov, events = make_provisioner({"sim": cloud})
     prov.handle_launch(launch())
     assert prov.wait_idle()
-    cloud.ex_vanish(prov.store.get("launch-1").cloud_id)
-    prov.poll("sim")
-    assert prov.store.get("launch-1").state == "pending"  # one miss is not enough
-    prov.poll("sim")
-    last = events.for_("launch-1")[-1]
-    assert last.state == "terminated" and "vanished" in last.reason
+    cloud.inject("partial", 4, call="list")  # four listings omit the node (a short page)
+    for _ in range(4):
+        clock.advance(30)
+        prov.poll("sim")
+    rec = prov.store.get("launch-1")
+    assert rec.state == "pending" and rec.presumed_gone  # 3 misses over 60 s: presumed, not closed
+    gone = events.for_("launch-1")[-1]
+    assert gone.presumed_gone and gone.state == gone.previous == "pending" and "presumed gone" in gone.reason
+    report = prov.reconcile("sim")  # the listing is whole again
+    assert report.readopted == ["launch-1"] and report.swept == [] and cloud.ex_count() == 1
+    back = events.for_("launch-1")
+    assert not back[-1].presumed_gone and back[-1].state == "started" and back[-2].reason.endswith("re-adopted")
+    assert [e.seq for e in back] == list(range(1, len(back) + 1))
 
 
 def test_boot_failure_reported(make_provisioner, cloud, clock: ManualClock) -> None:
@@ -169,11 +178,12 @@ def test_reconcile_adopts_known_and_sweeps_unknown_after_grace(make_provisioner,
     # a launch stored, whose node exists in the cloud but the store never heard of it
     prov.store.record_launch(launch(1), clock.now())
     prov.store.note_cloud_attempt("launch-1", clock.now())
-    tags = {TAG_DEPLOYMENT: "epu", TAG_LAUNCH: "launch-1"}
+    store = prov.identity.store_id
+    tags = {TAG_DEPLOYMENT: "epu", TAG_STORE: store, TAG_LAUNCH: "launch-1"}
     cloud.create_node("worker-1", cloud.list_sizes()[0], cloud.list_images()[0], ex_metadata=tags)
-    # an orphan: tagged with our deployment, launch id unknown
+    # an orphan: tagged with our deployment and store, launch id unknown
     cloud.create_node("stray", cloud.list_sizes()[0], cloud.list_images()[0],
-                      ex_metadata={TAG_DEPLOYMENT: "epu", TAG_LAUNCH: "who-knows"})
+                      ex_metadata={TAG_DEPLOYMENT: "epu", TAG_STORE: store, TAG_LAUNCH: "who-knows"})
     # someone else's node: never touched
     cloud.create_node("other", cloud.list_sizes()[0], cloud.list_images()[0],
                       ex_metadata={TAG_DEPLOYMENT: "other", TAG_LAUNCH: "x"})

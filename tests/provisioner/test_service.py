@@ -4,24 +4,23 @@ instance events out on the events exchange."""
 from __future__ import annotations
 
 import pytest
+from epu.common.broker import Broker, Publisher
+from epu.common.config import parse_config
+from epu.common.messages import InstanceEvent, LaunchRequest, TerminateRequest
+from epu.common.runtime import run_in_thread
+from epu.common.testing import drain, wait_for
+from epu.services.provisioner.app import build_service
+from epu.services.provisioner.sim import SimulatedNodeDriver
 from kombu import Queue
 
-from common.broker import Broker, Publisher
-from common.config import parse_config
-from common.messages import InstanceEvent, LaunchRequest, TerminateRequest
-from common.runtime import run_in_thread
-from common.testing import drain, wait_for
-from services.provisioner.app import build_service
-from services.provisioner.sim import SimulatedNodeDriver
 
-
-def events_queue(broker: Broker) -> str:
+def events_queue(broker: Broker, key: str = "instance.state.#", name: str = "test.instance-events") -> str:
     topo = broker.topology
-    name = topo.n("test.instance-events")
+    name = topo.n(name)
     with broker.connection() as conn:
         ch = conn.channel()
         topo.events_exchange(ch).declare()
-        Queue(name, exchange=topo.events_exchange, routing_key="instance.state.#", durable=False)(ch).declare()
+        Queue(name, exchange=topo.events_exchange, routing_key=key, durable=False)(ch).declare()
     return name
 
 
@@ -30,12 +29,13 @@ def test_service_over_rabbitmq(broker: Broker, tmp_path) -> None:
     config = parse_config({
         "broker": {"url": broker.url, "prefix": broker.topology.prefix},
         "provisioner": {"store_url": f"sqlite:///{tmp_path / 'prov.db'}", "poll_seconds": 0.1,
-                        "outbox_seconds": 0.5},
+                        "outbox_seconds": 0.5, "reconcile_seconds": 0.2},
         "sites": {"sim": {"driver": "epu-sim", "image": "sim-image", "size": "sim.1core"}},
     }, environ={})
     cloud = SimulatedNodeDriver(path=str(tmp_path / "cloud.db"), boot_time_min=0.2, boot_time_max=0.4)
     service = build_service(config, drivers={"sim": cloud})
     queue = events_queue(broker)
+    alerts = events_queue(broker, "provisioner.alert.#", "test.alerts")
     thread = run_in_thread(service)
     try:
         assert service.wait_ready(10)
@@ -71,6 +71,18 @@ def test_service_over_rabbitmq(broker: Broker, tmp_path) -> None:
         assert reg.get_sample_value("epu_provisioner_cloud_call_seconds_count",
                                     {"site": "sim", "call": "create", "outcome": "ok"}) == 1
         assert reg.get_sample_value("epu_provisioner_site_in_flight", {"site": "sim"}) == 0
+
+        # a node of this deployment and store that the store does not know: announced on the events exchange
+        ident = service.provisioner.identity
+        cloud.create_node("stray", cloud.list_sizes()[0], cloud.list_images()[0], ex_metadata={
+            "epu-deployment": ident.deployment, "epu-store": ident.store_id, "epu-launch-id": "nobody"})
+        got: list[object] = []
+        wait_for(lambda: got.extend(drain(broker, alerts)) or got, timeout=15, message="orphan alert")
+        envelope, alert = got[0]
+        assert envelope.type == "provisioner.alert" and alert.kind == "orphan-seen" and alert.site == "sim"
+        assert alert.deployment == ident.deployment and alert.count == 1
+        assert cloud.ex_count() == 1  # announced, not destroyed: the grace has just begun
+        assert reg.get_sample_value("epu_provisioner_alerts_total", {"site": "sim", "kind": "orphan-seen"}) == 1
         pub.close()
     finally:
         service.stop()
@@ -80,7 +92,7 @@ def test_service_over_rabbitmq(broker: Broker, tmp_path) -> None:
 def test_service_in_process_with_memory_broker_and_default_sim(memory_broker: Broker) -> None:
     """What the embedded demo does: memory:// transport, in-memory store, a private simulated
     cloud built from config, and a scaled clock so boots take simulated seconds."""
-    from common.clock import ScaledClock
+    from epu.common.clock import ScaledClock
 
     config = parse_config({
         "broker": {"url": "memory://", "prefix": memory_broker.topology.prefix, "quorum": False},

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from epu.common.clock import ManualClock
+from epu.services.provisioner.errors import classify
+from epu.services.provisioner.sim import SimulatedNodeDriver
 from libcloud.compute.base import NodeDriver, NodeImage
 from libcloud.compute.types import NodeState
-
-from common.clock import ManualClock
-from services.provisioner.errors import classify
-from services.provisioner.sim import SimulatedNodeDriver
 
 
 def create(d: SimulatedNodeDriver, name: str = "w1", **kw: object):

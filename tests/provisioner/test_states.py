@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from epu.common.messages import INSTANCE_STATE_ORDER
+from epu.services.provisioner.errors import classify
+from epu.services.provisioner.states import check_transition, map_node_state
 from hypothesis import given
 from hypothesis import strategies as st
 from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import InvalidCredsError, LibcloudError
 from libcloud.compute.types import NodeState
-
-from common.messages import INSTANCE_STATE_ORDER
-from services.provisioner.errors import classify
-from services.provisioner.states import check_transition, map_node_state
 
 STATES = list(INSTANCE_STATE_ORDER)
 

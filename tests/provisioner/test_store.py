@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from common.messages import LaunchRequest
-from services.provisioner.store import Store
+from epu.common.db import make_engine
+from epu.common.messages import LaunchRequest
+from epu.services.provisioner.store import IdentityError, Miss, Sighting, Store
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -87,3 +87,150 @@ def test_outbox_and_unknown_terminate(store: Store) -> None:
     assert rec.state == "terminated" and t is not None
     assert store.record_unknown_terminated("ghost", "alpha", 301.0, "unknown")[1] is None
     assert store.counts() == {"pending": 1, "terminated": 1}
+
+
+def test_presumed_gone_is_a_flag_with_its_own_seq_and_survives_the_outbox(store: Store) -> None:
+    store.record_launch(req(), 100.0)
+    store.advance("l1", "started", 101.0, cloud_id="c-1")
+    gone = store.note_presence("l1", True, 102.0, "presumed gone: not listed")
+    assert gone.record.state == "started" and gone.previous == "started" and gone.record.seq == 3
+    assert gone.event().presumed_gone and store.get("l1").presumed_gone_at == 102.0
+    assert store.note_presence("l1", True, 103.0, "again") is None  # nothing to change
+    back = store.note_presence("l1", False, 104.0, "listed again: re-adopted")
+    assert not back.event().presumed_gone and back.record.seq == 4
+    store.note_presence("l1", True, 105.0, "presumed gone again")
+    # the outbox re-announces each transition as it was, flag included
+    flags = [(t.record.seq, t.record.state, t.event().presumed_gone) for t in store.unpublished(1000.0)]
+    assert flags == [(1, "requested", False), (2, "started", False), (3, "started", True), (4, "started", False),
+                     (5, "started", True)]
+    # a terminate supersedes the presumption; terminal records take no flag
+    t = store.advance("l1", "terminating", 106.0)
+    assert t.record.presumed_gone_at is None and not t.event().presumed_gone
+    store.advance("l1", "terminated", 107.0)
+    assert store.note_presence("l1", True, 108.0, "x") is None
+
+
+def test_identity_is_made_once_shared_and_checked(store: Store) -> None:
+    ids = iter(["aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb"])
+    first = store.claim_identity(None, new_id=lambda: next(ids))
+    assert first.store_id == "aaaaaaaaaaaaaaaa" and first.deployment == "epu-bbbbbbbbbbbb"
+    assert store.claim_identity() == first  # kept: a second provisioner on this store gets the same
+    assert store.claim_identity(first.deployment) == first
+    with pytest.raises(IdentityError) as exc:
+        store.claim_identity("prod")
+    assert "provisioner.deployment is 'prod'" in str(exc.value) and first.deployment in str(exc.value)
+
+
+def test_misses_and_sightings_round_trip(store: Store) -> None:
+    store.save_misses([Miss("l1", "sim", 2, 10.0, 25.0), Miss("l2", "sim", 1, 20.0, 20.0)], [])
+    store.save_misses([Miss("l1", "sim", 3, 10.0, 40.0)], ["l2"])
+    assert store.misses("sim") == {"l1": Miss("l1", "sim", 3, 10.0, 40.0)} and store.misses("other") == {}
+    s = Sighting("sim", "c-9", "lost", "orphan", 5.0, 6.0)
+    store.save_sightings("sim", [s], [])
+    store.save_sightings("sim", [Sighting("sim", "c-9", "lost", "orphan", 5.0, 9.0)], [])
+    assert store.sightings("sim")["c-9"].last_seen == 9.0
+    store.save_sightings("sim", [], ["c-9"])
+    assert store.sightings("sim") == {}
+
+
+OLD_SCHEMA = [  # prov_instances and prov_transitions as the previous release created them
+    """CREATE TABLE prov_instances (instance_id VARCHAR(128) PRIMARY KEY, domain VARCHAR(64) NOT NULL,
+       site VARCHAR(64) NOT NULL, node_name VARCHAR(253) NOT NULL, cores INTEGER NOT NULL, state VARCHAR(16) NOT NULL,
+       seq INTEGER NOT NULL, cloud_id VARCHAR(256), ip VARCHAR(64), reason TEXT NOT NULL, error_kind VARCHAR(16),
+       created_at FLOAT NOT NULL, updated_at FLOAT NOT NULL)""",
+    """CREATE TABLE prov_transitions (id INTEGER PRIMARY KEY, instance_id VARCHAR(128) NOT NULL, seq INTEGER NOT NULL,
+       from_state VARCHAR(16), to_state VARCHAR(16) NOT NULL, at FLOAT NOT NULL, reason TEXT NOT NULL,
+       error_kind VARCHAR(16), published BOOLEAN NOT NULL)""",
+    """INSERT INTO prov_instances VALUES ('old-1', 'alpha', 'sim', 'w1', 1, 'terminated', 3, 'c-1', NULL,
+       'vanished: node c-1 not found by reconciliation', NULL, 1.0, 2.0)""",
+    """INSERT INTO prov_instances VALUES ('old-2', 'alpha', 'sim', 'w2', 1, 'terminated', 4, 'c-2', NULL,
+       'terminated', NULL, 1.0, 2.0)""",
+]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_an_older_database_is_brought_up_to_date(backend: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for stmt in OLD_SCHEMA:
+            conn.exec_driver_sql(stmt.replace("INTEGER PRIMARY KEY", "SERIAL PRIMARY KEY") if backend != "sqlite"
+                                 and "prov_transitions" in stmt else stmt)
+    engine.dispose()
+    store = Store(url)
+    try:
+        # records an older release closed on absence alone are marked presumed gone: their nodes are safe
+        assert store.get("old-1").presumed_gone and not store.get("old-2").presumed_gone
+        # its instances were tagged by configuration: the store will not guess their deployment
+        with pytest.raises(IdentityError) as exc:
+            store.claim_identity()
+        assert "provisioner.deployment" in str(exc.value) and "'epu'" in str(exc.value)
+        assert store.claim_identity("epu").deployment == "epu"
+        again = Store(url)
+        assert again.claim_identity().deployment == "epu"  # and a second open changes nothing
+        again.close()
+    finally:
+        store.close()
+
+
+def test_two_provisioners_writing_the_same_memory_at_once(store: Store) -> None:
+    """Two provisioners on one store count a miss or sight a node at the same moment: neither fails."""
+    other = Store(store.url)
+    errors: list[BaseException] = []
+
+    def writer(s: Store, n: int) -> None:
+        try:
+            for i in range(40):
+                s.save_misses([Miss("l1", "sim", i, 1.0, float(i))], [])
+                s.save_sightings("sim", [Sighting("sim", "c-1", "x", "orphan", 1.0, float(i + n))], [])
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(s, n)) for n, s in enumerate((store, other))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    other.close()
+    assert errors == [] and store.misses("sim")["l1"].count == 39 and len(store.sightings("sim")) == 1
+
+
+def test_in_memory_store_serves_threads_reading_while_others_write() -> None:
+    """``sqlite://`` (the embedded demo's store) is one connection shared by every thread: a read
+    starting inside another thread's write transaction failed ("cannot start a transaction
+    within a transaction") and a poll was lost."""
+    store = Store("sqlite://")
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                store.records_for("sim", ["l1"])
+                store.misses("sim")
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    th = threading.Thread(target=reader)
+    th.start()
+    try:
+        for i in range(300):
+            store.record_launch(req(i), 100.0)
+            store.advance(f"l{i}", "pending", 101.0)
+    finally:
+        stop.set()
+        th.join()
+        store.close()
+    assert errors == []
+
+
+def test_list_live_or_recently_updated_leaves_old_ended_records_in_the_database(store: Store) -> None:
+    """The anti-entropy report reads only what it sends, not every instance the store ever held."""
+    for i in range(4):
+        store.record_launch(LaunchRequest(launch_id=f"r{i}", domain="d", site="s", node_name=f"r{i}"), 100.0 + i)
+    store.advance("r0", "terminated", 200.0)  # ended long ago
+    store.advance("r1", "failed", 900.0)  # ended recently
+    store.advance("r2", "pending", 150.0)  # live, untouched for long
+    got = [r.instance_id for r in store.list(live_or_updated_since=800.0)]
+    assert got == ["r1", "r2", "r3"]
+    assert [r.instance_id for r in store.list()] == ["r0", "r1", "r2", "r3"]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from epu.common.clock import ManualClock
+from epu.common.messages import Message, NodeCommand, NodeCommandResult, SensorSnapshot, new_id
+from epu.services.sensor.core import PollSchedule, SensorCore
+from epu.services.sensor.dedupe import MemoryCommandLog, SqliteCommandLog
+from epu.services.sensor.simulated import SimulatedBatch
 from pydantic import ValidationError
-
-from common.clock import ManualClock
-from common.messages import Message, NodeCommand, NodeCommandResult, SensorSnapshot, new_id
-from services.sensor.core import PollSchedule, SensorCore
-from services.sensor.dedupe import MemoryCommandLog, SqliteCommandLog
-from services.sensor.simulated import SimulatedBatch
 
 
 class Bus(list):
@@ -53,7 +52,8 @@ def test_polls_every_period(clock: ManualClock) -> None:
     core.tick()
     snap = bus.snapshots()[-1]
     assert len(bus.snapshots()) == 2 and snap.available and snap.domain == "alpha" and snap.backend == "simulated"
-    assert snap.running_jobs == 1 and sum(j.count for j in snap.queued_demand()) == 1
+    assert snap.running_jobs == 1 and snap.queued_count() == 1
+    assert snap.jobs == []  # the wire carries shapes, never one record per job
     assert snap.taken_at == clock.now()
 
 
@@ -98,7 +98,10 @@ def test_command_runs_once_and_its_result_is_resent(clock: ManualClock) -> None:
     c = cmd("add", cores=4)
     first = core.handle(c)
     assert first.ok and not first.duplicate
-    assert len(bus.snapshots()) == 1  # published right after the change
+    assert bus.snapshots() == []  # the re-read is coalesced: due refresh_seconds after the change
+    clock.advance(core.schedule.refresh_seconds)
+    core.tick()
+    assert len(bus.snapshots()) == 1
     assert {n.name for n in bus.snapshots()[0].nodes} == {"w1", "w2"}
     b.execute("remove", "w2")  # someone removed it meanwhile: a re-run would add it back
     again = core.handle(c)
@@ -157,11 +160,88 @@ def test_sqlite_dedupe_survives_a_restart(clock: ManualClock, tmp_path) -> None:
 
 
 def test_state_since_is_tracked_for_backends_that_do_not_say(clock: ManualClock) -> None:
-    from common.messages import NodeInfo
-    from services.sensor.core import StateSince
+    from epu.common.messages import NodeInfo
+    from epu.services.sensor.core import StateSince
 
     s = StateSince()
     first = s.fill([NodeInfo(name="a", state="free")], 10.0)
     assert first[0].state_since == 10.0
     assert s.fill([NodeInfo(name="a", state="free")], 20.0)[0].state_since == 10.0
     assert s.fill([NodeInfo(name="a", state="busy")], 30.0)[0].state_since == 30.0
+
+
+# ------------------------------------------------------------------ polling storm (issue 12)
+def test_a_burst_of_commands_triggers_one_read_not_one_per_command(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    core.tick()
+    reads_before = core.reads
+    for i in range(200):
+        assert core.handle(cmd("add", f"n{i:03d}", cores=2)).ok
+        clock.advance(0.001)
+        core.tick()
+    assert core.reads == reads_before  # nothing read during the burst
+    clock.advance(core.schedule.refresh_seconds)
+    core.tick()
+    core.tick()
+    assert core.reads == reads_before + 1
+    assert len({n.name for n in bus.snapshots()[-1].nodes}) == 201
+    clock.advance(core.schedule.refresh_seconds * 5)
+    core.tick()
+    assert core.reads == reads_before + 1  # no further read until the poll period
+
+
+def test_a_command_that_changes_nothing_triggers_no_read(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    core.tick()
+    reads = core.reads
+    core.handle(cmd("online", "w1"))  # already online: changed=False
+    clock.advance(5)
+    core.tick()
+    assert core.reads == reads
+
+
+# ------------------------------------------------------------------ identity
+def test_the_instance_id_reaches_the_backend_and_comes_back_on_the_node(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    core.handle(cmd("add", "w2", cores=2, instance_id="launch-7f3e"))
+    snap = core.poll()
+    assert {n.name: n.instance_id for n in snap.nodes} == {"w1": None, "w2": "launch-7f3e"}
+
+
+# ------------------------------------------------------------------ bounded snapshots
+def test_oversize_snapshot_drops_node_job_ids_first_then_says_unavailable(clock: ManualClock) -> None:
+    b = SimulatedBatch(clock, nodes={f"w{i:03d}": 4 for i in range(50)})
+    b.submit(cores=1, count=200, duration=600)
+    core, bus, _ = make(clock, b)
+    full = core.read()
+    from epu.services.sensor.core import snapshot_bytes
+
+    size = snapshot_bytes(full)
+    core.schedule.max_snapshot_bytes = size - 1
+    trimmed = core.poll()
+    assert trimmed.available and all(n.jobs == [] for n in trimmed.nodes)
+    assert sum(n.cores_used for n in trimmed.nodes) == sum(n.cores_used for n in full.nodes)  # busy still shows
+    core.schedule.max_snapshot_bytes = 100
+    refused = core.poll()
+    assert not refused.available and "exceeds max_snapshot_bytes=100" in (refused.error or "")
+    assert core.oversize_snapshots == 2
+
+
+# ------------------------------------------------------------------ invalid commands get an answer (issue 14)
+def test_invalid_command_with_a_readable_id_gets_a_failed_result(clock: ManualClock) -> None:
+    import msgpack
+
+    core, bus, b = make(clock)
+    env = {"schema_version": "1.0", "type": "node.command", "id": "env-1", "timestamp": 0.0, "source": "x",
+           "correlation_id": None, "body": {"command_id": "c-evil", "domain": "alpha", "action": "add",
+                                            "node": "x;reboot\n$(id)", "cores": 1}}
+    result = core.handle_invalid(msgpack.packb(env), "invalid node.command: node: String should match pattern")
+    assert result is not None and not result.ok and result.command_id == "c-evil"
+    assert "not executed" in (result.error or "") and "\n" not in result.node
+    assert bus.results() == [result] and "x;reboot" not in " ".join(b.node_names())
+    for bad in (b"\xc1garbage", msgpack.packb({**env, "body": {**env["body"], "command_id": "a b"}}),
+                msgpack.packb({**env, "body": {**env["body"], "domain": "beta"}}),
+                msgpack.packb({**env, "body": {**env["body"], "action": "reboot"}}),
+                msgpack.packb({**env, "type": "instance.launch"})):
+        assert core.handle_invalid(bad, "invalid") is None
+    assert len(bus.results()) == 1

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from common.broker import Broker
-from common.clock import ScaledClock
-from common.config import parse_config
-from common.messages import SensorSnapshot
-from common.runtime import run_in_thread
-from common.testing import drain, wait_for
-from services.sensor.app import build_service
-from services.sensor.simulated import SimulatedBatch
+from epu.common.broker import Broker
+from epu.common.clock import ScaledClock
+from epu.common.config import parse_config
+from epu.common.messages import SensorSnapshot
+from epu.common.runtime import run_in_thread
+from epu.common.testing import drain, wait_for
+from epu.services.sensor.app import build_service
+from epu.services.sensor.simulated import SimulatedBatch
 
 
 def test_demo_wiring_on_memory_broker(memory_broker: Broker) -> None:

@@ -6,17 +6,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from epu.common.broker import Broker, Publisher
+from epu.common.clock import ManualClock
+from epu.common.codec import packb
+from epu.common.config import parse_config
+from epu.common.messages import NodeCommand, NodeCommandResult, SensorSnapshot, new_id
+from epu.common.runtime import Service, run_in_thread
+from epu.common.testing import drain, wait_for
+from epu.services.sensor.app import build_service
+from epu.services.sensor.simulated import SimulatedBatch
 from kombu import Queue
-
-from common.broker import Broker, Publisher
-from common.clock import ManualClock
-from common.codec import packb
-from common.config import parse_config
-from common.messages import NodeCommand, NodeCommandResult, SensorSnapshot, new_id
-from common.runtime import Service, run_in_thread
-from common.testing import drain, wait_for
-from services.sensor.app import build_service
-from services.sensor.simulated import SimulatedBatch
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(120)]
 
@@ -92,21 +91,22 @@ def test_snapshot_on_start_and_every_poll_period(service: Service, tap: Tap, clo
     start(service)
     first = wait_for(lambda: tap.snapshots(), 15, message="first snapshot")[0]
     assert first.available and first.domain == "alpha" and first.running_jobs == 1
-    assert sum(j.count for j in first.queued_demand()) == 2
+    assert first.queued_count() == 2 and first.jobs == []  # shapes on the wire, not one record per job
     clock.advance(60)
     wait_for(lambda: len(tap.snapshots()) >= 2, 15, message="second snapshot after one period")
 
 
 def test_command_result_snapshot_and_dedupe(service: Service, tap: Tap, broker: Broker,
-                                            sim: SimulatedBatch) -> None:
+                                            sim: SimulatedBatch, clock: ManualClock) -> None:
     start(service)
     wait_for(lambda: tap.snapshots(), 15, message="first snapshot")
     command = NodeCommand(command_id=new_id(), domain="alpha", action="add", node="w2", cores=4)
     send(broker, command)
     result = wait_for(lambda: tap.results(), 15, message="command result")[0]
     assert result.ok and result.command_id == command.command_id and not result.duplicate
+    clock.advance(1)  # the re-read after a change is coalesced: refresh_seconds (1 s) later
     wait_for(lambda: any("w2" in {n.name for n in s.nodes} for s in tap.snapshots()), 15,
-             message="snapshot right after the change")
+             message="snapshot soon after the change")
     sim.execute("remove", "w2")
     send(broker, command)  # re-sent (or redelivered): not run again, result sent again
     again = wait_for(lambda: tap.results()[1:], 15, message="duplicate result")[0]
@@ -130,7 +130,8 @@ def test_unreadable_backend_publishes_unavailable(service: Service, tap: Tap, cl
     assert tap.snapshots()[-1].running_jobs == 2
 
 
-def test_hostile_node_name_is_dead_lettered_with_reason(service: Service, broker: Broker, sim: SimulatedBatch) -> None:
+def test_hostile_node_name_is_dead_lettered_with_reason(service: Service, broker: Broker, sim: SimulatedBatch,
+                                                        tap: Tap) -> None:
     start(service)
     topo = broker.topology
     body = {"command_id": "c-evil", "domain": "alpha", "action": "add", "node": "x;reboot", "cores": 1}
@@ -142,7 +143,11 @@ def test_hostile_node_name_is_dead_lettered_with_reason(service: Service, broker
                         content_type="application/x-msgpack")
     finally:
         pub.close()
-    from common.testing import get_raw
+    from epu.common.testing import get_raw
 
     dead = get_raw(broker, topo.n("epu.dead"), timeout=15)
     assert "node" in dead.headers["x-epu-reason"] and "x;reboot" not in sim.node_names()
+    # and the sender gets an answer, so it stops re-sending (issue 14)
+    (result,) = wait_for(lambda: [r for r in tap.results() if r.command_id == "c-evil"], 15,
+                         message="failed result for the invalid command")
+    assert not result.ok and "invalid command, not executed" in (result.error or "") and result.node == "x;reboot"

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from common.clock import ManualClock
-from services.sensor.backend import BackendUnavailable, InvalidNodeName
-from services.sensor.simulated import SimulatedBatch
+from epu.common.clock import ManualClock
+from epu.services.sensor.backend import BackendUnavailable, InvalidNodeName
+from epu.services.sensor.simulated import SimulatedBatch
 
 
 @pytest.fixture

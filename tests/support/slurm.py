@@ -17,6 +17,7 @@ runs jobs as their owner).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -72,6 +73,18 @@ class SlurmNodeSpec:
     port: int = 0
     memory_mb: int = 1000
     state: str = ""  # e.g. "CLOUD" for a pre-declared cloud pool node
+    features: tuple[str, ...] = ()  # Features= (what --constraint matches)
+    gpus: int = 0  # Gres=gpu:N, with a gres.conf line that needs no device file
+
+
+@dataclass
+class SlurmPartitionSpec:
+    """A partition beyond the default one (``SlurmTestCluster.partition`` over every node)."""
+
+    name: str
+    nodes: list[str]
+    default: bool = False
+    extra: str = ""  # e.g. "MaxTime=60"
 
 
 @dataclass
@@ -86,6 +99,9 @@ class SlurmTestCluster:
     nodes: list[SlurmNodeSpec] = field(default_factory=lambda: [SlurmNodeSpec("node1")])
     cloud_nodes: list[SlurmNodeSpec] = field(default_factory=list)
     partition: str = "debug"
+    partitions: list[SlurmPartitionSpec] = field(default_factory=list)
+    """Partitions; when given, the default ``partition`` over all nodes is not written."""
+    licenses: str = ""  # e.g. "matlab:1" — local licenses, no accounting database needed
     max_node_count: int = 64
     base_dir: Path | None = None
     startup_timeout: float = 60.0
@@ -173,8 +189,26 @@ class SlurmTestCluster:
                 proc.kill()
                 proc.wait(timeout=5)
             self._procs.pop(name, None)
+        self._kill_leftover_steps()
         if self._own_dir and hasattr(self, "workdir"):
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _kill_leftover_steps(self) -> None:
+        """A slurmstepd outlives its slurmd when the daemon dies under it (a test that kills
+        slurmd, or a job the cancel above could not finish): find every process started for
+        THIS cluster (its environment names our slurm.conf) and kill it, so no test leaves
+        job steps running on the machine."""
+        mine = f"SLURM_CONF={self.conf_path}".encode()
+        for proc_dir in Path("/proc").iterdir():
+            if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
+                continue
+            try:
+                environ = (proc_dir / "environ").read_bytes()
+            except OSError:
+                continue
+            if mine in environ.split(b"\0"):
+                with contextlib.suppress(OSError):
+                    os.kill(int(proc_dir.name), signal.SIGKILL)
 
     def _cancel_jobs_before_stop(self) -> None:
         """Jobs still running when slurmd stops leave their slurmstepd behind: cancel them
@@ -217,9 +251,34 @@ class SlurmTestCluster:
     def node_line(self, node: SlurmNodeSpec) -> str:
         line = (f"NodeName={node.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={node.port} "
                 f"CPUs={node.cpus} RealMemory={node.memory_mb}")
+        if node.features:
+            line += f" Features={','.join(node.features)}"
+        if node.gpus:
+            line += f" Gres=gpu:{node.gpus}"
         if node.state:
             line += f" State={node.state}"
         return line
+
+    #: Character devices every Linux machine has; a GPU's ``File=`` may name one of them.
+    STAND_IN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+    def gres_lines(self) -> list[str]:
+        """gres.conf for GPU slots on a machine without GPUs. Slurm 22.05 drops a file-less GPU
+        (``Name=gpu Count=2`` alone: slurmd logs "Removing file-less GPU gpu:(null) from final
+        GRES list", registers 0 GPUs and the node goes INVALID_REG; ``Flags=CountOnly`` does
+        not change that), and a ``File=`` that is a plain file is accepted with an error per
+        file ("not a valid character or block device"). What works cleanly: ``AutoDetect=off``
+        and ``File=`` naming one existing character device per GPU that is not a GPU
+        (``/dev/null``, ``/dev/zero``... up to 5); with ``task/none`` nothing opens them. The
+        GPUs are counted, and ``--gres=gpu:1`` jobs are allocated and run."""
+        lines = ["AutoDetect=off"]
+        for n in self.nodes + self.cloud_nodes:
+            if n.gpus:
+                if n.gpus > len(self.STAND_IN_DEVICES):
+                    raise ValueError(f"at most {len(self.STAND_IN_DEVICES)} stand-in GPUs per node")
+                files = ",".join(self.STAND_IN_DEVICES[: n.gpus])
+                lines.append(f"NodeName={n.name} Name=gpu Count={n.gpus} File={files}")
+        return lines
 
     def write_conf(self) -> None:
         w = self.workdir
@@ -271,8 +330,18 @@ class SlurmTestCluster:
             "SlurmctldParameters=cloud_reg_addrs",
             "PrivateData=cloud",
         ]
-        lines += [self.node_line(n) for n in self.nodes + self.cloud_nodes]
-        lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        all_nodes = self.nodes + self.cloud_nodes
+        if any(n.gpus for n in all_nodes):
+            lines.append("GresTypes=gpu")
+            (self.conf_path.parent / "gres.conf").write_text("\n".join(self.gres_lines()) + "\n")
+        if self.licenses:
+            lines.append(f"Licenses={self.licenses}")
+        lines += [self.node_line(n) for n in all_nodes]
+        if self.partitions:
+            lines += [f"PartitionName={p.name} Nodes={','.join(p.nodes)} Default={'YES' if p.default else 'NO'} "
+                      f"MaxTime=INFINITE State=UP {p.extra}".rstrip() for p in self.partitions]
+        else:
+            lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self.conf_path.write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ daemons

@@ -84,14 +84,22 @@ def target(env_name: str, default_rel: str) -> Path:
     return Path(os.environ.get("EPU_CTX_ROOT", "/")) / default_rel
 
 
-def main(kind: str) -> int:
+BLOCKS = {
+    "known_hosts": ("EPU_KNOWN_HOSTS_FILE", "etc/ssh/ssh_known_hosts", known_hosts_lines),
+    "hosts": ("EPU_HOSTS_FILE", "etc/hosts", hosts_lines),
+    "hostfile": ("EPU_MPI_HOSTFILE", "etc/epu/mpi_hostfile", hostfile_lines),
+}
+
+
+def main(*kinds: str) -> int:
+    """Render each block of ``kinds`` from one read of the membership (a block whose file
+    variable is "-" is left alone)."""
     members = load_members(os.environ["EPU_CTX_MEMBERS"])
-    if kind == "hosts":
-        write_block(target("EPU_HOSTS_FILE", "etc/hosts"), hosts_lines(members))
-    elif kind == "known_hosts":
-        write_block(target("EPU_KNOWN_HOSTS_FILE", "etc/ssh/ssh_known_hosts"), known_hosts_lines(members))
-    elif kind == "hostfile":
-        write_block(target("EPU_MPI_HOSTFILE", "etc/epu/mpi_hostfile"), hostfile_lines(members))
-    else:
-        raise SystemExit(f"unknown block {kind!r}")
+    for kind in kinds:
+        if kind not in BLOCKS:
+            raise SystemExit(f"unknown block {kind!r}")
+        env_name, default_rel, lines = BLOCKS[kind]
+        if os.environ.get(env_name) == "-":
+            continue
+        write_block(target(env_name, default_rel), lines(members))
     return 0

@@ -49,6 +49,9 @@ class AgentConfig(BaseModel):
     state_dir: str = "/var/lib/epu-ctx"
     root: str = "/"
     """Prefix the default scripts write under (etc/hosts, etc/ssh/ssh_known_hosts, ...)."""
+    change_log: str | None = None
+    """File the agent appends one line per applied join/leave to (default ROOT/var/log/epu-ctx.log;
+    "" for none)."""
     long_poll: bool = True
     wait: float = Field(30.0, gt=0, le=60)
     """Long-poll wait per request, seconds."""
@@ -64,6 +67,11 @@ class AgentConfig(BaseModel):
     ssh_host_key_file: str = "/etc/ssh/ssh_host_ed25519_key.pub"
     data: str = ""
     instance_id: str | None = None
+
+    def change_log_path(self) -> str:
+        if self.change_log is not None:
+            return self.change_log
+        return str(Path(self.root) / "var" / "log" / "epu-ctx.log")
 
     def ca_path(self) -> str | None:
         if self.ca_file:

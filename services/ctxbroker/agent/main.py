@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.ctxbroker.cli import AGENT_DESCRIPTION, AGENT_EPILOG, add_agent_args
+from epu.services.ctxbroker.cli import AGENT_DESCRIPTION, AGENT_EPILOG, add_agent_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ class AgentState:
                       if k in doc})
 
     def save(self, path: Path) -> None:
-        atomic_write(path, json.dumps(self.__dict__, indent=1, sort_keys=True))
+        atomic_write(path, json.dumps(self.__dict__, sort_keys=True, separators=(",", ":")))  # C encoder: fast
 
 
 def atomic_write(path: Path, text: str) -> None:

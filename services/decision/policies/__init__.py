@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from epu.services.decision.policies import fixed, load, queue_demand, spare, start_time, threshold
+from epu.services.decision.policies.base import Params, Policy
 from pydantic import ValidationError
 
-from services.decision.policies import fixed, load, queue_demand, spare, threshold
-from services.decision.policies.base import Params, Policy
-
 POLICIES: dict[str, Policy] = {p.name: p for p in (queue_demand.POLICY, threshold.POLICY, spare.POLICY,
-                                                    load.POLICY, fixed.POLICY)}
+                                                    load.POLICY, fixed.POLICY, start_time.POLICY)}
 
 
 class PolicyError(ValueError):

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from epu.services.decision.actions import Decision
+from epu.services.decision.view import DomainView
 from pydantic import BaseModel, ConfigDict, Field
-
-from services.decision.actions import Decision
-from services.decision.view import DomainView
 
 
 class Params(BaseModel):

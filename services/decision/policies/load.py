@@ -10,12 +10,11 @@ Samples are policy memory, stored by the engine.
 
 from __future__ import annotations
 
+from epu.services.decision import lifecycle as lc
+from epu.services.decision.actions import Decision
+from epu.services.decision.policies.base import Params, Policy
+from epu.services.decision.view import DomainView
 from pydantic import Field, model_validator
-
-from services.decision import lifecycle as lc
-from services.decision.actions import Action, Decision
-from services.decision.policies.base import Params, Policy
-from services.decision.view import DomainView
 
 
 class LoadParams(Params):
@@ -38,13 +37,9 @@ def utilisation(view: DomainView) -> float | None:
 
 
 def decide(view: DomainView, params: LoadParams, now: float) -> Decision:  # type: ignore[override]
-    actions: list[Action] = []
+    cycle = lc.Cycle(view, params.stall_seconds)
     notes: list[str] = []
-    gone = lc.stalled(view, params.stall_seconds)
-    actions += lc.give_up(view, gone, params.stall_seconds)
-    active_after = len(view.active) - len(gone)
-    gone_ids = {i.instance_id for i in gone}
-    pending = sum(1 for i in view.pending if i.instance_id not in gone_ids)
+    pending = len(cycle.pending)
     util = utilisation(view)
     samples = [(t, u) for t, u in view.memory.get("samples", []) if now - t < params.window_seconds]
     if util is not None:
@@ -58,18 +53,11 @@ def decide(view: DomainView, params: LoadParams, now: float) -> Decision:  # typ
     elif avg > params.upper and pending == 0:
         want = params.step
         notes.append(f"moving average {avg:.2f} over {len(samples)} samples > upper {params.upper}")
-    back, want = lc.reclaim(view, want)
-    active_after += len(back)
-    launches, more = lc.bounded_launches(view, want, view.cores_per_node, "utilisation above upper threshold",
-                                         active_after)
-    notes += more
-    actions += back + launches + lc.add_started(view)
-    if avg is not None and avg < params.lower and not launches:
+    launched = cycle.launch(want, "utilisation above upper threshold")
+    if avg is not None and avg < params.lower and not launched:
         notes.append(f"moving average {avg:.2f} over {len(samples)} samples < lower {params.lower}")
-        actions += lc.scale_down(view, view.idle(0), params.step, "utilisation below lower threshold",
-                                 active_after)
-    actions += lc.finish_drains(view)
-    return Decision(actions, {"samples": [list(s) for s in samples]}, notes)
+        cycle.scale_down(view.idle(0), params.step, "utilisation below lower threshold")
+    return cycle.decision({"samples": [list(s) for s in samples]}, notes)
 
 
 POLICY = Policy("load", LoadParams, decide, "AutoElastic (Righi et al., IEEE TCC 2016)")  # type: ignore[arg-type]

@@ -8,13 +8,12 @@ to the end, where a new job may still use it for free).
 
 from __future__ import annotations
 
+from epu.services.decision import lifecycle as lc
+from epu.services.decision.actions import Decision
+from epu.services.decision.demand import nodes_needed
+from epu.services.decision.policies.base import Params, Policy
+from epu.services.decision.view import DomainView, Instance
 from pydantic import Field
-
-from services.decision import lifecycle as lc
-from services.decision.actions import Action, Decision
-from services.decision.demand import nodes_needed
-from services.decision.policies.base import Params, Policy
-from services.decision.view import DomainView, Instance
 
 
 class SpareParams(Params):
@@ -33,25 +32,16 @@ def near_period_end(inst: Instance, now: float, period: float, margin: float) ->
 
 
 def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # type: ignore[override]
-    actions: list[Action] = []
+    cycle = lc.Cycle(view, params.stall_seconds)
     notes: list[str] = []
-    gone = lc.stalled(view, params.stall_seconds)
-    gone_ids = {i.instance_id for i in gone}
-    actions += lc.give_up(view, gone, params.stall_seconds)
-    pending = [i for i in view.pending if i.instance_id not in gone_ids]
     free = view.free_workers()
-    supply = [n.cores - n.cores_used for n in free] + [i.cores for i in pending]
+    supply = [n.cores - n.cores_used for n in free] + [i.cores for i in cycle.pending]
     result = nodes_needed(view.demand.shapes, supply, view.cores_per_node)
     # bins left untouched by the queue are the spares
-    spare_now = max(0, len(free) + len(pending) - _bins_used(view, supply))
+    spare_now = max(0, len(free) + len(cycle.pending) - _bins_used(view, supply))
     want = result.new_nodes + max(0, params.spare_nodes - spare_now)
     notes.append(f"queue needs {result.new_nodes} new node(s); {spare_now} spare of {params.spare_nodes} wanted")
-    back, want = lc.reclaim(view, want)
-    active_after = len(view.active) - len(gone) + len(back)
-    launches, more = lc.bounded_launches(view, want, view.cores_per_node, "queue demand plus spare nodes",
-                                         active_after)
-    notes += more
-    actions += back + launches + lc.add_started(view)
+    cycle.launch(want, "queue demand plus spare nodes")
     excess = spare_now - params.spare_nodes
     if result.new_nodes == 0 and excess > 0:
         idle = [i for i in view.idle(params.idle_seconds)
@@ -59,10 +49,8 @@ def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # ty
         kept = len(view.idle(params.idle_seconds)) - len(idle)
         if kept:
             notes.append(f"{kept} idle node(s) kept until near the end of their paid period")
-        actions += lc.scale_down(view, idle, excess, "idle beyond the spare count, paid period ending",
-                                 active_after + len(launches))
-    actions += lc.finish_drains(view)
-    return Decision(actions, None, notes)
+        cycle.scale_down(idle, excess, "idle beyond the spare count, paid period ending")
+    return cycle.decision(None, notes)
 
 
 def _bins_used(view: DomainView, supply: list[int]) -> int:

@@ -3,7 +3,12 @@
 * read: ``Schedd.query`` for jobs not completed, with a projection (RequestCpus,
   RequestMemory, ...); ``Collector.query(AdTypes.Startd)`` for slots, with a projection.
 * ``add``: a no-op — startds join the pool by themselves (the node's own config points it at
-  the collector); the result says so.
+  the collector); the result says so. The worker's configuration (from its userdata) sets
+  ``EPUInstanceId = "<launch id>"`` and ``STARTD_ATTRS = $(STARTD_ATTRS) EPUInstanceId``: the
+  read reports it as ``NodeInfo.instance_id``.
+* read: with ``[sensor.options] template`` (the machine attributes a new worker advertises),
+  an idle job whose ``Requirements`` are false for it is not demand, and one whose
+  ``Requirements`` name attributes the template lacks is reported ``RequirementsUnknown``.
 * ``offline``: ``Startd.drainJobs`` (graceful by default). A graceful drain only waits for
   running jobs up to ``MaxJobRetirementTime``; without it set on the startd, jobs are evicted
   after ``MachineMaxVacateTime``. ``drain_type`` = graceful|quick|fast in the options.
@@ -17,22 +22,24 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from common.clock import Clock, RealClock
-from services.sensor.backend import (
+from epu.common.clock import Clock, RealClock
+from epu.services.sensor.backend import (
     BackendUnavailable,
     CommandOutcome,
     Observation,
     check_action,
     check_node_name,
 )
-from services.sensor.htcondor.parse import (
+from epu.services.sensor.htcondor.parse import (
     JOB_PROJECTION,
     STARTD_PROJECTION,
     normalize_jobs,
     normalize_startds,
 )
+from epu.services.sensor.shapes import ShapeGrouper
 
 #: From HTCondor's src/condor_includes/condor_commands.h (SCHED_VERS = 400).
 EXPECTED_COMMAND_NUMBERS = {"DaemonsOffPeaceful": 484, "DaemonOn": 469, "DaemonsOn": 483, "DaemonOff": 467}
@@ -55,7 +62,10 @@ class HTCondorBackend:
     name = "htcondor"
 
     def __init__(self, htcondor: Any = None, *, pool: str | None = None, schedd: str | None = None,
-                 drain_type: str = "graceful", clock: Clock | None = None) -> None:
+                 drain_type: str = "graceful", clock: Clock | None = None,
+                 template: dict[str, Any] | None = None, max_shapes: int = 2000) -> None:
+        self.template = template
+        self.max_shapes = max_shapes
         if htcondor is None:
             import htcondor2 as htcondor  # noqa: PLC0415 — optional dependency
         self.htcondor = htcondor
@@ -66,8 +76,12 @@ class HTCondorBackend:
 
     @classmethod
     def from_options(cls, opts: dict[str, Any], *, timeout: float = 60.0, clock: Clock | None = None) -> HTCondorBackend:
+        template = opts.get("template")
+        if template is not None and not isinstance(template, dict):
+            raise ValueError("[sensor.options] template must be a table of machine attributes "
+                             "(e.g. {Arch = \"X86_64\", OpSys = \"LINUX\", Memory = 16000, Cpus = 4})")
         return cls(pool=opts.get("pool"), schedd=opts.get("schedd"), drain_type=str(opts.get("drain_type", "graceful")),
-                   clock=clock)
+                   clock=clock, template=template, max_shapes=int(opts.get("max_shapes", 2000)))
 
     # ------------------------------------------------------------------ daemons
     def collector(self) -> Any:
@@ -91,14 +105,17 @@ class HTCondorBackend:
         except Exception as exc:  # HTCondorIOError, HTCondorLocateError, ...
             raise BackendUnavailable(f"htcondor: {type(exc).__name__}: {exc}") from None
         warnings: list[str] = []
-        jobs = normalize_jobs(job_ads, now)
+        jobs = normalize_jobs(job_ads, now, warnings, ShapeGrouper(self.max_shapes), self.template)
         nodes = normalize_startds(slot_ads, warnings)
-        warnings += [f"htcondor: unmapped JobStatus {s}: job ignored" for s in jobs.unknown_states]
-        return Observation(jobs=jobs.queued, nodes=nodes, running_jobs=jobs.running,
+        warnings += [f"htcondor: unmapped JobStatus {s}: job ignored" for s in sorted(set(jobs.unknown_states))]
+        return Observation(jobs=jobs.sample, shapes=jobs.shapes(), nodes=nodes, running_jobs=jobs.running,
                            finished_jobs=jobs.finished, warnings=warnings)
 
     def _ads_for(self, node: str, ad_type: str) -> list[Any]:
-        constraint = f'Machine == {_quote(node)} || Name == {_quote(node)}'
+        """Ads of ``node``: its ``Machine`` is ``node`` or ``node.<domain>`` (snapshots name
+        machines by their short host name)."""
+        fqdn = _quote("^" + re.escape(node) + "\\.")
+        constraint = f"Machine == {_quote(node)} || Name == {_quote(node)} || regexp({fqdn}, Machine)"
         try:
             return list(self.collector().query(getattr(self.htcondor.AdTypes, ad_type), constraint=constraint))
         except Exception as exc:
@@ -106,7 +123,7 @@ class HTCondorBackend:
 
     # ------------------------------------------------------------------ commands
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
-                reason: str = "", force: bool = False) -> CommandOutcome:
+                reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
         check_action(action)
         check_node_name(node)
         if action == "add":

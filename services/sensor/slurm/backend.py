@@ -10,6 +10,14 @@ Node commands (see docs/sensor.md for why a pre-declared CLOUD pool):
   registers it) — for sites running one slurmd per host on the default port.
 * ``offline``: ``State=DRAIN Reason=...`` (running jobs finish; no new ones start).
 * ``online``: ``State=RESUME``.
+* identity: ``add`` with an instance id writes ``epu:instance=<id>`` into the node's
+  ``Comment`` (keeping any text an administrator put there); the read reports it back as
+  ``NodeInfo.instance_id``, and ``remove`` takes the token out again.
+
+Reads (``read_format``): ``text`` (default) asks ``squeue -O``/``sinfo -N -O`` for only the
+fields EPU needs (``slurm/text.py``), ``json`` reads ``squeue --json`` and ``scontrol show
+nodes --json`` (23.02+) or ``sinfo --json`` (22.05). The text path falls back to JSON for the
+few jobs whose reason text it cannot tell (``--jobs=...``, at most ``json_fallback_max`` ids).
 * ``remove``: refused while jobs run unless ``force``; a dynamic node is deleted
   (``scontrol delete``), a pool node drained and powered down (``POWER_DOWN``, or
   ``POWER_DOWN_FORCE`` with force) so it becomes a free slot again. Removing a node Slurm does
@@ -26,17 +34,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.clock import Clock, RealClock
-from services.sensor.backend import (
+from epu.common.clock import Clock, RealClock
+from epu.services.sensor.backend import (
     BackendUnavailable,
     CommandOutcome,
     Observation,
     check_action,
     check_node_name,
 )
-from services.sensor.runner import CommandResult, CommandRunner
-from services.sensor.slurm.parse import node_records, normalize_nodes, parse_scontrol_show_node, parse_squeue
-from services.sensor.states import slurm_state_tokens
+from epu.services.sensor.runner import CommandResult, CommandRunner
+from epu.services.sensor.shapes import ShapeGrouper
+from epu.services.sensor.slurm.parse import (
+    comment_with_instance,
+    node_records,
+    normalize_nodes,
+    parse_scontrol_show_node,
+    parse_squeue,
+)
+from epu.services.sensor.slurm.text import parse_sinfo_text, parse_squeue_text, sinfo_argv, squeue_argv
+from epu.services.sensor.states import slurm_state_tokens
 
 BUSY_TOKENS = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
 
@@ -60,7 +76,13 @@ class SlurmBackend:
 
     def __init__(self, runner: Any = None, *, bin_dir: str | None = None, add_mode: str = "cloud",
                  include_powered_down: bool = False, clock: Clock | None = None,
-                 settle_seconds: float = 10.0) -> None:
+                 settle_seconds: float = 10.0, read_format: str = "text", json_fallback_max: int = 2000,
+                 max_shapes: int = 2000) -> None:
+        if read_format not in ("text", "json"):
+            raise ValueError(f"slurm read_format must be 'text' or 'json', not {read_format!r}")
+        self.read_format = read_format
+        self.json_fallback_max = json_fallback_max
+        self.max_shapes = max_shapes
         self.settle_seconds = settle_seconds
         self.runner = runner or CommandRunner()
         self.bin_dir = bin_dir
@@ -72,10 +94,15 @@ class SlurmBackend:
 
     @classmethod
     def from_options(cls, opts: dict[str, Any], *, timeout: float = 60.0, clock: Clock | None = None) -> SlurmBackend:
-        env = {"SLURM_CONF": str(opts["conf"])} if opts.get("conf") else None
+        env = {"SLURM_BITSTR_LEN": "0"}  # full array task strings (1-100000%10), never truncated
+        if opts.get("conf"):
+            env["SLURM_CONF"] = str(opts["conf"])
         return cls(CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"),
                    add_mode=str(opts.get("add_mode", "cloud")),
-                   include_powered_down=bool(opts.get("include_powered_down", False)), clock=clock)
+                   include_powered_down=bool(opts.get("include_powered_down", False)), clock=clock,
+                   read_format=str(opts.get("read_format", "text")),
+                   json_fallback_max=int(opts.get("json_fallback_max", 2000)),
+                   max_shapes=int(opts.get("max_shapes", 2000)))
 
     # ------------------------------------------------------------------ helpers
     def _exe(self, name: str) -> str:
@@ -86,10 +113,16 @@ class SlurmBackend:
     def _run(self, name: str, *args: str) -> CommandResult:
         return self.runner.run([self._exe(name), *args])
 
+    def _read_text(self, name: str, *args: str) -> str:
+        res = self._run(name, *args)
+        if not res.ok:
+            raise BackendUnavailable(f"{name} failed (exit {res.returncode}): {res.text()}")
+        return res.stdout
+
     def _read_json(self, name: str, *args: str) -> dict[str, Any]:
         res = self._run(name, *args)
         if not res.ok:
-            raise BackendUnavailable(f"{name} {' '.join(args)} failed (exit {res.returncode}): {res.text()}")
+            raise BackendUnavailable(f"{name} {' '.join(args)[:200]} failed (exit {res.returncode}): {res.text()}")
         try:
             doc = json.loads(res.stdout)
         except ValueError as exc:
@@ -102,13 +135,49 @@ class SlurmBackend:
     # ------------------------------------------------------------------ read
     def snapshot(self) -> Observation:
         now = self.clock.now()
-        jobs = parse_squeue(self._read_json("squeue", "--json"), now)
         warnings: list[str] = []
-        nodes = normalize_nodes(node_records(self._read_json("sinfo", "--json")), jobs.jobs_by_node,
-                                warnings, include_powered_down=self.include_powered_down)
-        warnings += [f"slurm: unmapped job state {s!r}: job ignored" for s in jobs.unknown_states]
-        return Observation(jobs=jobs.queued, nodes=nodes, running_jobs=jobs.running,
+        grouper = ShapeGrouper(self.max_shapes)
+        if self.read_format == "json":
+            jobs = parse_squeue(self._read_json("squeue", "--json"), now, warnings, grouper)
+            records = node_records(self._read_nodes_json())
+        else:
+            read = parse_squeue_text(self._read_text("squeue", *squeue_argv()), warnings, grouper)
+            jobs = read.jobs
+            if read.unexplained:
+                self._explain(read.unexplained, now, jobs)
+            records = parse_sinfo_text(self._read_text("sinfo", *sinfo_argv()))
+        nodes = normalize_nodes(records, jobs.jobs_by_node, warnings, include_powered_down=self.include_powered_down)
+        warnings += [f"slurm: unmapped job state {s!r}: job ignored" for s in sorted(set(jobs.unknown_states))]
+        if grouper.coarsened:
+            warnings.append(f"slurm: more than {self.max_shapes} distinct job shapes: time limits rounded up "
+                            "to a coarse ladder to bound the snapshot")
+        return Observation(jobs=jobs.sample, nodes=nodes, running_jobs=jobs.running, shapes=jobs.shapes(),
                            finished_jobs=jobs.finished, warnings=warnings)
+
+    def _read_nodes_json(self) -> dict[str, Any]:
+        """Flat node records: ``scontrol show nodes --json`` (23.02+), else ``sinfo --json`` (22.05)."""
+        res = self._run("scontrol", "show", "nodes", "--json")
+        if res.ok:
+            try:
+                doc = json.loads(res.stdout)
+                if isinstance(doc, dict) and not doc.get("errors"):
+                    return doc
+            except ValueError:
+                pass
+        return self._read_json("sinfo", "--json")
+
+    def _explain(self, job_ids: list[str], now: float, jobs: Any) -> None:
+        """Jobs whose squeue reason text is a description no table knows: read their exact
+        reason (``squeue --json --jobs``) and add them to the same shapes. More than
+        ``json_fallback_max`` of them are counted as not demand, with a warning."""
+        take, rest = job_ids[: self.json_fallback_max], job_ids[self.json_fallback_max:]
+        for i in range(0, len(take), 500):
+            doc = self._read_json("squeue", "--json", f"--jobs={','.join(take[i:i + 500])}")
+            extra = parse_squeue(doc, now, jobs.warnings, jobs.grouper)
+            jobs.sample.extend(extra.sample[: max(0, jobs.sample_size - len(jobs.sample))])
+        if rest:
+            jobs.warnings.append(f"slurm: {len(rest)} pending jobs have a reason text no table knows and are "
+                                 f"beyond json_fallback_max={self.json_fallback_max}: not counted as demand")
 
     def node_fields(self, node: str) -> dict[str, str] | None:
         """``scontrol show node`` fields, ``None`` if Slurm does not know the node."""
@@ -125,7 +194,7 @@ class SlurmBackend:
 
     # ------------------------------------------------------------------ commands
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
-                reason: str = "", force: bool = False) -> CommandOutcome:
+                reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
         check_action(action)
         check_node_name(node)
         if address is not None:
@@ -133,7 +202,7 @@ class SlurmBackend:
         try:
             fields = self.node_fields(node)
             if action == "add":
-                return self._add(node, fields, cores, address)
+                return self._add(node, fields, cores, address, instance_id)
             if fields is None:
                 if action == "remove":
                     return CommandOutcome(True, output=f"node {node} is not known to Slurm (already removed)")
@@ -170,8 +239,18 @@ class SlurmBackend:
         res = self._scontrol("update", f"NodeName={node}", *settings)
         return self._outcome([res], f"scontrol update NodeName={node} {' '.join(settings)}")
 
+    def _identity(self, node: str, fields: dict[str, str] | None, instance_id: str | None) -> list[CommandResult]:
+        """Write ``epu:instance=<id>`` into the node's Comment unless it is already there."""
+        if instance_id is None:
+            return []
+        current = (fields or {}).get("Comment", "")
+        wanted = comment_with_instance(current, instance_id)
+        if current == wanted:
+            return []
+        return [self._scontrol("update", f"NodeName={node}", f"Comment={wanted}")]
+
     def _add(self, node: str, fields: dict[str, str] | None, cores: int | None,
-             address: str | None) -> CommandOutcome:
+             address: str | None, instance_id: str | None = None) -> CommandOutcome:
         if fields is None:
             if self.add_mode != "dynamic":
                 return CommandOutcome(False, error=f"node {node} is not in Slurm's CLOUD pool: declare it in "
@@ -179,9 +258,12 @@ class SlurmBackend:
             args = ["create", f"NodeName={node}", f"CPUs={cores or 1}", "State=FUTURE"]
             if address:
                 args.append(f"NodeAddr={address}")
-            return self._outcome([self._scontrol(*args)], f"scontrol create NodeName={node}")
+            results = [self._scontrol(*args)]
+            if results[0].ok:
+                results += self._identity(node, None, instance_id)
+            return self._outcome(results, f"scontrol create NodeName={node}")
         tokens = set(slurm_state_tokens(fields.get("State", "")))
-        results: list[CommandResult] = []
+        results = self._identity(node, fields, instance_id)
         if address and fields.get("NodeAddr") != address and "CLOUD" in tokens:
             results.append(self._scontrol("update", f"NodeName={node}", f"NodeAddr={address}"))
         if tokens & {"POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"}:
@@ -225,7 +307,16 @@ class SlurmBackend:
         # Slurm clears DRAIN when a cloud node starts powering down: set it again so the slot
         # stays out of scheduling (Slurm must not power it up for a pending job on its own).
         results.append(self._scontrol("update", f"NodeName={node}", "State=DRAIN", why))
+        results += self._forget_identity(node, fields)
         return self._outcome(results, f"remove {node}")
+
+    def _forget_identity(self, node: str, fields: dict[str, str]) -> list[CommandResult]:
+        """A slot back in the pool belongs to no instance: take EPU's token out of its Comment."""
+        current = fields.get("Comment", "")
+        wanted = comment_with_instance(current, None)
+        if current == wanted or (current == "(null)" and not wanted):
+            return []
+        return [self._scontrol("update", f"NodeName={node}", f"Comment={wanted}")]
 
     def _wait_powering_down(self, node: str) -> None:
         deadline = time.monotonic() + self.settle_seconds

@@ -18,14 +18,16 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from common.messages import NodeInfo, QueuedJob
-from services.sensor.states import (
+from epu.common.columns import validate_nodes
+from epu.common.messages import NodeInfo, QueuedJob
+from epu.services.sensor.reasons import ReasonCache
+from epu.services.sensor.shapes import JobsRead, ShapeGrouper
+from epu.services.sensor.states import (
     SLURM_JOB_STATES,
     slurm_node_state,
-    slurm_pending_disposition,
     slurm_state_tokens,
 )
 
@@ -103,19 +105,117 @@ def _state_list(value: Any) -> list[str]:
 
 
 @dataclass
-class SlurmJobs:
-    queued: list[QueuedJob] = field(default_factory=list)
-    running: int = 0
-    finished: int = 0
+class SlurmJobs(JobsRead):
+    """One read of the queue: pending jobs grouped into shapes as they were read, a bounded
+    sample of per-job records for operators, and what running jobs occupy."""
+
     jobs_by_node: dict[str, list[str]] = field(default_factory=dict)
-    unknown_states: list[str] = field(default_factory=list)
+
+    def add_running(self, job_id: str, nodelist: str) -> None:
+        self.running += 1
+        if not nodelist or nodelist == "(null)":
+            return
+        names = [nodelist] if "[" not in nodelist and "," not in nodelist else expand_hostlist(nodelist)
+        for node in names:
+            self.jobs_by_node.setdefault(node, []).append(job_id)
 
 
-def parse_squeue(doc: dict[str, Any] | str | bytes, now: float) -> SlurmJobs:
-    """``squeue --json`` → queued/held/blocked jobs, running count and jobs per node."""
+_MEM_UNIT_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "P": 1024 ** 3}
+
+
+def parse_mem_mb(text: str) -> int:
+    """``12000M``/``4G``/``1.50G``/``512`` (MB) → MB; 0 for anything else."""
+    text = (text or "").strip()
+    if not text:
+        return 0
+    unit = text[-1].upper()
+    factor = _MEM_UNIT_MB.get(unit)
+    number = text[:-1] if factor is not None else text
+    try:
+        return int(math.ceil(float(number) * (factor or 1)))
+    except ValueError:
+        return 0
+
+
+def tres_value(tres: str, key: str) -> str:
+    """``cpu=4,mem=12000M,node=1,gres/gpu=2`` → the value of ``key`` ("" if absent)."""
+    for part in (tres or "").split(","):
+        k, _, v = part.partition("=")
+        if k == key:
+            return v
+    return ""
+
+
+def gres_gpus(spec: str) -> int:
+    """GPUs in a gres/TRES request: ``gres:gpu:2``, ``gres/gpu:a100:2``, ``gpu:2(S:0)``,
+    ``gres/gpu=2``, ``gres:gpu`` (= 1), several comma-separated entries; 0 when none."""
+    total = 0
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if part.startswith(("gres:", "gres/")):
+            part = part[5:]
+        if not part.startswith("gpu"):
+            continue
+        part = part.split("(", 1)[0]
+        rest = part[3:]
+        if rest.startswith("="):
+            count = rest[1:]
+        elif not rest:
+            count = "1"
+        else:
+            count = rest.rsplit(":", 1)[-1] if rest.count(":") else "1"
+        try:
+            total += int(count)
+        except ValueError:
+            total += 1  # "gpu:a100" (a type, no count) asks for one
+    return total
+
+
+def parse_time_limit(value: str) -> int:
+    """squeue/scontrol time text → seconds: ``30:00``, ``2:00:00``, ``1-12:00:00``, ``365-00:00:00``;
+    0 for ``UNLIMITED``/``NOT_SET``/``INVALID`` (no limit known)."""
+    text = (value or "").strip()
+    if not text or not text[0].isdigit():
+        return 0
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        return 0
+    h, m, sec = ([0] * (3 - len(parts)) + parts)[-3:]
+    return days * 86400 + h * 3600 + m * 60 + sec
+
+
+def split_features(expr: str) -> tuple[str, ...]:
+    """A job's ``--constraint`` → the features every node must have. ``a&b`` → (a, b). An
+    expression with OR, counts or brackets (``a|b``, ``[a*2&b]``) cannot be reduced to one
+    list: it is kept whole as a single token (matched literally, so typically unsatisfiable
+    by a catalogue unless a type lists it; see docs/sensor.md)."""
+    expr = (expr or "").strip()
+    if not expr or expr == "(null)":
+        return ()
+    if any(c in expr for c in "|[]*"):
+        return (expr,)
+    return tuple(sorted({f.strip() for f in expr.split("&") if f.strip()}))
+
+
+def _features_list(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return sorted({str(v) for v in value if v})
+    return sorted({f for f in str(value or "").split(",") if f and f != "(null)"})
+
+
+def parse_squeue(doc: dict[str, Any] | str | bytes, now: float, warnings: list[str] | None = None,
+                 grouper: ShapeGrouper | None = None) -> SlurmJobs:
+    """``squeue --json`` (22.05 plain values, 23.02+ ``{set, number}`` values and state lists)
+    → pending jobs grouped into shapes, running count and jobs per node."""
     if isinstance(doc, str | bytes):
         doc = json.loads(doc)
-    out = SlurmJobs()
+    out = SlurmJobs(grouper=grouper or ShapeGrouper(), warnings=warnings if warnings is not None else [])
+    reasons = ReasonCache("slurm", out.warnings)
     for job in doc.get("jobs", []):
         states = [s.upper() for s in _state_list(job.get("job_state"))]
         base = states[0] if states else "UNKNOWN"
@@ -128,19 +228,18 @@ def parse_squeue(doc: dict[str, Any] | str | bytes, now: float) -> SlurmJobs:
         array_job = num(job.get("array_job_id")) or 0
         if array_job and array_task is not None:
             job_id = f"{array_job}_{array_task}"
-        if disposition in ("running", "finished"):
-            if disposition == "running":
-                out.running += 1
-                for node in expand_hostlist(str(job.get("nodes") or "")):
-                    out.jobs_by_node.setdefault(node, []).append(job_id)
-            else:
-                out.finished += 1
+        if disposition == "running":
+            out.add_running(job_id, str(job.get("nodes") or ""))
             continue
-        reason = str(job.get("state_reason") or "")
-        if disposition == "queued":
-            disposition = slurm_pending_disposition(reason)
-        if disposition == "queued" and num(job.get("priority")) == 0:
-            disposition = "held"
+        if disposition == "finished":
+            out.finished += 1
+            continue
+        verdict = reasons(str(job.get("state_reason") or "None"))
+        demand, reason, cls = verdict.demand, verdict.reason, verdict.reason_class
+        if disposition == "held" and demand:  # REQUEUE_HOLD, SPECIAL_EXIT: held whatever the reason says
+            demand, reason, cls = False, base, "held"
+        if demand and num(job.get("priority")) == 0:
+            demand, cls = False, "held"
         nodes = max(1, num(job.get("node_count")) or num(job.get("num_nodes")) or 1)
         cpus = num(job.get("cpus")) or num(job.get("num_cpus")) or 1
         per_node = max(num(job.get("minimum_cpus_per_node")) or 1, math.ceil(cpus / nodes))
@@ -153,16 +252,54 @@ def parse_squeue(doc: dict[str, Any] | str | bytes, now: float) -> SlurmJobs:
         if mem is None:
             per_cpu = num(job.get("memory_per_cpu"))
             mem = per_cpu * per_node if per_cpu else 0
+        gpus = gres_gpus(str(job.get("tres_per_node") or ""))
+        if not gpus:
+            per_job = gres_gpus(str(job.get("tres_per_job") or ""))
+            gpus = math.ceil(per_job / nodes) if per_job else 0
+        limit = num(job.get("time_limit"))
         submit = float(num(job.get("submit_time")) or 0)
-        out.queued.append(QueuedJob(
-            job_id=job_id, cores=per_node, nodes=nodes, memory_mb=max(0, mem or 0),
-            queue=str(job.get("partition") or ""), submit_time=submit,
-            wait_seconds=max(0.0, now - submit) if submit else 0.0,
-            state=disposition, count=count))  # type: ignore[arg-type]
+        wait = max(0.0, now - submit) if submit else 0.0
+        features = split_features(str(job.get("features") or ""))
+        partition = str(job.get("partition") or "")
+        out.grouper.add(nodes=nodes, cores=per_node, memory_mb=max(0, mem or 0), gpus=gpus, features=features,
+                        partition=partition, time_limit_s=(limit or 0) * 60, demand=demand, reason=reason,
+                        reason_class=cls, wait_s=wait, count=count, job_id=job_id)
+        if len(out.sample) < out.sample_size:
+            out.sample.append(QueuedJob(job_id=job_id, cores=per_node, nodes=nodes, memory_mb=max(0, mem or 0),
+                                        queue=partition, submit_time=submit, wait_seconds=wait,
+                                        state=state_of(demand, cls), count=count))
     return out
 
 
-@dataclass(frozen=True)
+def state_of(demand: bool, reason_class: str) -> str:
+    """The old three-way job state, for the per-job sample: queued (demand), held, blocked."""
+    if demand:
+        return "queued"
+    return "held" if reason_class == "held" else "blocked"
+
+
+#: What EPU writes into a node's Comment when it adds the node (``add`` with an instance id), and
+#: reads back as ``NodeInfo.instance_id``. Anything else in the comment is the administrator's.
+EPU_COMMENT = re.compile(r"epu:instance=([A-Za-z0-9_.:-]+)")
+
+
+def instance_from_comment(comment: str) -> str | None:
+    m = EPU_COMMENT.search(comment or "")
+    return m.group(1) if m else None
+
+
+def comment_with_instance(comment: str, instance_id: str | None) -> str:
+    """The node comment with EPU's token set to ``instance_id`` (or removed when None), the
+    administrator's text kept."""
+    rest = " ".join(EPU_COMMENT.sub("", comment or "").split())
+    if rest == "(null)":
+        rest = ""
+    if instance_id is None:
+        return rest
+    return f"{rest} epu:instance={instance_id}".strip()
+
+
+@dataclass(slots=True)
 class SlurmNodeRecord:
     """One node as read, before jobs are attached."""
 
@@ -172,11 +309,18 @@ class SlurmNodeRecord:
     alloc_cpus: int
     reason: str = ""
     state_since: float | None = None
+    memory_mb: int = 0
+    alloc_memory_mb: int = 0
+    gpus: int = 0
+    gpus_used: int = 0
+    features: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    instance_id: str | None = None
 
 
 def node_records(doc: dict[str, Any] | str | bytes) -> list[SlurmNodeRecord]:
     """``sinfo --json`` (22.05 flat ``nodes`` or 23.02+ grouped ``sinfo``) or
-    ``scontrol show nodes --json`` → one record per node."""
+    ``scontrol show nodes --json`` (23.02+) → one record per node."""
     if isinstance(doc, str | bytes):
         doc = json.loads(doc)
     records: dict[str, SlurmNodeRecord] = {}
@@ -186,9 +330,15 @@ def node_records(doc: dict[str, Any] | str | bytes) -> list[SlurmNodeRecord]:
             continue
         tokens = slurm_state_tokens(_state_list(node.get("state")), node.get("state_flags") or [])
         since = num(node.get("reason_changed_at")) or None
-        records[name] = SlurmNodeRecord(name, tuple(tokens), num(node.get("cpus")) or 0,
-                                        num(node.get("alloc_cpus")) or 0, str(node.get("reason") or ""),
-                                        float(since) if since else None)
+        features = node.get("active_features") or node.get("features") or ""
+        records[name] = SlurmNodeRecord(
+            name, tuple(tokens), num(node.get("cpus")) or 0, num(node.get("alloc_cpus")) or 0,
+            str(node.get("reason") or ""), float(since) if since else None,
+            memory_mb=num(node.get("real_memory")) or 0, alloc_memory_mb=num(node.get("alloc_memory")) or 0,
+            gpus=gres_gpus(str(node.get("gres") or "")), gpus_used=gres_gpus(str(node.get("gres_used") or "")),
+            features=tuple(_features_list(features)),
+            partitions=tuple(_features_list(node.get("partitions") or [])),
+            instance_id=instance_from_comment(str(node.get("comment") or "")))
     for group in doc.get("sinfo", []) or []:
         tokens = slurm_state_tokens(_state_list((group.get("node") or {}).get("state")))
         cpus = group.get("cpus") or {}
@@ -198,41 +348,65 @@ def node_records(doc: dict[str, Any] | str | bytes) -> list[SlurmNodeRecord]:
         per_node_total = num(cpus.get("maximum")) or num(cpus.get("minimum")) or 0
         n = max(1, len(names))
         alloc = (num(cpus.get("allocated")) or 0) // n
+        memory = group.get("memory") or {}
+        partition = str((group.get("partition") or {}).get("name") or "")
         for name in names:
-            if name not in records:  # a node in several partitions appears once per partition
-                records[name] = SlurmNodeRecord(name, tuple(tokens), per_node_total, alloc,
-                                                str((group.get("reason") or {}).get("description", "")
-                                                    if isinstance(group.get("reason"), dict) else ""))
+            prev = records.get(name)
+            if prev is not None:  # a node in several partitions appears once per partition
+                if partition and partition not in prev.partitions:
+                    records[name] = replace(prev, partitions=tuple(sorted({*prev.partitions, partition})))
+                continue
+            records[name] = SlurmNodeRecord(
+                name, tuple(tokens), per_node_total, alloc,
+                str((group.get("reason") or {}).get("description", "") if isinstance(group.get("reason"), dict) else ""),
+                memory_mb=num(memory.get("maximum")) or num(memory.get("minimum")) or 0,
+                gpus=gres_gpus(str((group.get("gres") or {}).get("total") or "")),
+                features=tuple(_features_list((group.get("features") or {}).get("active") or "")),
+                partitions=(partition,) if partition else ())
     return list(records.values())
 
 
 def normalize_nodes(records: Iterable[SlurmNodeRecord], jobs_by_node: dict[str, list[str]],
                     warnings: list[str] | None = None, include_powered_down: bool = False) -> list[NodeInfo]:
     """Records + running jobs → ``NodeInfo``. Unused CLOUD pool slots (``POWERED_DOWN`` with no
-    jobs) are left out unless asked: they are not workers, just names EPU may add."""
-    out = []
+    jobs) are left out unless asked: they are not workers, just names EPU may add. All nodes
+    are validated in one call."""
+    rows = []
+    state_cache: dict[tuple[str, ...], str] = {}
     for rec in records:
         if (not include_powered_down and "POWERED_DOWN" in rec.tokens and "CLOUD" in rec.tokens
                 and not jobs_by_node.get(rec.name)):
             continue
-        state = slurm_node_state(list(rec.tokens), node=rec.name, warnings=warnings)
+        state = state_cache.get(rec.tokens)
+        if state is None:
+            state = state_cache[rec.tokens] = slurm_node_state(list(rec.tokens), node=rec.name, warnings=warnings)
         if state == "free" and rec.cpus and rec.alloc_cpus >= rec.cpus:
             state = "busy"
-        out.append(NodeInfo(name=rec.name, state=state, cores=rec.cpus,  # type: ignore[arg-type]
-                            cores_used=min(rec.alloc_cpus, rec.cpus) if rec.cpus else rec.alloc_cpus,
-                            jobs=sorted(jobs_by_node.get(rec.name, [])),
-                            state_since=rec.state_since, native_state="+".join(rec.tokens)))
-    return sorted(out, key=lambda n: n.name)
+        jobs = jobs_by_node.get(rec.name)
+        rows.append({"name": rec.name, "state": state, "cores": rec.cpus,
+                     "cores_used": min(rec.alloc_cpus, rec.cpus) if rec.cpus else rec.alloc_cpus,
+                     "jobs": sorted(jobs) if jobs else [], "state_since": rec.state_since,
+                     "native_state": "+".join(rec.tokens), "instance_id": rec.instance_id,
+                     "memory_mb": rec.memory_mb, "memory_used_mb": rec.alloc_memory_mb, "gpus": rec.gpus,
+                     "gpus_used": min(rec.gpus_used, rec.gpus) if rec.gpus else rec.gpus_used,
+                     "features": list(rec.features), "partitions": list(rec.partitions)})
+    rows.sort(key=lambda r: r["name"])
+    return validate_nodes(rows)
 
 
 def parse_scontrol_show_node(text: str) -> dict[str, str]:
     """``scontrol show node NAME`` (text, all versions) → key/value pairs of the first node.
-    Values never contain spaces except Reason=, which runs to the end of its line."""
+    Values never contain spaces except Reason=, Comment= and Extra=, each on a line of its own."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
-        if line.startswith("Reason="):
-            fields["Reason"] = line[len("Reason="):]
+        for free_text in ("Reason=", "Comment=", "Extra="):
+            if line.startswith(free_text):
+                fields[free_text[:-1]] = line[len(free_text):]
+                break
+        else:
+            free_text = ""
+        if free_text:
             continue
         for m in re.finditer(r"(\w+)=(\S*)", line):
             fields.setdefault(m.group(1), m.group(2))

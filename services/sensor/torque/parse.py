@@ -16,14 +16,18 @@ Resource requests (``Resource_List``):
 
 from __future__ import annotations
 
+import html
 import io
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from common.messages import NodeInfo, QueuedJob
-from services.sensor.states import TORQUE_JOB_STATES, torque_node_state
+from epu.common.columns import validate_nodes
+from epu.common.messages import NodeInfo, QueuedJob
+from epu.services.sensor.reasons import ReasonCache
+from epu.services.sensor.shapes import JobsRead, ShapeGrouper
+from epu.services.sensor.states import TORQUE_JOB_STATES, torque_node_state
 
 Record = dict[str, str]
 
@@ -55,22 +59,8 @@ def iter_records(xml: str | bytes, tag: str) -> Iterator[Record]:
 # ------------------------------------------------------------------ requests
 def parse_nodes_spec(spec: str) -> tuple[int, int]:
     """``2:ppn=4`` → (2, 4); ``host1:ppn=2+2:ppn=1`` → (3, 2); ``1`` → (1, 1)."""
-    total_nodes = 0
-    max_ppn = 1
-    for part in (spec or "1").split("+"):
-        fields = part.split(":")
-        head = fields[0].strip()
-        count = int(head) if head.isdigit() else 1  # a host name stands for one node
-        ppn = 1
-        for f in fields[1:]:
-            if f.startswith("ppn="):
-                try:
-                    ppn = max(1, int(f[4:]))
-                except ValueError:
-                    ppn = 1
-        total_nodes += max(1, count)
-        max_ppn = max(max_ppn, ppn)
-    return max(1, total_nodes), max_ppn
+    nodes, cores, _gpus, _props = parse_nodes_request(spec)
+    return nodes, cores
 
 
 _MEM_UNITS = {"b": 1 / (1024 * 1024), "w": 8 / (1024 * 1024), "kb": 1 / 1024, "kw": 8 / 1024, "mb": 1,
@@ -82,19 +72,6 @@ def parse_mem_mb(text: str) -> int:
     if not m:
         return 0
     return int(int(m.group(1)) * _MEM_UNITS[m.group(2) or "b"])
-
-
-def job_request(rec: Record) -> tuple[int, int]:
-    """(nodes, cores per node) requested by a job record."""
-    if rec.get("Resource_List.nodes"):
-        return parse_nodes_spec(rec["Resource_List.nodes"])
-    procs = rec.get("Resource_List.procs")
-    if procs and procs.isdigit():
-        return max(1, int(procs)), 1
-    ncpus = rec.get("Resource_List.ncpus")
-    if ncpus and ncpus.isdigit():
-        return 1, max(1, int(ncpus))
-    return 1, 1
 
 
 def _array_count(spec: str) -> int:
@@ -110,45 +87,194 @@ def _array_count(spec: str) -> int:
 
 
 # ------------------------------------------------------------------ jobs
+_PLAIN_SPEC = re.compile(r"^\d+$")
+
+
+def parse_nodes_request(spec: str) -> tuple[int, int, int, tuple[str, ...]]:
+    """``nodes=`` → (nodes, cores per node, GPUs per node, required properties).
+    ``2:ppn=4:gpus=1:bigmem`` → (2, 4, 1, ("bigmem",)); a ``+`` list adds nodes and keeps the
+    largest per-node request; a host name stands for one node (not a property)."""
+    total_nodes = 0
+    max_ppn, max_gpus = 1, 0
+    props: set[str] = set()
+    for part in (spec or "1").split("+"):
+        fields = part.split(":")
+        head = fields[0].strip()
+        count = int(head) if head.isdigit() else 1
+        ppn, gpus = 1, 0
+        for f in fields[1:]:
+            key, _, value = f.partition("=")
+            if key == "ppn":
+                ppn = max(1, int(value)) if value.isdigit() else 1
+            elif key == "gpus":
+                gpus = int(value) if value.isdigit() else 1
+            elif not value and f:
+                props.add(f)
+        total_nodes += max(1, count)
+        max_ppn, max_gpus = max(max_ppn, ppn), max(max_gpus, gpus)
+    return max(1, total_nodes), max_ppn, max_gpus, tuple(sorted(props))
+
+
+def parse_walltime(text: str) -> int:
+    """``01:30:00`` / ``90:00`` / ``3600`` → seconds (0 when absent or unreadable)."""
+    parts = (text or "").strip().split(":")
+    if not all(p.isdigit() for p in parts) or not parts[0]:
+        return 0
+    total = 0
+    for p in parts:
+        total = total * 60 + int(p)
+    return total
+
+
 @dataclass
-class TorqueJobs:
-    queued: list[QueuedJob] = field(default_factory=list)
-    running: int = 0
-    finished: int = 0
-    unknown_states: list[str] = field(default_factory=list)
+class TorqueJobs(JobsRead):
+    """What one read saw (see ``JobsRead``)."""
 
 
-def normalize_jobs(records: Iterable[Record], now: float) -> TorqueJobs:
-    out = TorqueJobs()
-    for rec in records:
-        native = rec.get("job_state", "")
-        disposition = TORQUE_JOB_STATES.get(native)
+def _request(nodes_spec: str, procs: str, ncpus: str, mem: str, pmem: str, walltime: str) -> tuple:
+    """(nodes, cores per node, memory per node MB, GPUs per node, properties, time limit s).
+    Torque's ``mem`` is for the whole job (split over its nodes); ``pmem`` is per process."""
+    gpus, props = 0, ()
+    if nodes_spec:
+        nodes, cores, gpus, props = parse_nodes_request(nodes_spec)
+    elif procs.isdigit():
+        nodes, cores = max(1, int(procs)), 1
+    elif ncpus.isdigit():
+        nodes, cores = 1, max(1, int(ncpus))
+    else:
+        nodes, cores = 1, 1
+    memory = -(-parse_mem_mb(mem) // nodes) if mem else 0
+    if pmem:
+        memory = max(memory, parse_mem_mb(pmem) * cores)
+    return nodes, cores, memory, gpus, props, parse_walltime(walltime)
+
+
+def torque_reason(state: str, hold_types: str, depend: str) -> str:
+    """The key of ``reasons.TORQUE_REASONS`` for a pending job."""
+    if state != "H":
+        return state
+    if depend:
+        return "H/depend"
+    for kind in ("u", "o", "s", "p"):
+        if kind in hold_types:
+            return f"H/{kind}"
+    return "H"
+
+
+class TorqueJobReader:
+    """Interprets pending jobs into shapes; shared by the XML scan and pbs_python's records."""
+
+    def __init__(self, now: float, warnings: list[str] | None = None, grouper: ShapeGrouper | None = None) -> None:
+        self.now = now
+        self.out = TorqueJobs(grouper=grouper or ShapeGrouper(), warnings=warnings if warnings is not None else [])
+        self.reasons = ReasonCache("torque", self.out.warnings)
+        self._requests: dict[tuple, tuple] = {}
+
+    def job(self, job_id: str, state: str, queue: str, qtime: str, hold_types: str, depend: str,
+            array_request: str, resources: tuple[str, str, str, str, str, str]) -> None:
+        disposition = TORQUE_JOB_STATES.get(state)
+        out = self.out
         if disposition is None:
-            out.unknown_states.append(native)
-            continue
+            out.unknown_states.append(state)
+            return
         if disposition == "running":
             out.running += 1
-            continue
+            return
         if disposition == "finished":
             out.finished += 1
-            continue
-        if disposition == "held" and rec.get("depend"):
-            disposition = "blocked"  # a system hold waiting on a dependency
-        job_id = rec.get("Job_Id", "")
-        count = 1
-        if "[]" in job_id and rec.get("job_array_request"):
-            count = _array_count(rec["job_array_request"])  # array parent (qstat without -t)
-        nodes, cores = job_request(rec)
-        submit = float(rec.get("qtime") or rec.get("ctime") or 0)
-        out.queued.append(QueuedJob(
-            job_id=job_id, cores=cores, nodes=nodes, memory_mb=parse_mem_mb(rec.get("Resource_List.mem", "")),
-            queue=rec.get("queue", ""), submit_time=submit, wait_seconds=max(0.0, now - submit) if submit else 0.0,
-            state=disposition, count=count))  # type: ignore[arg-type]
-    return out
+            return
+        verdict = self.reasons(torque_reason(state, hold_types, depend))
+        req = self._requests.get(resources)
+        if req is None:
+            req = self._requests[resources] = _request(*resources)
+        nodes, cores, memory, gpus, props, limit = req
+        count = _array_count(array_request) if "[]" in job_id and array_request else 1
+        submit = float(qtime) if qtime.isdigit() else 0.0
+        wait = max(0.0, self.now - submit) if submit else 0.0
+        out.grouper.add(nodes=nodes, cores=cores, memory_mb=memory, gpus=gpus, features=props, partition=queue,
+                        time_limit_s=limit, demand=verdict.demand, reason=verdict.reason,
+                        reason_class=verdict.reason_class, wait_s=wait, count=count, job_id=job_id)
+        if len(out.sample) < out.sample_size:
+            state_word = "queued" if verdict.demand else ("held" if verdict.reason_class == "held" else "blocked")
+            out.sample.append(QueuedJob(job_id=job_id, cores=cores, nodes=nodes, memory_mb=memory, queue=queue,
+                                        submit_time=submit, wait_seconds=wait, state=state_word,  # type: ignore[arg-type]
+                                        count=count))
 
 
-def parse_qstat(xml: str | bytes, now: float) -> TorqueJobs:
-    return normalize_jobs(iter_records(xml, "Job"), now)
+def normalize_jobs(records: Iterable[Record], now: float, warnings: list[str] | None = None,
+                   grouper: ShapeGrouper | None = None) -> TorqueJobs:
+    """Flat records (pbs_python's ``pbs_statjob``, or ``_flatten``ed XML) → shapes."""
+    reader = TorqueJobReader(now, warnings, grouper)
+    for rec in records:
+        reader.job(rec.get("Job_Id", ""), rec.get("job_state", ""), rec.get("queue", ""),
+                   rec.get("qtime") or rec.get("ctime") or "", rec.get("Hold_Types", ""), rec.get("depend", ""),
+                   rec.get("job_array_request", ""),
+                   tuple(rec.get(f"Resource_List.{k}", "") for k in RESOURCE_KEYS))  # type: ignore[arg-type]
+    return reader.out
+
+
+#: The job attributes the sensor needs — what it asks pbs_python's ``pbs_statjob`` for (a
+#: server-side projection) and what the XML scan picks out of ``qstat -f -x``.
+JOB_ATTRIBUTES = ("job_state", "queue", "qtime", "Hold_Types", "depend", "job_array_request", "Resource_List")
+RESOURCE_KEYS = ("nodes", "procs", "ncpus", "mem", "pmem", "walltime")
+_JOB_SCAN = re.compile(rb"<(Job_Id|job_state|queue|qtime|Hold_Types|depend|job_array_request)>([^<]*)</"
+                       rb"|<Resource_List>(.*?)</Resource_List>", re.S)
+_RESOURCE_SCAN = re.compile(rb"<(nodes|procs|ncpus|mem|pmem|walltime)>([^<]*)</")
+
+
+def _text(value: bytes) -> str:
+    text = value.decode("utf-8", "replace")
+    return html.unescape(text) if "&" in text else text
+
+
+def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
+               grouper: ShapeGrouper | None = None) -> TorqueJobs:
+    """``qstat -f -x [-t]`` → shapes in one pass: a single regular-expression scan picks the
+    needed top-level attributes and each job's ``Resource_List`` out of the document (no
+    element tree, no per-attribute callbacks; a real record is ~1.6 KB of which ~150 bytes
+    are needed). Distinct ``Resource_List`` blocks are interpreted once. Output that does not
+    end its ``<Data>`` document (cut short) raises ``ValueError``: a truncated queue is
+    unreadable, never a shorter one."""
+    data = xml.encode() if isinstance(xml, str) else xml
+    data = data.strip()
+    reader = TorqueJobReader(now, warnings, grouper)
+    if not data:
+        return reader.out
+    if not data.endswith(b"</Data>"):
+        raise ValueError("qstat XML is not a complete <Data> document (output cut short?)")
+    resources_seen: dict[bytes, tuple[str, ...]] = {}
+    rec: dict[bytes, bytes] = {}
+    resources: tuple[str, ...] = ("",) * 6
+    empty = resources
+
+    def flush() -> None:
+        reader.job(_text(rec.get(b"Job_Id", b"")), _text(rec.get(b"job_state", b"")), _text(rec.get(b"queue", b"")),
+                   _text(rec.get(b"qtime", b"")), _text(rec.get(b"Hold_Types", b"")), _text(rec.get(b"depend", b"")),
+                   _text(rec.get(b"job_array_request", b"")), resources)  # type: ignore[arg-type]
+
+    started = False
+    for tag, value, block in _JOB_SCAN.findall(data):
+        if tag == b"Job_Id":
+            if started:
+                flush()
+            started = True
+            rec = {b"Job_Id": value}
+            resources = empty
+        elif tag:
+            rec[tag] = value
+        else:
+            got = resources_seen.get(block)
+            if got is None:
+                found = dict(_RESOURCE_SCAN.findall(block))
+                got = resources_seen[block] = tuple(_text(found.get(k.encode(), b"")) for k in RESOURCE_KEYS)
+            resources = got
+    if started:
+        flush()
+    return reader.out
+
+
+def parse_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None) -> TorqueJobs:
+    return scan_qstat(xml, now, warnings)
 
 
 # ------------------------------------------------------------------ nodes
@@ -172,22 +298,73 @@ def parse_node_jobs(text: str) -> tuple[list[str], int]:
     return jobs, slots
 
 
+#: The property EPU gives a node it adds, carrying the instance (launch) id: ``epu-<id>``.
+EPU_PROPERTY_PREFIX = "epu-"
+_PHYSMEM = re.compile(r"(?:^|,)physmem=(\d+)(kb|mb|gb|b)?")
+
+
+def instance_property(instance_id: str | None) -> str | None:
+    """The node property for ``instance_id``, or None when the id has characters a Torque
+    property cannot hold (then the node is matched by name only)."""
+    if instance_id and re.fullmatch(r"[A-Za-z0-9_-]{1,60}", instance_id):
+        return EPU_PROPERTY_PREFIX + instance_id
+    return None
+
+
+def split_properties(text: str) -> tuple[list[str], str | None]:
+    """``<properties>`` → (features, EPU instance id)."""
+    features, instance = [], None
+    for prop in (text or "").split(","):
+        prop = prop.strip()
+        if not prop:
+            continue
+        if prop.startswith(EPU_PROPERTY_PREFIX):
+            instance = prop[len(EPU_PROPERTY_PREFIX):]
+        else:
+            features.append(prop)
+    return sorted(set(features)), instance
+
+
 def normalize_nodes(records: Iterable[Record], warnings: list[str] | None = None) -> list[NodeInfo]:
     out = []
+    states: dict[str, str] = {}
     for rec in records:
         name = rec.get("name", "")
         if not name:
             continue
         native = rec.get("state", "")
-        state = torque_node_state(native, name, warnings)
+        state = states.get(native)
+        if state is None:
+            state = states[native] = torque_node_state(native, name, warnings)
         np = int(rec["np"]) if rec.get("np", "").isdigit() else 0
         jobs, used = parse_node_jobs(rec.get("jobs", ""))
         if state == "free" and np and used >= np:
             state = "busy"
-        out.append(NodeInfo(name=name, state=state, cores=np, cores_used=min(used, np) if np else used,  # type: ignore[arg-type]
-                            jobs=jobs, native_state=native))
-    return out
+        features, instance = split_properties(rec.get("properties", ""))
+        m = _PHYSMEM.search(rec.get("status", ""))
+        memory = parse_mem_mb(m.group(1) + (m.group(2) or "b")) if m else 0
+        gpus = int(rec["gpus"]) if rec.get("gpus", "").isdigit() else 0
+        out.append({"name": name, "state": state, "cores": np, "cores_used": min(used, np) if np else used,
+                    "jobs": jobs, "native_state": native, "instance_id": instance, "memory_mb": memory, "gpus": gpus,
+                    "features": features})
+    return validate_nodes(out)
+
+
+_NODE_SCAN = re.compile(rb"<Node>(.*?)</Node>", re.S)
+_NODE_FIELDS = re.compile(rb"<(name|state|np|jobs|properties|note|gpus|status)>([^<]*)</")
+
+
+def scan_node_records(xml: str | bytes) -> list[Record]:
+    """``pbsnodes -x`` → flat records of the fields the sensor uses, by one regular-expression
+    pass per node (no element tree). Output that does not end its ``<Data>`` document raises
+    ``ValueError`` (cut short)."""
+    data = (xml.encode() if isinstance(xml, str) else xml).strip()
+    if not data:
+        return []
+    if not data.endswith(b"</Data>"):
+        raise ValueError("pbsnodes XML is not a complete <Data> document (output cut short?)")
+    return [{k.decode(): _text(v) for k, v in _NODE_FIELDS.findall(node)} for node in _NODE_SCAN.findall(data)]
 
 
 def parse_pbsnodes(xml: str | bytes, warnings: list[str] | None = None) -> list[NodeInfo]:
-    return normalize_nodes(iter_records(xml, "Node"), warnings)
+    return normalize_nodes(scan_node_records(xml), warnings)

@@ -10,11 +10,10 @@ from typing import Any
 import classad2
 import htcondor2
 import pytest
-
-from services.sensor.backend import BackendUnavailable, InvalidNodeName
-from services.sensor.htcondor.backend import HTCondorBackend, verified_command
-from services.sensor.htcondor.parse import normalize_jobs, normalize_startds
-from services.sensor.states import HTCONDOR_JOB_STATUS, HTCONDOR_SLOT_STATES
+from epu.services.sensor.backend import BackendUnavailable, InvalidNodeName
+from epu.services.sensor.htcondor.backend import HTCondorBackend, verified_command
+from epu.services.sensor.htcondor.parse import normalize_jobs, normalize_startds
+from epu.services.sensor.states import HTCONDOR_JOB_STATUS, HTCONDOR_SLOT_STATES
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "htcondor"
 NOW = 1795323000.0
@@ -26,7 +25,7 @@ def ads(name: str) -> list[classad2.ClassAd]:
 
 @pytest.fixture(scope="module")
 def nodes() -> dict[str, Any]:
-    return {n.name.split(".")[0]: n for n in normalize_startds(ads("startds.ads"))}
+    return {n.name: n for n in normalize_startds(ads("startds.ads"))}
 
 
 @pytest.mark.parametrize(("machine", "state", "cores", "used", "jobs"), [
@@ -64,16 +63,42 @@ def test_unknown_slot_state_warns(caplog: pytest.LogCaptureFixture) -> None:
 def test_jobs_demand_held_blocked_arrays_parallel_and_expressions() -> None:
     jobs = normalize_jobs(ads("jobs.ads"), NOW)
     by_id = {j.job_id: j for j in jobs.queued}
-    assert (by_id["100.*"].count, by_id["100.*"].cores) == (5, 1)          # 5 idle procs of cluster 100
-    assert by_id["101.0"].state == "held"
+    shapes = {s.sample_job_ids[0]: s for s in jobs.shapes()}
+    assert (shapes["100.0"].count, shapes["100.0"].cores, shapes["100.0"].demand) == (5, 1, True)  # 5 idle procs
+    assert by_id["101.0"].state == "held" and (shapes["101.0"].reason, shapes["101.0"].demand) == ("Held", False)
     assert (by_id["103.0"].cores, by_id["103.0"].memory_mb) == (4, 8192)
     assert (by_id["104.0"].nodes, by_id["104.0"].cores) == (3, 2)          # parallel universe
     assert by_id["105.0"].cores == 2                                        # RequestCpus = 1 + 1
-    assert by_id["106.0"].state == "blocked"                                # deferred to the future
+    assert by_id["106.0"].state == "blocked" and shapes["106.0"].reason == "Deferred"  # deferred to the future
     assert jobs.running == 3 and jobs.finished == 2                         # 2, 6, 7 / 3, 4
     assert by_id["103.0"].wait_seconds == NOW - 1795321000
-    demand = [j for j in jobs.queued if j.state == "queued"]
-    assert sum(j.count * j.cores * j.nodes for j in demand) == 5 + 4 + 6 + 2
+    demand = [s for s in jobs.shapes() if s.demand]
+    assert sum(s.count * s.cores * s.nodes for s in demand) == 5 + 4 + 6 + 2
+
+
+TEMPLATE = {"Arch": "X86_64", "OpSys": "LINUX", "Disk": 50_000_000, "Memory": 32768, "Cpus": 8, "GPUs": 1,
+            "HasFileTransfer": True}
+
+
+def test_requirements_against_the_worker_template() -> None:
+    warnings: list[str] = []
+    jobs = normalize_jobs(ads("jobs_resources.ads"), NOW, warnings, template=TEMPLATE)
+    s = {x.sample_job_ids[0]: x for x in jobs.shapes()}
+    gpu = s["200.0"]
+    assert (gpu.count, gpu.cores, gpu.memory_mb, gpu.gpus, gpu.time_limit_s, gpu.demand, gpu.reason) == \
+        (2, 2, 16384, 1, 7200, True, "Idle")
+    assert (s["201.0"].demand, s["201.0"].reason, s["201.0"].reason_class) == (False, "RequirementsUnmatched",
+                                                                               "invalid")  # 256 GB > template
+    assert (s["202.0"].demand, s["202.0"].reason) == (True, "RequirementsUnknown")  # HasSingularity undefined
+    no_template = normalize_jobs(ads("jobs_resources.ads"), NOW)
+    assert all(x.reason == "Idle" and x.demand for x in no_template.shapes())
+
+
+def test_machines_by_short_name_with_identity_memory_and_gpus(nodes: dict[str, Any]) -> None:
+    exec02 = nodes["exec02"]
+    assert exec02.name == "exec02"  # Machine is the FQDN; EPU names workers by short name
+    assert (exec02.instance_id, exec02.memory_mb, exec02.gpus) == ("4c1f0e9a2b7d4e61a0c3f5d2b8e9a7c1", 15872, 1)
+    assert nodes["exec01"].instance_id is None
 
 
 # ------------------------------------------------------------------ commands through a bindings double
@@ -212,3 +237,11 @@ def test_hostile_names_refused(condor: FakeCondor, bad: str) -> None:
     with pytest.raises(InvalidNodeName):
         HTCondorBackend(condor).execute("offline", bad)
     assert condor.log == []
+
+
+def test_commands_find_a_machine_by_its_short_name(condor: FakeCondor) -> None:
+    """Snapshots name machines ``exec02`` (short); the engine sends commands with that name."""
+    b = HTCondorBackend(condor)
+    out = b.execute("offline", "exec02", reason="epu: idle")
+    assert out.ok and out.changed and condor.log[-1][:2] == ("drain", "exec02.example.org")
+    assert not b.execute("offline", "exec0").ok  # a prefix of another name matches nothing

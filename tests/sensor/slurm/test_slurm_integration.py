@@ -14,10 +14,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from epu.common.testing import wait_for
+from epu.services.sensor.runner import CommandRunner
+from epu.services.sensor.slurm.backend import SlurmBackend
 
-from common.testing import wait_for
-from services.sensor.runner import CommandRunner
-from services.sensor.slurm.backend import SlurmBackend
 from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
@@ -169,7 +169,7 @@ def test_unavailable_when_controller_unreachable(cluster: SlurmTestCluster, tmp_
     text = cluster.conf_path.read_text().replace(f"SlurmctldPort={cluster.ctld_port}", "SlurmctldPort=1")
     conf.write_text(text)
     b = SlurmBackend(CommandRunner(timeout=20, env={"SLURM_CONF": str(conf)}))
-    from services.sensor.backend import BackendUnavailable
+    from epu.services.sensor.backend import BackendUnavailable
 
     with pytest.raises(BackendUnavailable):
         b.snapshot()
@@ -180,7 +180,7 @@ def test_snapshot_command_on_the_real_head_node(cluster: SlurmTestCluster, backe
     cluster.wait_job_state(job, "RUNNING")
     held = cluster.sbatch("--hold")
     env = {**os.environ, **cluster.client_env}
-    proc = subprocess.run([sys.executable, "-m", "common.cli", "sensor", "snapshot", "--backend", "slurm", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "epu.cli", "sensor", "snapshot", "--backend", "slurm", "--json"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -188,6 +188,6 @@ def test_snapshot_command_on_the_real_head_node(cluster: SlurmTestCluster, backe
     assert {"name": "node1", "state": "free", "cores": 2, "cores_used": 1, "jobs": [job]}.items() <= \
         {k: v for n in doc["nodes"] if n["name"] == "node1" for k, v in n.items()}.items()
     assert any(j["job_id"] == held and j["state"] == "held" for j in doc["jobs"])
-    table = subprocess.run([sys.executable, "-m", "common.cli", "sensor", "snapshot", "--backend", "slurm"],
+    table = subprocess.run([sys.executable, "-m", "epu.cli", "sensor", "snapshot", "--backend", "slurm"],
                            capture_output=True, text=True, env=env, timeout=60)
     assert table.returncode == 0 and "node1" in table.stdout and "held" in table.stdout

@@ -7,8 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-
-from services.sensor.slurm.parse import (
+from epu.services.sensor.slurm.parse import (
     count_array_tasks,
     expand_hostlist,
     node_records,
@@ -17,7 +16,12 @@ from services.sensor.slurm.parse import (
     parse_scontrol_show_node,
     parse_squeue,
 )
-from services.sensor.states import SLURM_JOB_STATES, SLURM_NODE_STATES, slurm_node_state, slurm_state_tokens
+from epu.services.sensor.states import (
+    SLURM_JOB_STATES,
+    SLURM_NODE_STATES,
+    slurm_node_state,
+    slurm_state_tokens,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.sensor.runner import CommandResult
+from epu.services.sensor.runner import CommandResult
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "torque"
 RAW = FIXTURES / "raw"

@@ -8,18 +8,18 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from services.sensor.backend import BackendUnavailable, InvalidNodeName
-from services.sensor.runner import CommandRunner
-from services.sensor.states import TORQUE_NODE_STATES
-from services.sensor.torque.backend import TorqueBackend
-from services.sensor.torque.parse import (
+from epu.services.sensor.backend import BackendUnavailable, InvalidNodeName
+from epu.services.sensor.runner import CommandRunner
+from epu.services.sensor.states import TORQUE_NODE_STATES
+from epu.services.sensor.torque.backend import TorqueBackend
+from epu.services.sensor.torque.parse import (
     parse_mem_mb,
     parse_node_jobs,
     parse_nodes_spec,
     parse_pbsnodes,
     parse_qstat,
 )
+
 from tests.sensor.torque.replay import ReplayRunner, stdout
 
 NOW = 1795323500.0
@@ -72,7 +72,8 @@ def test_multi_node_with_memory_and_dependency_blocked() -> None:
            "<Job><Job_Id>23.vm</Job_Id><job_state>Z</job_state></Job></Data>")
     jobs = parse_qstat(xml, 200.0)
     by_id = {j.job_id: j for j in jobs.queued}
-    assert (by_id["20.vm"].nodes, by_id["20.vm"].cores, by_id["20.vm"].memory_mb) == (3, 2, 4096)
+    # Torque's ``mem`` is the whole job's: 4 GB over 3 nodes is 1366 MB per node
+    assert (by_id["20.vm"].nodes, by_id["20.vm"].cores, by_id["20.vm"].memory_mb) == (3, 2, 1366)
     assert (by_id["21.vm"].state, by_id["21.vm"].cores) == ("blocked", 8)
     assert by_id["22.vm"].state == "blocked"
     assert jobs.unknown_states == ["Z"]  # unknown job state: reported, not counted, no crash
@@ -156,47 +157,121 @@ def test_unreadable_server_is_unavailable_not_empty() -> None:
 
 
 # ------------------------------------------------------------------ commands
-SCHED = ("qmgr", "-c", "set server scheduling = True")
+SCHED_LIST = ("qmgr", "-c", "list server scheduling")
+SCHED_TRUE = (0, "Server vm\n\tscheduling = True\n", "")
 
 
-def test_add_creates_node_and_turns_scheduling_on() -> None:
+def test_add_creates_node_and_leaves_scheduling_alone() -> None:
     b, runner = backend({("qmgr", "-c", "create node fakenode np=2"): "03_qmgr_create_node_fakenode_np2",
-                         SCHED: (0, "", "")})
+                         SCHED_LIST: SCHED_TRUE})
     out = b.execute("add", "fakenode", cores=2)
     assert out.ok and out.changed
-    assert runner.calls == [("qmgr", "-c", "create node fakenode np=2"), SCHED]
+    assert runner.calls == [("qmgr", "-c", "create node fakenode np=2"), SCHED_LIST]  # never "set server"
+
+
+def test_add_never_undoes_an_administrators_scheduling_false() -> None:
+    b, runner = backend({("qmgr", "-c", "create node fakenode np=2"): "03_qmgr_create_node_fakenode_np2",
+                         SCHED_LIST: (0, "Server vm\n\tscheduling = False\n", "")})
+    out = b.execute("add", "fakenode", cores=2)
+    assert out.ok and "scheduling is False" in out.output
+    assert not any("set server" in " ".join(c) for c in runner.calls)
 
 
 def test_add_existing_node_is_idempotent() -> None:
     b, _ = backend({("qmgr", "-c", "create node fakenode np=2"): "04_qmgr_create_node_fakenode_np2__already_exists",
-                    SCHED: (0, "", "")})
+                    SCHED_LIST: SCHED_TRUE})
     out = b.execute("add", "fakenode", cores=2)
     assert out.ok and not out.changed and "already exists" in out.output
 
 
-def test_add_unresolvable_returns_native_error() -> None:
+def test_add_carries_the_instance_id_as_a_property_read_back_as_identity() -> None:
+    b, runner = backend({("qmgr", "-c", "create node elastic02 np=2"): "50_qmgr_create_node_elastic02_np2",
+                         ("qmgr", "-c", "set node elastic02 properties += epu-5f2a9c"): (0, "", ""),
+                         SCHED_LIST: SCHED_TRUE})
+    out = b.execute("add", "elastic02", cores=2, instance_id="5f2a9c")
+    assert out.ok and out.changed and ("qmgr", "-c", "set node elastic02 properties += epu-5f2a9c") in runner.calls
+    xml = ("<Data><Node><name>elastic02</name><state>free</state><np>2</np><properties>bigmem,epu-5f2a9c"
+           "</properties><gpus>2</gpus><status>opsys=linux,physmem=16323460kb,ncpus=2</status></Node></Data>")
+    (n,) = parse_pbsnodes(xml)
+    assert (n.instance_id, n.features, n.gpus, n.memory_mb) == ("5f2a9c", ["bigmem"], 2, 15940)
+
+
+def test_add_unresolvable_is_transient_and_says_to_run_the_context_agent_on_the_head_node() -> None:
+    """qmgr resolves the name on the head node and takes no address: a worker the head node
+    cannot resolve yet is retried (transient), and the error says what makes names resolve."""
     b, runner = backend({("qmgr", "-c", "create node fakenode np=2"):
                          "02_qmgr_create_node_fakenode_np2__unresolvable_name"})
-    out = b.execute("add", "fakenode", cores=2)
-    assert not out.ok and "Unknown node" in out.output and "Unknown node" in (out.error or "")
-    assert SCHED not in runner.calls
+    out = b.execute("add", "fakenode", cores=2, address="10.0.0.7")
+    assert not out.ok and out.transient and "Unknown node" in out.output and "context agent" in (out.error or "")
+    assert SCHED_LIST not in runner.calls
 
 
-def test_offline_and_online() -> None:
-    b, _ = backend({("pbsnodes", "-o", "vm"): "40_pbsnodes_-o_vm", ("pbsnodes", "-c", "vm"): "43_pbsnodes_-c_vm",
-                    ("pbsnodes", "-o", "-N", "epu: idle 10 min", "vm"): (0, "", "")})
-    assert b.execute("offline", "vm").ok
-    assert b.execute("offline", "vm", reason="epu:  idle\n10 min").ok
-    assert b.execute("online", "vm").ok
+def node_xml(state: str, note: str = "") -> tuple[int, str, str]:
+    n = f"<note>{note}</note>" if note else ""
+    return (0, f"<Data><Node><name>vm</name><state>{state}</state><np>2</np>{n}</Node></Data>", "")
+
+
+def test_offline_keeps_the_administrators_note_and_online_restores_it() -> None:
+    b, runner = backend({("pbsnodes", "-x", "vm"): node_xml("free", "rack 4, PDU B"),
+                         ("pbsnodes", "-o", "-N", "rack 4, PDU B [epu: idle 10 min]", "vm"): "40_pbsnodes_-o_vm"})
+    assert b.execute("offline", "vm", reason="idle\n10 min").ok
+    b, runner = backend({("pbsnodes", "-x", "vm"): node_xml("offline", "rack 4, PDU B [epu: idle 10 min]"),
+                         ("pbsnodes", "-c", "-N", "rack 4, PDU B", "vm"): "43_pbsnodes_-c_vm"})
+    out = b.execute("online", "vm")
+    assert out.ok and out.changed and ("pbsnodes", "-c", "-N", "rack 4, PDU B", "vm") in runner.calls
+
+
+def test_online_never_clears_an_administrators_maintenance_offline() -> None:
+    b, runner = backend({("pbsnodes", "-x", "vm"): node_xml("offline", "disk replacement")})
+    out = b.execute("online", "vm")
+    assert not out.ok and not out.transient and "administrator" in (out.error or "")
+    assert all(c[:2] != ("pbsnodes", "-c") for c in runner.calls)
+    # and offlining it again changes nothing, its note stays
+    out = b.execute("offline", "vm", reason="scale down")
+    assert out.ok and not out.changed and all("-o" not in c for c in runner.calls)
+
+
+def test_offline_of_a_node_just_created_is_transient() -> None:
+    b, _ = backend({("pbsnodes", "-x", "elastic02"): "50_pbsnodes_-x_elastic02__immediately_after_create"})
+    out = b.execute("offline", "elastic02")
+    assert not out.ok and out.transient and "MOM-list-not-sent" in (out.error or "")
+
+
+def test_transient_offline_failure_is_not_remembered_and_the_resend_runs() -> None:
+    from epu.common.clock import ManualClock
+    from epu.common.messages import NodeCommand
+    from epu.services.sensor.core import SensorCore
+    from epu.services.sensor.dedupe import MemoryCommandLog
+
+    runner = ReplayRunner({("pbsnodes", "-x", "elastic02"): "50_pbsnodes_-x_elastic02__immediately_after_create"})
+    b = TorqueBackend(runner, use_pbs_python=False)
+    published: list = []
+    core = SensorCore("alpha", b, ManualClock(0.0), MemoryCommandLog(), lambda m, c: published.append(m))
+    cmd = NodeCommand(command_id="off-1", domain="alpha", action="offline", node="elastic02")
+    assert not core.handle(cmd).ok
+    runner.table[("pbsnodes", "-x", "elastic02")] = "51_pbsnodes_-x_elastic02__15s_after_create"
+    runner.table[("pbsnodes", "-o", "-N", "[epu: offline]", "elastic02")] = (0, "", "")
+    again = core.handle(cmd)
+    assert again.ok and not again.duplicate
 
 
 @pytest.mark.parametrize(("action", "capture"), [("offline", "41_pbsnodes_-o_nosuchnode__missing"),
                                                  ("online", "41_pbsnodes_-c_nosuchnode__missing")])
 def test_pbsnodes_exit_zero_with_stderr_error_is_a_failure(action: str, capture: str) -> None:
     flag = "-o" if action == "offline" else "-c"
-    b, _ = backend({("pbsnodes", flag, "nosuchnode"): capture})
+    state = "free" if action == "offline" else "offline"
+    note = "" if action == "offline" else "[epu: offline]"
+    args = ("pbsnodes", flag, "-N", "[epu: offline]" if action == "offline" else "", "nosuchnode")
+    b, _ = backend({("pbsnodes", "-x", "nosuchnode"): (0, node_xml(state, note)[1].replace(">vm<", ">nosuchnode<"), ""),
+                    args: capture})
     out = b.execute(action, "nosuchnode")
     assert not out.ok and "Unknown node" in out.output and "exit 0" in (out.error or "")
+
+
+def test_offline_of_an_unknown_node_fails() -> None:
+    b, _ = backend({("pbsnodes", "-x", "nosuchnode"): "41_pbsnodes_nosuchnode__query_missing"})
+    out = b.execute("offline", "nosuchnode")
+    assert not out.ok and "not known" in (out.error or "")
 
 
 def test_remove_refuses_a_node_running_jobs_even_forced() -> None:
@@ -256,10 +331,12 @@ def test_command_timeout_is_transient(tmp_path: Path) -> None:
 
 def test_arguments_reach_the_program_verbatim_without_a_shell(tmp_path: Path) -> None:
     log = tmp_path / "argv"
-    fake_bin(tmp_path, "pbsnodes", f'for a in "$@"; do printf "%s|" "$a" >> "{log}"; done\n')
+    fake_bin(tmp_path, "pbsnodes", 'if [ "$1" = "-x" ]; then echo "<Data><Node><name>vm</name><state>free</state>'
+                                   '</Node></Data>"; exit 0; fi\n'
+                                   f'for a in "$@"; do printf "%s|" "$a" >> "{log}"; done\n')
     b = TorqueBackend(CommandRunner(timeout=10), bin_dir=str(tmp_path), use_pbs_python=False)
     assert b.execute("offline", "vm", reason="$(touch pwned) `id` ; rm -rf /").ok
-    assert log.read_text() == "-o|-N|$(touch pwned) `id` ; rm -rf /|vm|"
+    assert log.read_text() == "-o|-N|[epu: $(touch pwned) `id` ; rm -rf /]|vm|"
     assert not (Path(os.getcwd()) / "pwned").exists()
 
 
@@ -309,7 +386,7 @@ class _FakePbs:
 
 
 def test_pbs_python_path_gives_the_same_model() -> None:
-    from services.sensor.torque.backend import PbsPythonReader
+    from epu.services.sensor.torque.backend import PbsPythonReader
 
     b, runner = backend({})
     fake = _FakePbs()
@@ -321,7 +398,7 @@ def test_pbs_python_path_gives_the_same_model() -> None:
 
 
 def test_pbs_python_failure_falls_back_to_the_cli() -> None:
-    from services.sensor.torque.backend import PbsPythonReader
+    from epu.services.sensor.torque.backend import PbsPythonReader
 
     class Broken(_FakePbs):
         def pbs_connect(self, server: str) -> int:
@@ -336,7 +413,7 @@ def test_pbs_python_failure_falls_back_to_the_cli() -> None:
 
 
 def test_pbs_python_does_not_import_here_and_is_optional() -> None:
-    from services.sensor.torque.backend import load_pbs_python
+    from epu.services.sensor.torque.backend import load_pbs_python
 
     assert TorqueBackend(ReplayRunner({})).pbs_reader is None or load_pbs_python() is not None
 
@@ -344,7 +421,7 @@ def test_pbs_python_does_not_import_here_and_is_optional() -> None:
 def test_snapshot_cli_for_torque(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from common.cli import main
+    from epu.cli import main
 
     fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "torque" / "raw"
     fake_bin(tmp_path, "qstat", f'cat "{fixtures}/70_qstat_-f_-x_-t.stdout"\n')

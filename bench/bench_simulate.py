@@ -1,0 +1,56 @@
+"""Speed of ``epu simulate``: CPU per simulated job, per engine iteration, per simulated hour.
+
+    .venv/bin/python bench/bench_simulate.py [DAYS] [REPEATS]     (default 0.5 day of NASA, 1 repeat)
+
+Runs a window of the NASA iPSC/860 trace (128 1-core nodes, queue-demand) through the real
+cores twice in this process — with the engine's idle iterations skipped (the default) and with
+every iteration run (the baseline) — and the static baseline, and prints min/median/max of CPU
+seconds. The machine is shared: CPU time is the figure to compare, wall time is shown too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from epu.simulate.plan import run_plan  # noqa: E402
+from epu.simulate.scenarios import nasa  # noqa: E402
+from epu.simulate.static import static_summary  # noqa: E402
+from epu.workloads.transform import window  # noqa: E402
+
+
+def main() -> None:
+    days = float(sys.argv[1]) if len(sys.argv) > 1 else 0.5
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    plan = nasa(None)(1)
+    plan.workload = window(plan.workload, 0.0, days)
+    jobs = len(plan.workload.jobs)
+    print(f"NASA iPSC/860, first {days:g} day(s): {jobs} jobs, 128 1-core nodes, queue-demand (idle_seconds 0)")
+    for label, skip in (("skip idle iterations (default)", True), ("every iteration (baseline)", False)):
+        cpu, wall, last = [], [], {}
+        for _ in range(repeats):
+            s = run_plan(plan, options=replace(plan.options, skip_idle=skip))
+            cpu.append(s["cpu_seconds"])
+            wall.append(s["wall_seconds"])
+            last = s
+        med = statistics.median(cpu)
+        print(f"{label}: CPU s min/median/max {min(cpu):.1f}/{med:.1f}/{max(cpu):.1f}, wall median "
+              f"{statistics.median(wall):.1f}; {last['simulated_hours']:.1f} h simulated, "
+              f"{last['launches']} launches, {last['engine_iterations']} engine iterations run, "
+              f"{last['engine_iterations_skipped']} skipped")
+        per_iter = last.get("engine_ms_per_iteration")
+        print(f"   per simulated job {1000 * med / jobs:.1f} ms CPU; per launch {1000 * med / max(1, last['launches']):.1f} ms;"
+              + (f" per engine iteration {per_iter:.2f} ms (inside Engine.iterate);" if per_iter else "")
+              + f" {last['simulated_hours'] / med * 60:.0f} simulated hours per CPU minute")
+    t = time.process_time()
+    static_summary(plan.workload, 128, 1, 0.1)
+    print(f"static baseline of the same window: {time.process_time() - t:.2f} s CPU")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""``python -m epu``: the same as the ``epu`` command."""
+
+from epu.cli import main
+
+raise SystemExit(main())

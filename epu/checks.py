@@ -1,0 +1,52 @@
+"""The services' own config checks, registered with ``epu.common.config.check_config``.
+
+``common`` imports no service, so the knowledge only a service has (the decision engine's
+policy names and each policy's parameters; which arguments a site's libcloud driver and its
+``create_node`` take) is plugged in here, in the composition layer, where ``epu config check``
+and ``epu run`` both find it. Each check calls the service's own validation (``validate_params``,
+``check_site``): one implementation, whoever asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from epu.common.config import register_check
+
+
+def domain_policies(config: Any) -> Iterable[tuple[str, str]]:
+    from epu.services.decision.policies import POLICIES, PolicyError, validate_params
+
+    for name, d in config.domains.items():
+        if d.policy not in POLICIES:
+            yield f"domains.{name}.policy", f"unknown policy {d.policy!r} (known: {', '.join(sorted(POLICIES))})"
+            continue
+        try:
+            validate_params(d.policy, d.params)
+        except PolicyError as exc:
+            known = ", ".join(sorted(POLICIES[d.policy].params.model_fields))
+            for part in str(exc).split("; "):
+                param, _, msg = part.partition(": ")
+                key = param.split(".", 1)[1] if "." in param else param
+                yield f"domains.{name}.params.{key}", f"{msg} ({d.policy} takes: {known})"
+
+
+register_check({"decision"}, domain_policies)
+
+
+def provisioner_sites(config: Any) -> Iterable[tuple[str, str]]:
+    try:
+        from epu.services.provisioner.cloud import check_site
+        from epu.services.provisioner.drivers import SiteConfigError
+    except ModuleNotFoundError as exc:  # a host without the 'control' extra runs no provisioner
+        yield "sites", f"cannot check the sites here: {exc.name} is not installed (the 'control' extra)"
+        return
+    for name, site in config.sites.items():
+        try:
+            check_site(name, site)
+        except SiteConfigError as exc:
+            yield f"sites.{name}", str(exc)
+
+
+register_check({"provisioner"}, provisioner_sites)

@@ -1,0 +1,82 @@
+"""``epu``: the one command for operators and services.
+
+Subcommands come from small modules so a reader finds each where its service lives:
+``epu.cli_core`` (run, demo, tap, config, deploy), ``epu.cli_record`` (record) and
+``services.<name>.cli`` (sensor; policy and status; instances; ctx). Each module exposes ``register(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from epu import __version__
+
+COMMAND_MODULES = (
+    "epu.cli_core",
+    "epu.cli_record",
+    "epu.services.sensor.cli",
+    "epu.services.decision.cli",
+    "epu.services.provisioner.cli",
+    "epu.services.ctxbroker.cli",
+    "epu.sim.cli",
+    "epu.simulate.cli",
+)
+
+DESCRIPTION = """\
+EPU — an elastic manager for batch clusters.
+
+Sensors on batch head nodes (Torque, Slurm, HTCondor) publish queue and node state over
+AMQP; a decision engine runs a policy per domain; a libcloud provisioner launches and
+terminates instances; a context broker keeps every node's view of the cluster current.
+"""
+
+EPILOG = """\
+Configuration: one TOML file: -c FILE, else $EPU_CONFIG, else /etc/epu/epu.toml; a command
+that needs one and finds none says so and stops. EPU_<SECTION>__<KEY> variables override it.
+Exit status: 0 success, 1 runtime failure (one line saying what failed: RabbitMQ refused the
+login, a file cannot be read, ...), 2 bad usage or bad configuration (one line per problem).
+Docs: README.md, docs/messages.md (the wire contract), docs/ for each service.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epu", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that service has no CLI yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from epu.errors import explain
+
+        known = explain(exc)
+        if known is None:
+            raise  # a bug: keep the traceback
+        status, message = known
+        print(f"epu: {message}", file=sys.stderr)
+        return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The batch system of a simulated domain: a ``BatchBackend`` whose nodes live and die with VMs.
+
+The queue and the scheduler are ``services.sensor.simulated.SimulatedBatch`` (jobs run on
+nodes for their duration, EASY backfill). This module adds what ties the batch system to the
+cloud, so that the world — not a script — decides what a snapshot shows:
+
+* a node's daemon runs on a VM: the node is up only while a running VM of that name serves it,
+  and a VM that dies takes the node's running jobs with it (they are requeued and counted);
+* how a node joins depends on the batch system (``flavor``):
+
+  - ``slurm`` / ``torque``: the engine's ``add`` creates the node; its daemon registers a few
+    seconds later if its VM runs; ``remove`` deletes it. With ``node_names`` (a Slurm CLOUD
+    pool) the same: a slot that is not added is powered down and not in the snapshot.
+  - ``htcondor``: a booted VM's startd joins by itself, named by its FQDN
+    (``NAME.<domain suffix>``); ``add`` is a no-op; ``remove`` turns the startd off.
+
+  Every flavor reports the node's identity (``NodeInfo.instance_id``) unless
+  ``report_identity`` is off (a backend that cannot say: the engine falls back to names);
+* faults (``BatchFaults``): the controller down (``available=False``, commands fail
+  transiently), nodes missing from snapshots while they run jobs (a collector or slurmctld
+  restart), stale snapshots, commands failing transiently a few times.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from epu.common.messages import NodeInfo
+from epu.services.sensor.backend import (
+    BackendUnavailable,
+    CommandOutcome,
+    Observation,
+    check_action,
+    check_node_name,
+)
+from epu.services.sensor.simulated import SimulatedBatch
+from epu.sim.cloud import VM
+from epu.sim.world import World, WorldClock
+
+
+@dataclass
+class BatchFaults:
+    down: bool = False
+    """The batch controller is down: snapshots unavailable, commands fail transiently."""
+    missing_share: float = 0.0
+    """Share of nodes missing from snapshots (1.0 = all: a collector rejecting every ad)."""
+    stale_seconds: float = 0.0
+    """Snapshots show the cluster as it was this long ago (a controller answering from old state)."""
+    failing_commands: int = 0
+    """The next N node commands fail transiently (then succeed)."""
+
+
+@dataclass
+class Kill:
+    at: float
+    job_id: str
+    node: str
+    why: str
+
+
+@dataclass
+class BatchStats:
+    commands: int = 0
+    failed_commands: int = 0
+    snapshots: int = 0
+    unavailable: int = 0
+    kills: list[Kill] = field(default_factory=list)
+
+
+class SimBatchSystem:
+    """The head node of one domain (see the module docstring)."""
+
+    name = "simulated"
+
+    def __init__(self, world: World, clock: WorldClock, *, flavor: str = "slurm", fqdn_suffix: str = "cluster.internal",
+                 report_identity: bool = True, register_seconds: tuple[float, float] = (2.0, 15.0)) -> None:
+        if flavor not in ("slurm", "torque", "htcondor"):
+            raise ValueError(f"unknown batch flavor {flavor!r}")
+        self.world = world
+        self.flavor = flavor
+        self.fqdn_suffix = fqdn_suffix
+        self.report_identity = report_identity
+        self.register_seconds = register_seconds
+        self.inner = SimulatedBatch(clock)
+        self.inner.on_kill.append(self._killed)
+        self.faults = BatchFaults()
+        self.stats = BatchStats()
+        self.serving: dict[str, VM] = {}
+        """Batch node name → the running VM whose daemon serves it."""
+        self.retired: set[str] = set()
+        """VM ids whose startd was turned off (htcondor ``remove``): they do not come back."""
+        self._history: deque[tuple[float, Observation]] = deque()
+        self._rng = world.rng("batch")
+        self.command_context: str | None = None
+        """The instance id of the node command being executed (set by the sensor process)."""
+
+    # ------------------------------------------------------------------ names
+    def batch_name(self, vm_name: str) -> str:
+        return f"{vm_name}.{self.fqdn_suffix}" if self.flavor == "htcondor" else vm_name
+
+    # ------------------------------------------------------------------ the cloud's side
+    def vm_running(self, vm: VM) -> None:
+        name = self.batch_name(vm.name)
+        self.serving[name] = vm
+        delay = self._rng.uniform(*self.register_seconds)
+        self.world.after(delay, lambda: self._register(name, vm), f"batch register {name}")
+
+    def _register(self, name: str, vm: VM) -> None:
+        if self.serving.get(name) is not vm or vm.terminated_at is not None:
+            return
+        if self.flavor == "htcondor":
+            if vm.cloud_id in self.retired:
+                return
+            self.inner.add_node(name, self.default_cores, instance_id=vm.launch_id, up=False)
+        node = self.inner.node(name)
+        if node is not None:
+            if node.instance_id is None:
+                node.instance_id = vm.launch_id
+            self.inner.set_node_up(name, True)
+
+    default_cores = 1
+
+    def vm_gone(self, vm: VM, cause: str) -> None:
+        name = self.batch_name(vm.name)
+        if self.serving.get(name) is not vm:
+            return
+        del self.serving[name]
+        self.inner.set_node_up(name, False, f"VM {vm.cloud_id} {cause}")
+        if self.flavor == "htcondor":
+            # the collector forgets a dead startd's ad after a while
+            self.world.after(self._rng.uniform(60.0, 900.0), lambda: self._expire(name),
+                             f"batch expire {name}")
+
+    def _expire(self, name: str) -> None:
+        node = self.inner.node(name)
+        if node is not None and node.down and name not in self.serving:
+            self.inner.execute("remove", name, force=True)
+
+    def _killed(self, job_id: str, node: str, why: str) -> None:
+        self.stats.kills.append(Kill(self.world.t, job_id, node, why))
+        self.world.note(f"job {job_id} killed on {node}: {why}")
+
+    # ------------------------------------------------------------------ world queries
+    def node_of_vm(self, vm: VM) -> NodeInfo | None:
+        """The batch node a VM's daemon serves, if any (for the invariant checks)."""
+        name = self.batch_name(vm.name)
+        if self.serving.get(name) is not vm:
+            return None
+        n = self.inner.node(name)
+        if n is None:
+            return None
+        return NodeInfo(name=n.name, state=n.state(), cores=n.cores, cores_used=n.used,  # type: ignore[arg-type]
+                        jobs=sorted(n.jobs), instance_id=n.instance_id)
+
+    def jobs_on_vm(self, vm: VM) -> list[str]:
+        name = self.batch_name(vm.name)
+        if self.serving.get(name) is not vm:
+            return []
+        n = self.inner.node(name)
+        return sorted(n.jobs) if n is not None else []
+
+    # ------------------------------------------------------------------ BatchBackend
+    def snapshot(self) -> Observation:
+        f = self.faults
+        if f.down:
+            self.stats.unavailable += 1
+            raise BackendUnavailable("simulated: batch controller not responding")
+        obs = self.inner.snapshot()
+        now = self.world.t
+        self._history.append((now, obs))
+        while len(self._history) > 2 and self._history[1][0] <= now - 3600:
+            self._history.popleft()
+        if f.stale_seconds > 0:
+            old = [o for t, o in self._history if t <= now - f.stale_seconds]
+            if old:
+                obs = old[-1]
+        if f.missing_share > 0:
+            nodes = [n for n in obs.nodes if self._rng.random() >= f.missing_share]
+            obs = Observation(jobs=obs.jobs, nodes=nodes, running_jobs=obs.running_jobs, shapes=obs.shapes,
+                              finished_jobs=obs.finished_jobs)
+        if not self.report_identity:
+            obs = Observation(jobs=obs.jobs, nodes=[n.model_copy(update={"instance_id": None}) for n in obs.nodes],
+                              running_jobs=obs.running_jobs, shapes=obs.shapes, finished_jobs=obs.finished_jobs)
+        self.stats.snapshots += 1
+        return obs
+
+    def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
+                reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
+        check_action(action)
+        check_node_name(node)
+        self.stats.commands += 1
+        f = self.faults
+        if f.down:
+            self.stats.failed_commands += 1
+            return CommandOutcome(False, error="simulated: batch controller not responding", transient=True)
+        if f.failing_commands > 0:
+            f.failing_commands -= 1
+            self.stats.failed_commands += 1
+            return CommandOutcome(False, error="simulated: command timed out", transient=True)
+        instance_id = instance_id or self.command_context
+        if self.flavor == "htcondor":
+            return self._execute_condor(action, node, reason, force)
+        if action == "add":
+            # the node exists at once; it is up when its daemon (on a running VM) registers
+            if not self.inner.add_node(node, cores or 1, instance_id=instance_id, up=False):
+                n = self.inner.node(node)
+                if n is not None and instance_id and n.instance_id is None:
+                    n.instance_id = instance_id
+                return CommandOutcome(True, output=f"node {node} already exists")
+            vm = self.serving.get(node)
+            if vm is not None:
+                self.world.after(self._rng.uniform(*self.register_seconds),
+                                 lambda: self._register(node, vm), f"batch register {node}")
+            return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
+        return self.inner.execute(action, node, cores=cores, address=address, reason=reason, force=force)
+
+    def _execute_condor(self, action: str, node: str, reason: str, force: bool) -> CommandOutcome:
+        name = node if node.endswith("." + self.fqdn_suffix) else self.batch_name(node)
+        if action == "add":
+            return CommandOutcome(True, output="htcondor: startds join by themselves")
+        if action == "remove":
+            vm = self.serving.get(name)
+            out = self.inner.execute("remove", name, reason=reason, force=force)
+            if out.ok and vm is not None:
+                self.retired.add(vm.cloud_id)
+            return out
+        return self.inner.execute(action, name, reason=reason, force=force)

@@ -1,0 +1,250 @@
+"""The message bus of a run: RabbitMQ's delivery semantics, with every delivery in the world's hands.
+
+What it models (and why each matters to the invariants):
+
+* the topology of ``common.topology``: a domain's snapshots go to its latest-value snapshot
+  queue (one message deep: a newer snapshot replaces one still waiting); instance events,
+  instance reports and command results to the decision engines' input queue; launches and
+  terminations to the provisioners' work queue; node commands to their domain's sensor queue;
+  policy changes to the engines' control queue; decision records, policy outcomes and alerts
+  only to taps (the world's observers);
+* durable queues: a message waits in its queue while no consumer is connected, and is
+  delivered when one (re)connects;
+* single-active-consumer (the engines' queues): only the first connected consumer receives;
+  when its connection goes, the broker hands the queue to the next one;
+* competing consumers (the provisioners' queue): round robin over the connected ones;
+* manual acks: a consumer that crashes while handling a message leaves it unacked, and the
+  broker redelivers it; a handler that raises is retried ``max_attempts`` times with the
+  runtime's backoff, then dead-lettered (``common.runtime.Service._handle``);
+* faults (``MessageFaults``): every delivery may be delayed, duplicated or lost, and with
+  enough jitter messages overtake each other (reordering); the broker itself may be down
+  (publishes fail, nothing is delivered) and one process's connection may drop.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from epu.common.messages import Message
+from epu.sim.world import World
+
+
+class Crash(BaseException):
+    """Raised inside a process to kill it on the spot (a crash at any step). A BaseException,
+    so the cores' ``except Exception`` clauses do not swallow it, as they would not swallow a
+    SIGKILL."""
+
+
+@dataclass
+class MessageFaults:
+    latency: tuple[float, float] = (0.002, 0.02)
+    """Every delivery takes this long (uniform, seconds)."""
+    delay_rate: float = 0.0
+    """Share of deliveries held back by ``delay_seconds`` more (a slow consumer, a busy broker)."""
+    delay_seconds: tuple[float, float] = (1.0, 30.0)
+    duplicate_rate: float = 0.0
+    """Share of deliveries delivered twice (a redelivery after a lost ack)."""
+    loss_rate: float = 0.0
+    """Share of events lost (published without a confirm while the broker failed over)."""
+    reorder_jitter: float = 0.0
+    """Extra uniform jitter per delivery (seconds): enough of it and messages overtake."""
+
+
+@dataclass
+class Consumer:
+    owner: Any
+    """The process (``processes.Proc``) that consumes; its ``connected`` says if it can receive."""
+    handler: Callable[[Message], None]
+
+
+@dataclass
+class SimQueue:
+    name: str
+    mode: str
+    """``sac`` (single active consumer), ``competing`` or ``single``."""
+    consumers: list[Consumer] = field(default_factory=list)
+    backlog: deque[tuple[Message, int]] = field(default_factory=deque)
+    latest_value: bool = False
+    """One message deep (x-max-length 1, drop-head): a waiting message is replaced by a newer one."""
+    rr: int = 0
+    active: Consumer | None = None
+    """The single active consumer, as the broker chose it (sac queues)."""
+
+    def pick(self) -> Consumer | None:
+        """The consumer the broker gives the next message to: among those it believes connected
+        (``registered``). Whether that consumer really gets it is ``deliverable``'s question."""
+        live = [c for c in self.consumers if c.owner.registered]
+        if not live:
+            self.active = None
+            return None
+        if self.mode == "sac":
+            if self.active is None or self.active not in live:
+                self.active = live[0]
+            return self.active
+        self.rr = (self.rr + 1) % len(live)
+        return live[self.rr]
+
+
+@dataclass
+class BusStats:
+    published: int = 0
+    delivered: int = 0
+    duplicated: int = 0
+    lost: int = 0
+    dead_lettered: int = 0
+    redelivered: int = 0
+
+
+def snapshot_queue(domain: str) -> str:
+    return f"decision.snapshot.{domain}"
+
+
+def route(msg: Message) -> tuple[str, ...]:
+    """The queues a message reaches (``common.topology``'s bindings)."""
+    t = msg.TYPE
+    if t == "sensor.snapshot":
+        return (snapshot_queue(msg.domain),)  # type: ignore[attr-defined]
+    if t in ("instance.state", "instance.report", "node.result"):
+        return ("decision.input",)
+    if t in ("instance.launch", "instance.terminate"):
+        return ("provisioner",)
+    if t == "node.command":
+        return (f"sensor.{msg.domain}",)  # type: ignore[attr-defined]
+    if t == "policy.change":
+        return ("decision.control",)
+    return ()
+
+
+class Bus:
+    MAX_ATTEMPTS = 3
+    RETRY_BASE = 0.2
+
+    def __init__(self, world: World, faults: MessageFaults | None = None) -> None:
+        self.world = world
+        self.faults = faults or MessageFaults()
+        self.queues: dict[str, SimQueue] = {}
+        self.broker_up = True
+        self.enabled = True
+        """Faults apply only while enabled."""
+        self.taps: list[Callable[[Message, Any], None]] = []
+        """Called with (message, sender) for every message accepted by the broker."""
+        self.stats = BusStats()
+        self._rng = world.rng("bus")
+
+    def queue(self, name: str, mode: str = "single", latest_value: bool = False) -> SimQueue:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = SimQueue(name, mode, latest_value=latest_value)
+        return q
+
+    def subscribe(self, name: str, mode: str, owner: Any, handler: Callable[[Message], None],
+                  latest_value: bool = False) -> Consumer:
+        c = Consumer(owner, handler)
+        q = self.queue(name, mode, latest_value)
+        q.mode, q.latest_value = mode, q.latest_value or latest_value
+        q.consumers.append(c)
+        return c
+
+    def _wait(self, q: SimQueue, msg: Message, attempt: int) -> None:
+        if q.latest_value:
+            q.backlog.clear()  # drop-head: the newest replaces what waited
+        q.backlog.append((msg, attempt))
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, sender: Any, msg: Message) -> None:
+        """What a process's ``publish`` does: refused while the broker or the sender's connection
+        is down (the caller sees an error, as with a failed confirm)."""
+        if not self.broker_up or (sender is not None and not sender.connected):
+            raise ConnectionError(f"simulated: {'broker down' if not self.broker_up else 'connection lost'}")
+        self.stats.published += 1
+        for tap in self.taps:
+            tap(msg, sender)
+        f = self.faults
+        for name in route(msg):
+            if self.enabled and f.loss_rate and msg.TYPE != "policy.change" and self._rng.random() < f.loss_rate:
+                self.stats.lost += 1
+                self.world.note(f"lost {msg.TYPE} to {name}")
+                continue
+            q = self.queue(name)
+            self._send(q, msg, self._delay())
+            if self.enabled and f.duplicate_rate and self._rng.random() < f.duplicate_rate:
+                self.stats.duplicated += 1
+                self._send(q, msg, self._delay() + self._rng.uniform(0.0, 5.0))
+
+    def _delay(self) -> float:
+        f = self.faults
+        lo, hi = f.latency
+        d = lo + self._rng.random() * (hi - lo)
+        if self.enabled:
+            if f.reorder_jitter:
+                d += self._rng.random() * f.reorder_jitter
+            if f.delay_rate and self._rng.random() < f.delay_rate:
+                a, b = f.delay_seconds
+                d += a + self._rng.random() * (b - a)
+        return d
+
+    def _send(self, q: SimQueue, msg: Message, delay: float, attempt: int = 1) -> None:
+        self.world.after(delay, lambda: self._deliver(q, msg, attempt), f"deliver {msg.TYPE} to {q.name}")
+
+    # ------------------------------------------------------------------ delivery
+    def _deliver(self, q: SimQueue, msg: Message, attempt: int) -> None:
+        if not self.broker_up:
+            self._wait(q, msg, attempt)
+            return
+        c = q.pick()
+        if c is None or not c.owner.receiving:
+            # nobody to deliver to, or the broker's consumer cannot be reached (its link is
+            # down and the broker has not noticed yet): the message waits, unacked
+            self._wait(q, msg, attempt)
+            return
+        self._deliver_to(q, c, msg, attempt)
+
+    def _retry(self, q: SimQueue, c: Consumer, msg: Message, attempt: int) -> None:
+        if not (self.broker_up and c.owner.receiving and c.owner.registered):
+            self._wait(q, msg, attempt)  # unacked when the connection went: redelivered
+            return
+        self._deliver_to(q, c, msg, attempt)
+
+    def _deliver_to(self, q: SimQueue, c: Consumer, msg: Message, attempt: int) -> None:
+        self.stats.delivered += 1
+        try:
+            c.handler(msg)
+        except Crash:
+            self.stats.redelivered += 1
+            c.owner.crash("while handling " + msg.TYPE)
+            self._wait(q, msg, 1)
+            self.flush(q)
+        except Exception as exc:
+            if attempt >= self.MAX_ATTEMPTS:
+                self.stats.dead_lettered += 1
+                self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: {type(exc).__name__}")
+                c.owner.dead_letter(msg, exc)
+                return
+            self.world.after(self.RETRY_BASE * 2 ** (attempt - 1),
+                             lambda: self._retry(q, c, msg, attempt + 1), f"retry {msg.TYPE}")
+
+    def flush(self, q: SimQueue | None = None) -> None:
+        """A consumer (re)connected or the broker is back: deliver what waited, in order."""
+        for queue in [q] if q is not None else list(self.queues.values()):
+            if not queue.backlog:
+                continue
+            waiting, queue.backlog = queue.backlog, deque()
+            for i, (msg, attempt) in enumerate(waiting):
+                self._send(queue, msg, 0.001 * (i + 1), attempt)
+
+    def set_broker(self, up: bool) -> None:
+        self.broker_up = up
+        self.world.note(f"broker {'up' if up else 'down'}")
+        if up:
+            self.flush()
+
+    def sac_holder(self, name: str) -> Any:
+        """The process the broker currently delivers ``name`` to (sac queues), or ``None``."""
+        q = self.queues.get(name)
+        if q is None or not self.broker_up:
+            return None
+        c = q.pick()
+        return c.owner if c is not None else None

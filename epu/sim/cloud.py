@@ -1,0 +1,327 @@
+"""The simulated cloud: one account in virtual time, behind a real libcloud ``NodeDriver``.
+
+Why not ``services/provisioner/sim.py``: that driver keeps its nodes in a SQLite file so that
+several processes share one cloud, draws ids from ``uuid`` and sleeps for API latency. The
+simulator needs a cloud that lives in memory, takes its ids and every random choice from the
+world's seeded streams, models latency as virtual time, and lets the world see every call
+(who destroyed what, on whose behalf) to check the invariants. The provisioner still talks to
+it through ``LibcloudSite`` exactly as to EC2: ``create_node`` with a client token and tags,
+``list_nodes``, ``destroy_node``, errors worded like EC2's.
+
+Each provisioner gets its own ``SimNodeDriver`` (its credentials) on the shared ``SimCloud``
+(the account): the cloud knows which provisioner created and destroyed each node.
+
+Faults (``CloudFaults``, all off by default): transient API errors, capacity errors, a create
+whose answer is lost, boots that never finish, slow boots, listings that omit live nodes (one
+poll or a burst of polls), nodes that vanish for real, preemption.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from libcloud.common.exceptions import BaseHTTPError
+from libcloud.common.types import LibcloudError
+from libcloud.compute.base import Node, NodeDriver, NodeImage, NodeLocation, NodeSize
+from libcloud.compute.types import NodeState
+
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_LAUNCH
+from epu.sim.world import World
+
+
+@dataclass
+class CloudFaults:
+    """Knobs of one cloud account. Rates are per call (API errors) or per node (boots)."""
+
+    transient_error_rate: float = 0.0
+    """A call fails with a 503 (retried by the provisioner)."""
+    capacity_error_rate: float = 0.0
+    """A create fails with InsufficientInstanceCapacity (the engine fails over)."""
+    lost_answer_rate: float = 0.0
+    """A create succeeds but its answer is lost (504): the client token must save us."""
+    never_boot_rate: float = 0.0
+    """A node stays PENDING forever."""
+    slow_boot_rate: float = 0.0
+    """A node boots after ``slow_boot_seconds`` (past the stall limit)."""
+    slow_boot_seconds: float = 900.0
+    boot_failure_rate: float = 0.0
+    """A node ends in ERROR instead of RUNNING."""
+    partial_listing_rate: float = 0.0
+    """A listing omits some live nodes (an OpenStack cell down, a lost page)..."""
+    partial_listing_polls: tuple[int, int] = (1, 1)
+    """... for this many consecutive listings (min, max)."""
+    partial_listing_share: float = 0.5
+    """Share of live nodes a partial listing omits."""
+    vanish_rate_per_hour: float = 0.0
+    """Per live node and hour: deleted behind our back, without a trace."""
+    preempt_rate_per_hour: float = 0.0
+    """Per live node and hour: terminated by the cloud (spot reclaim), listed as TERMINATED."""
+
+
+@dataclass
+class VM:
+    cloud_id: str
+    name: str
+    tags: dict[str, str]
+    token: str | None
+    created_at: float
+    boot_at: float
+    boot_fails: bool
+    created_by: str
+    site: str = ""
+    terminated_at: float | None = None
+    destroyed_by: str | None = None
+    cause: str = ""
+    seq: int = 0
+
+    @property
+    def launch_id(self) -> str | None:
+        return self.tags.get(TAG_LAUNCH)
+
+    @property
+    def domain(self) -> str | None:
+        return self.tags.get(TAG_DOMAIN)
+
+    def running(self, now: float) -> bool:
+        return self.terminated_at is None and not self.boot_fails and now >= self.boot_at
+
+    @property
+    def live(self) -> bool:
+        """Exists (and is billed): not terminated, whatever its boot did."""
+        return self.terminated_at is None
+
+
+@dataclass
+class CloudStats:
+    creates: int = 0
+    destroys: int = 0
+    lists: int = 0
+    errors: int = 0
+    preempted: int = 0
+    vanished: int = 0
+    partial_listings: int = 0
+
+
+class SimCloud:
+    """One cloud account (all of a site's nodes, whoever created them)."""
+
+    def __init__(self, world: World, name: str, *, quota: int | None = None,
+                 boot_seconds: tuple[float, float] = (60.0, 180.0), terminated_linger: float = 120.0,
+                 faults: CloudFaults | None = None,
+                 boot_time: Callable[[random.Random], float] | None = None) -> None:
+        self.world = world
+        self.name = name
+        self.quota = quota
+        self.boot_seconds = boot_seconds
+        self.boot_time = boot_time
+        """Draws a boot time from the cloud's stream (``epu simulate``'s cloud models); None:
+        uniform over ``boot_seconds``."""
+        self.terminated_linger = terminated_linger
+        self.faults = faults or CloudFaults()
+        self.enabled = True
+        """Faults apply only while enabled (the world turns them off for the quiet tail)."""
+        self.vms: dict[str, VM] = {}
+        self._current: dict[str, VM] = {}
+        """The VMs a listing may still show (live, or terminated less than ``terminated_linger``
+        ago): listings and the quota check cost O(live nodes), not O(every node ever made)."""
+        self.by_token: dict[str, str] = {}
+        self.stats = CloudStats()
+        self._ids = 0
+        self._rng = world.rng(f"cloud/{name}")
+        self._partial_left = 0
+        self.on_running: list[Callable[[VM], None]] = []
+        """Called when a node finishes booting (the batch system links its daemon)."""
+        self.on_gone: list[Callable[[VM, str], None]] = []
+        """Called when a node stops existing for the batch system (destroyed, preempted, vanished)."""
+        self.before_destroy: list[Callable[[VM, str], None]] = []
+        """Called with (node, caller) before a destroy call takes effect (invariant checks)."""
+        self.on_create: list[Callable[[VM], None]] = []
+        """Called when a create call made a node (the checker notes whose store it belongs to)."""
+
+    # ------------------------------------------------------------------ world side
+    def driver(self, caller: str) -> SimNodeDriver:
+        return SimNodeDriver(self, caller)
+
+    def live_vms(self) -> list[VM]:
+        return [v for v in self._current.values() if v.live]
+
+    def _fault(self, rate: float) -> bool:
+        return self.enabled and rate > 0 and self._rng.random() < rate
+
+    def _schedule_life(self, vm: VM) -> None:
+        """Boot completion, and the random end a node may meet (vanish, preemption)."""
+        if math.isfinite(vm.boot_at) and not vm.boot_fails:
+            self.world.at(vm.boot_at, lambda: self._booted(vm), f"cloud {self.name} booted {vm.cloud_id}")
+        for rate, kind in ((self.faults.vanish_rate_per_hour, "vanish"), (self.faults.preempt_rate_per_hour, "preempt")):
+            if self.enabled and rate > 0:
+                when = vm.created_at + self._rng.expovariate(rate / 3600.0)
+                self.world.at(when, lambda kind=kind: self._accident(vm, kind), f"cloud {self.name} {kind} {vm.cloud_id}")
+
+    def _booted(self, vm: VM) -> None:
+        if vm.terminated_at is None:
+            for fn in self.on_running:
+                fn(vm)
+
+    def _accident(self, vm: VM, kind: str) -> None:
+        if vm.terminated_at is not None or not self.enabled:
+            return
+        self._end(vm, kind, by=None)
+        if kind == "vanish":
+            self.stats.vanished += 1
+            del self.vms[vm.cloud_id]
+            self._current.pop(vm.cloud_id, None)
+            if vm.token:
+                self.by_token.pop(vm.token, None)
+        else:
+            self.stats.preempted += 1
+
+    def _end(self, vm: VM, cause: str, by: str | None) -> None:
+        vm.terminated_at = self.world.t
+        vm.destroyed_by = by
+        vm.cause = cause
+        for fn in self.on_gone:
+            fn(vm, cause)
+
+    # ------------------------------------------------------------------ API (through the driver)
+    def _api(self, call: str) -> None:
+        f = self.faults
+        if self._fault(f.transient_error_rate):
+            self.stats.errors += 1
+            raise BaseHTTPError(503, f"ServiceUnavailable: simulated transient error on {call}")
+
+    def create(self, caller: str, name: str, tags: dict[str, str], token: str | None) -> VM:
+        self._api("create")
+        f = self.faults
+        if token and token in self.by_token:
+            return self.vms[self.by_token[token]]
+        if self._fault(f.capacity_error_rate):
+            self.stats.errors += 1
+            raise LibcloudError("InsufficientInstanceCapacity: simulated: no capacity for this size", None)
+        if self.quota is not None and sum(1 for v in self._current.values() if v.terminated_at is None) >= self.quota:
+            raise LibcloudError(f"InstanceLimitExceeded: quota of {self.quota} instances reached", None)
+        now = self.world.t
+        if self.boot_time is not None:
+            boot = self.boot_time(self._rng)
+        else:
+            lo, hi = self.boot_seconds
+            boot = lo + self._rng.random() * (hi - lo)
+        if self._fault(f.never_boot_rate):
+            boot = math.inf
+        elif self._fault(f.slow_boot_rate):
+            boot = f.slow_boot_seconds * (1 + self._rng.random() * 0.2)
+        fails = self._fault(f.boot_failure_rate)
+        self._ids += 1
+        vm = VM(cloud_id=f"{self.name}-{self._ids:05d}", name=name, tags=dict(tags), token=token,
+                created_at=now, boot_at=now + boot, boot_fails=fails, created_by=caller, site=self.name,
+                seq=self._ids)
+        self.vms[vm.cloud_id] = vm
+        self._current[vm.cloud_id] = vm
+        if token:
+            self.by_token[token] = vm.cloud_id
+        self.stats.creates += 1
+        self.world.note(f"create {vm.cloud_id} {vm.launch_id} by {caller}")
+        for fn in self.on_create:
+            fn(vm)
+        self._schedule_life(vm)
+        if self._fault(f.lost_answer_rate):
+            raise BaseHTTPError(504, "GatewayTimeout: simulated: the node was created but the answer was lost")
+        return vm
+
+    def list(self, caller: str) -> list[VM]:
+        self._api("list")
+        self.stats.lists += 1
+        now = self.world.t
+        for gone in [k for k, v in self._current.items()
+                     if v.terminated_at is not None and v.terminated_at <= now - self.terminated_linger]:
+            del self._current[gone]
+        out = list(self._current.values())
+        f = self.faults
+        if self._partial_left <= 0 and self._fault(f.partial_listing_rate):
+            lo, hi = f.partial_listing_polls
+            self._partial_left = self._rng.randint(lo, hi)
+        if self._partial_left > 0 and self.enabled:
+            self._partial_left -= 1
+            self.stats.partial_listings += 1
+            keep = [v for v in out if not (v.terminated_at is None and self._rng.random() < f.partial_listing_share)]
+            self.world.note(f"partial listing {self.name}: {len(out) - len(keep)} omitted")
+            return keep
+        return out
+
+    def destroy(self, caller: str, cloud_id: str) -> None:
+        self._api("destroy")
+        vm = self.vms.get(cloud_id)
+        if vm is None:
+            raise LibcloudError(f"InvalidInstanceID.NotFound: the instance ID '{cloud_id}' does not exist", None)
+        if vm.terminated_at is not None:
+            return
+        for fn in self.before_destroy:
+            fn(vm, caller)
+        self.stats.destroys += 1
+        self.world.note(f"destroy {cloud_id} by {caller}")
+        self._end(vm, "destroyed", by=caller)
+
+
+class SimNodeDriver(NodeDriver):
+    """libcloud's interface over a ``SimCloud``, for one caller (a provisioner's credentials)."""
+
+    type = "epu-sim-world"
+    name = "EPU simulator cloud"
+    website = "https://example.invalid/epu-sim"
+    features = {"create_node": []}
+
+    def __init__(self, cloud: SimCloud, caller: str) -> None:
+        super().__init__(key="sim", secret=None, secure=False)
+        self.cloud = cloud
+        self.caller = caller
+        self.client_tokens = True
+        self.on_created: Callable[[], None] | None = None
+
+    def _node(self, vm: VM) -> Node:
+        now = self.cloud.world.t
+        if vm.terminated_at is not None:
+            state = NodeState.TERMINATED
+        elif vm.boot_fails and now >= vm.boot_at:
+            state = NodeState.ERROR
+        elif now < vm.boot_at:
+            state = NodeState.PENDING
+        else:
+            state = NodeState.RUNNING
+        ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"
+        return Node(id=vm.cloud_id, name=vm.name, state=state,
+                    public_ips=[ip] if state == NodeState.RUNNING else [],
+                    private_ips=[ip] if state != NodeState.TERMINATED else [], driver=self,
+                    extra={"tags": dict(vm.tags)}, created_at=datetime.fromtimestamp(vm.created_at, UTC))
+
+    def create_node(self, name: str, size: NodeSize, image: NodeImage, location: NodeLocation | None = None,
+                    auth: Any = None, ex_metadata: dict[str, str] | None = None,
+                    ex_userdata: str | None = None, ex_clienttoken: str | None = None,
+                    **_kwargs: Any) -> Node:
+        vm = self.cloud.create(self.caller, name, dict(ex_metadata or {}),
+                               ex_clienttoken if self.client_tokens else None)
+        if self.on_created is not None:
+            self.on_created()  # the world may kill the caller here: the node exists, the answer is lost
+        return self._node(vm)
+
+    def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
+        return [self._node(v) for v in self.cloud.list(self.caller)]
+
+    def destroy_node(self, node: Node) -> bool:
+        self.cloud.destroy(self.caller, str(node.id))
+        return True
+
+    def list_images(self, location: NodeLocation | None = None, ex_owner: Any = None) -> list[NodeImage]:
+        return [NodeImage(id="sim-image", name="sim-image", driver=self)]
+
+    def list_sizes(self, location: NodeLocation | None = None) -> list[NodeSize]:
+        return []
+
+    def list_locations(self) -> list[NodeLocation]:
+        return []
+
+
+__all__ = ["TAG_DEPLOYMENT", "CloudFaults", "SimCloud", "SimNodeDriver", "VM"]

@@ -1,0 +1,343 @@
+"""Fault schedules: each function returns a ``Fault`` that, given a simulation, schedules one
+kind of trouble over the fault phase at random times drawn from the world's streams.
+
+Knobs that are rates on every call (cloud API errors, message delays...) live in
+``CloudFaults`` and ``MessageFaults`` on the scenario; the ones here are *episodes* — a
+crash, an outage, a window of partial snapshots — with a start and an end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from epu.common.messages import PolicyChange, new_id
+from epu.sim.bus import snapshot_queue
+from epu.sim.scenario import Fault
+
+if TYPE_CHECKING:
+    from epu.sim.processes import Proc
+    from epu.sim.simulation import Simulation
+
+
+def _episodes(sim: Simulation, stream: str, per_hour: float, length: tuple[float, float],
+              start: Callable[[], None], stop: Callable[[], None], *, first_after: float = 600.0) -> None:
+    """Poisson episodes over the fault phase; each runs ``start`` then ``stop`` after a length
+    drawn from ``length``. Episodes do not overlap."""
+    rng = sim.world.rng(stream)
+    t = sim.world.start + first_after
+    while per_hour > 0:
+        t += rng.expovariate(per_hour / 3600.0)
+        if t >= sim.fault_end:
+            break
+        dur = rng.uniform(*length)
+        sim.world.at(t, start, f"fault {stream} start")
+        sim.world.at(min(t + dur, sim.fault_end), stop, f"fault {stream} stop")
+        t += dur
+
+
+def _restart_later(sim: Simulation, proc: Proc, down: tuple[float, float], stream: str) -> None:
+    delay = sim.world.rng(stream).uniform(*down)
+
+    def up() -> None:
+        if not proc.alive:
+            proc.start()
+            sim.pipeline_changed()
+
+    sim.world.after(delay, up, f"restart {proc.name}")
+
+
+# ---------------------------------------------------------------------- processes
+
+
+def crashes(kind: str, per_hour: float, down: tuple[float, float] = (5.0, 120.0),
+            mid_step: float = 0.5) -> Fault:
+    """Crash a process of ``kind`` (decision, provisioner, sensor) at random times, restarting it
+    from its store after ``down`` seconds. With probability ``mid_step`` the crash hits inside
+    a step — at its next publish, between storing a plan and sending it, before a store write,
+    or right after a cloud create returned — instead of between two steps."""
+
+    def fault(sim: Simulation) -> None:
+        procs = [p for p in sim.procs if p.kind == kind]
+        if not procs:
+            return
+        rng = sim.world.rng(f"crash/{kind}")
+        t = sim.world.start + 300.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end:
+                break
+            proc = rng.choice(procs)
+            how = rng.random()
+            where = rng.choice(("publish", "commit-after", "commit-before", "write", "create"))
+
+            def hit(proc: Proc = proc, how: float = how, where: str = where) -> None:
+                if not proc.alive:
+                    return
+                if how < mid_step:
+                    if where == "publish":
+                        proc.crash_at_publish = 1 + int(sim.world.rng("crash/n").random() * 3)
+                    elif where.startswith("commit") and proc.kind == "decision":
+                        proc.crash_at_commit = where.split("-")[1]  # type: ignore[attr-defined]
+                    elif where == "write" and proc.kind == "provisioner":
+                        proc.store_faults.crash_next_write = True  # type: ignore[attr-defined]
+                    elif where == "create" and proc.kind == "provisioner":
+                        proc.crash_after_create = True  # type: ignore[attr-defined]
+                    else:
+                        proc.crash_at_publish = 1
+
+                    def disarm() -> None:  # never armed past the fault phase
+                        proc.crash_at_publish = 0
+
+                    sim.world.at(sim.fault_end - 1.0, disarm, "disarm")
+                else:
+                    proc.crash("fault: killed")  # ``watch`` below restarts it
+
+            sim.world.at(t, hit, f"fault crash {kind}")
+
+        def watch(proc: Proc) -> None:
+            sim.pipeline_changed()
+            if sim.world.t < sim.fault_end:
+                _restart_later(sim, proc, down, f"crash/{kind}/down")
+
+        for p in procs:
+            p.on_crash.append(watch)
+
+    return fault
+
+
+def broker_outages(per_hour: float, length: tuple[float, float] = (10.0, 300.0)) -> Fault:
+    """RabbitMQ down: every publish fails, nothing is delivered; the runtimes notice within
+    seconds and reconnect when it is back."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("broker/notice")
+
+        def flip(up: bool) -> None:
+            if sim.bus.broker_up == up:
+                return
+            sim.bus.set_broker(up)
+            for p in sim.procs:
+                p.broker_changed(up, rng.uniform(0.5, 10.0))
+            sim.pipeline_changed()
+
+        _episodes(sim, "broker", per_hour, length, lambda: flip(False), lambda: flip(True))
+
+    return fault
+
+
+def engine_partition(per_hour: float, length: tuple[float, float] = (30.0, 600.0),
+                     broker_notices: tuple[float, float] = (10.0, 60.0),
+                     engine_notices: tuple[float, float] = (0.0, 90.0)) -> Fault:
+    """The active engine's broker connection drops (its host is cut off) while a standby runs:
+    the broker hands the input queue to the standby after a heartbeat timeout, and the cut-off
+    engine notices on its own schedule, then reconnects when the network is back."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("partition")
+        victim: list[Proc] = []
+
+        def start() -> None:
+            holder = sim.bus.sac_holder(snapshot_queue(sim.domain))
+            if holder is None or not holder.link_up:
+                return
+            victim.append(holder)
+            holder.drop_link(rng.uniform(*broker_notices), rng.uniform(*engine_notices))
+            sim.pipeline_changed()
+
+        def stop() -> None:
+            while victim:
+                p = victim.pop()
+                p.restore_link(rng.uniform(1.0, 30.0))
+            sim.pipeline_changed()
+
+        _episodes(sim, "partition", per_hour, length, start, stop)
+
+    return fault
+
+
+def store_write_failures(per_hour: float, length: tuple[float, float] = (1.0, 10.0),
+                         which: str = "both") -> Fault:
+    """The database refuses writes for a few seconds ("database is locked", a failover)."""
+
+    def fault(sim: Simulation) -> None:
+        targets = []
+        if which in ("both", "decision"):
+            targets.append(sim.decision_faults)
+        if which in ("both", "provisioner"):
+            targets += list(sim.provisioner_faults.values())
+        rng = sim.world.rng("store/which")
+
+        def start() -> None:
+            f = rng.choice(targets)
+            f.failing_until = sim.world.t + rng.uniform(*length)
+
+        _episodes(sim, "store", per_hour, (0.0, 0.0), start, lambda: None)
+
+    return fault
+
+
+# ---------------------------------------------------------------------- batch system
+
+
+def batch_outages(per_hour: float, length: tuple[float, float] = (30.0, 900.0)) -> Fault:
+    """The batch controller is down: snapshots ``available=False``, commands fail transiently."""
+
+    def fault(sim: Simulation) -> None:
+        def flip(down: bool) -> None:
+            sim.batch.faults.down = down
+            sim.pipeline_changed()
+
+        _episodes(sim, "batch/down", per_hour, length, lambda: flip(True), lambda: flip(False))
+
+    return fault
+
+
+def nodes_missing(per_hour: float, share: tuple[float, float] = (0.2, 1.0),
+                  length: tuple[float, float] = (30.0, 400.0)) -> Fault:
+    """Nodes vanish from snapshots while they keep running jobs (an HTCondor collector
+    restart, a slurmctld restart): ``share`` of them, for a while."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("batch/missing/share")
+
+        def start() -> None:
+            sim.batch.faults.missing_share = rng.uniform(*share)
+
+        def stop() -> None:
+            sim.batch.faults.missing_share = 0.0
+
+        _episodes(sim, "batch/missing", per_hour, length, start, stop)
+
+    return fault
+
+
+def stale_snapshots(per_hour: float, age: tuple[float, float] = (60.0, 600.0),
+                    length: tuple[float, float] = (60.0, 600.0)) -> Fault:
+    """Snapshots show the cluster as it was ``age`` seconds ago, for a while."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("batch/stale/age")
+
+        def start() -> None:
+            sim.batch.faults.stale_seconds = rng.uniform(*age)
+
+        def stop() -> None:
+            sim.batch.faults.stale_seconds = 0.0
+
+        _episodes(sim, "batch/stale", per_hour, length, start, stop)
+
+    return fault
+
+
+def sensor_clock_steps(per_hour: float, step: tuple[float, float] = (30.0, 3600.0),
+                       length: tuple[float, float] = (60.0, 1800.0)) -> Fault:
+    """The sensor host's clock steps back by ``step`` seconds (NTP correction), then forward."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("sensor/clock/step")
+
+        def start() -> None:
+            sim.sensor.clock.offset = -rng.uniform(*step)
+
+        def stop() -> None:
+            sim.sensor.clock.offset = 0.0
+
+        _episodes(sim, "sensor/clock", per_hour, length, start, stop)
+
+    return fault
+
+
+def command_failures(per_hour: float, count: tuple[int, int] = (1, 4)) -> Fault:
+    """The next few node commands fail transiently (a timeout), then succeed."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("batch/cmdfail/n")
+
+        def start() -> None:
+            sim.batch.faults.failing_commands = rng.randint(*count)
+
+        _episodes(sim, "batch/cmdfail", per_hour, (0.0, 0.0), start, lambda: None)
+
+    return fault
+
+
+# ---------------------------------------------------------------------- operators
+
+
+def operator_actions(per_hour: float, *, terminate_share: float = 0.3, force_share: float = 0.3,
+                     pause_share: float = 0.2) -> Fault:
+    """An operator at random times: bounds changes, a pause (resumed later), an unforced or a
+    forced ``epu instances terminate`` of a random live instance."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("operator")
+        d = sim.scenario.domain
+        t = sim.world.start + 600.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end - 60:
+                break
+            r = rng.random()
+            if r < terminate_share:
+                sim.world.at(t, lambda force=rng.random() < force_share: _terminate_one(sim, force),
+                             "operator terminate")
+            elif r < terminate_share + pause_share:
+                sim.world.at(t, lambda: _change(sim, paused=True), "operator pause")
+                back = min(t + rng.uniform(60.0, 1800.0), sim.fault_end - 30)
+                sim.world.at(back, lambda: _change(sim, paused=False), "operator resume")
+            else:
+                hi = rng.randint(max(d.min_nodes, 2), d.max_nodes)
+                lo = rng.randint(0, min(hi, 3))
+                sim.world.at(t, lambda lo=lo, hi=hi: _change(sim, min_nodes=lo, max_nodes=hi), "operator bounds")
+        # give the domain its file bounds back for the quiet phase
+        sim.world.at(sim.fault_end - 20, lambda: _change(sim, min_nodes=d.min_nodes, max_nodes=d.max_nodes,
+                                                         paused=False), "operator restores bounds")
+
+    return fault
+
+
+def engine_restarts_with_file_edits(per_hour: float) -> Fault:
+    """An administrator edits the domain's section of the config file (``max_nodes`` one lower, or
+    back) and restarts the engine(s), at random times."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("file-edit")
+        d = sim.scenario.domain
+        t = sim.world.start + 900.0
+        edits = [0]
+
+        def restart() -> None:
+            edits[0] += 1
+            delta = edits[0] % 2
+            for e in sim.engines:
+                e.config = sim.edit_domain(max_nodes=d.max_nodes - delta)
+                e.crash("administrator restarts the engine after editing the file")
+                sim.world.after(rng.uniform(5.0, 60.0), e.start, f"restart {e.name}")
+            sim.pipeline_changed()
+
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end - 120:
+                break
+            sim.world.at(t, restart, "file edit and engine restart")
+
+    return fault
+
+
+def _change(sim: Simulation, **fields: object) -> None:
+    sim.operator.send(PolicyChange(change_id=new_id(), domain=sim.domain, operator="sim", **fields))  # type: ignore[arg-type]
+
+
+def _terminate_one(sim: Simulation, force: bool) -> None:
+    rng = sim.world.rng("operator/pick")
+    live = sorted((vm for c in sim.clouds.values() for vm in c.live_vms() if vm.domain == sim.domain),
+                  key=lambda v: v.cloud_id)
+    if not live:
+        return
+    vm = rng.choice(live)
+    if vm.launch_id is None:
+        return
+    sim.operator_terminate(vm.launch_id, force)
+
+

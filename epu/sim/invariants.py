@@ -1,0 +1,349 @@
+"""The six invariants, checked against the world's truth at every step of a run.
+
+The checker never asks a core what it believes; it looks at what physically happened in the
+world (which VM was destroyed, by whom, with which jobs on its node) and at what the
+engines committed and sent. Each check runs where the thing it judges happens:
+
+1. **No running job killed** — at every destroy call: the VM's batch node has no running job,
+   unless an operator terminated that instance with ``--force``.
+2. **No healthy instance destroyed** — at every destroy call by a provisioner: the VM was made
+   through that provisioner's own store (not another deployment's or another store's), and
+   that store's record for it asked for the end (terminating), failed, is a duplicate of the
+   launch, or does not exist. A record that is "terminated" although nobody asked for a
+   terminate (presumed gone) does not count as asking.
+3. **Never twice, never over** — at every create: one live VM per launch id, live VMs per site
+   and deployment within the site's quota; at every engine commit with launches: the
+   domain's active instances (world truth: not being retired, not over) within max_nodes.
+4. **One brain** — at every commit and command an engine sends: that engine is the one the
+   broker currently delivers the domain's input to (the single active consumer).
+5. **Convergence** — at the end of the quiet phase: no satisfiable job queued; live VMs down to
+   what the policy keeps at rest; every provisioner store equals the cloud (no orphan, no
+   ghost) and so does the engine's instance table; no batch node without a live VM.
+6. **No blame for our own outage** — at every commit that backs a site off: at most one new
+   failure per site, and an instance counted as stalled had ``stall_seconds`` of healthy
+   pipeline (broker, provisioner, engine, sensor and batch controller up) since its launch —
+   counting the outages longer than ``pipeline_gap_seconds``, the engine's stated resolution (a
+   sensor down between two polls is invisible to anyone downstream).
+7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
+   engine commits a new action for the domain, whatever restarts and file edits happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyOutcome, TerminateRequest
+from epu.sim.bus import snapshot_queue
+
+if TYPE_CHECKING:
+    from epu.sim.cloud import VM
+    from epu.sim.processes import EngineProc
+    from epu.sim.simulation import Simulation
+
+NAMES = {
+    1: "no running job killed",
+    2: "no healthy instance destroyed",
+    3: "never twice, never over",
+    4: "one brain",
+    5: "convergence",
+    6: "no blame for our own outage",
+    7: "operators are obeyed",
+}
+MAX_PER_RUN = 25
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: int
+    at: float
+    """Seconds since the start of the run."""
+    detail: str
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.invariant]
+
+    def __str__(self) -> str:
+        return f"invariant {self.invariant} ({self.name}) at t={self.at:.0f}s: {self.detail}"
+
+
+class Checker:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.world = sim.world
+        self.violations: list[Violation] = []
+        self.terminate_requested: set[str] = set()
+        """Launch ids some engine or operator asked to terminate."""
+        self.launched: dict[str, str] = {}
+        """Launch id → domain, for every launch an engine committed."""
+        self.retiring: set[str] = set()
+        """Launch ids being drained or terminated (an offline or a terminate was committed)."""
+        self.max_epoch: dict[str, int] = {}
+        self.paused = False
+        """The operator's pause as last applied (PolicyOutcome), whatever an engine believes now."""
+        self.store_of: dict[str, str] = {}
+        """VM id → the store (database) of the provisioner that created it, at that time."""
+        self.live_per_launch: dict[str, int] = {}
+        self.live_per_site: dict[str, int] = {}
+        self._ours = {p.name for p in sim.provisioners if p.spec.managed}  # type: ignore[attr-defined]
+        self._quotas = {s.name: s.quota for s in sim.scenario.sites}
+        self.live_by_domain: dict[str, set[str]] = {}
+        for cloud in sim.clouds.values():
+            cloud.before_destroy.append(self.on_destroy)
+            cloud.on_create.append(self.on_create)
+            cloud.on_gone.append(self._gone)
+        for e in sim.engines:
+            e.on_commit.append(self.on_commit)
+            e.on_send.append(self.on_send)
+        sim.bus.taps.append(self.on_message)
+        sim.batch.inner.on_kill.append(self.on_kill)
+
+    # ------------------------------------------------------------------ recording
+    def fail(self, invariant: int, detail: str) -> None:
+        if len(self.violations) >= MAX_PER_RUN:
+            return
+        v = Violation(invariant, self.world.elapsed, detail)
+        self.violations.append(v)
+        self.world.note(f"VIOLATION {v}")
+
+    def on_message(self, msg: Message, sender: Any) -> None:
+        if isinstance(msg, TerminateRequest):
+            self.terminate_requested.add(msg.instance_id)
+        elif isinstance(msg, PolicyOutcome) and msg.applied and msg.domain == self.sim.domain and msg.config \
+                and sender is not None and getattr(sender, "kind", "") == "decision" \
+                and msg.change_id in self.sim.operator.changes:
+            self.paused = bool(msg.config.get("paused"))
+
+    def on_kill(self, job_id: str, node: str, why: str) -> None:
+        """A batch node removed with ``force`` takes its jobs down: nothing in EPU may do that
+        (only an operator at the batch system's own console)."""
+        if why == "node removed by force":
+            self.fail(1, f"job {job_id} killed: node {node} removed by force")
+
+    def on_create(self, vm: VM) -> None:
+        creator = next((p for p in self.sim.provisioners if p.name == vm.created_by), None)
+        self.store_of[vm.cloud_id] = creator.spec.store if creator is not None else vm.created_by  # type: ignore[attr-defined]
+        self._created(vm)
+
+    # ------------------------------------------------------------------ 1 and 2: destroys
+    def on_destroy(self, vm: VM, caller: str) -> None:
+        sim = self.sim
+        lid = vm.launch_id or "?"
+        jobs = sim.batch.jobs_on_vm(vm)
+        if jobs and lid not in sim.operator.log.forced:
+            self.fail(1, f"{caller} destroyed {vm.cloud_id} (launch {lid}) while it ran job(s) "
+                         f"{', '.join(jobs[:5])}")
+        prov = next((p for p in sim.provisioners if p.name == caller), None)
+        if prov is None or lid in self.terminate_requested:
+            return  # asked for by an engine or an operator: not a sweep (invariant 1 still applies)
+        made_in = self.store_of.get(vm.cloud_id, vm.created_by)
+        if made_in != prov.spec.store:  # type: ignore[attr-defined]
+            self.fail(2, f"{caller} (store {prov.spec.store}) destroyed {vm.cloud_id} (launch {lid}) made "  # type: ignore[attr-defined]
+                         f"by {vm.created_by} through store {made_in} (another deployment or store)")
+            return
+        store = prov.store
+        rec = store.get(lid) if store is not None and vm.launch_id else None
+        if rec is None:
+            return  # unknown to this store (a lost or restored database): an orphan by its lights
+        if rec.cloud_id not in (None, vm.cloud_id):
+            return  # a duplicate node of a launch: sweeping it is right
+        if rec.state in ("failed", "terminating"):
+            return
+        if rec.state == "terminated":
+            self.fail(2, f"{caller} destroyed live {vm.cloud_id} (launch {lid}) whose record was only "
+                         f"presumed gone ({rec.reason[:80]})")
+            return
+        self.fail(2, f"{caller} destroyed {vm.cloud_id} (launch {lid}) whose record is {rec.state} "
+                     f"and was never asked to end")
+
+    # ------------------------------------------------------------------ 3: at creates
+    def _count(self, vm: VM, delta: int) -> None:
+        lid = vm.launch_id
+        if lid and vm.domain:
+            ids = self.live_by_domain.setdefault(vm.domain, set())
+            if delta > 0:
+                ids.add(lid)
+            else:
+                ids.discard(lid)
+        if lid:
+            n = self.live_per_launch.get(lid, 0) + delta
+            if n:
+                self.live_per_launch[lid] = n
+            else:
+                self.live_per_launch.pop(lid, None)
+        if vm.created_by in self._ours:
+            self.live_per_site[vm.site] = self.live_per_site.get(vm.site, 0) + delta
+
+    def _created(self, vm: VM) -> None:
+        self._count(vm, +1)
+        lid = vm.launch_id
+        if lid and self.live_per_launch.get(lid, 0) > 1:
+            self.fail(3, f"{self.live_per_launch[lid]} live VMs for launch {lid}")
+        site = vm.site
+        quota = self._quotas.get(site)
+        if vm.created_by in self._ours and quota is not None and self.live_per_site.get(site, 0) > quota:
+            self.fail(3, f"{self.live_per_site[site]} live VMs at {site} over its quota of {quota}")
+
+    def _gone(self, vm: VM, _cause: str) -> None:
+        self._count(vm, -1)
+
+    # ------------------------------------------------------------------ 3, 4, 6: engine commits
+    def on_send(self, proc: EngineProc, msg: Message) -> None:
+        if isinstance(msg, LaunchRequest | TerminateRequest | NodeCommand):
+            self._one_brain(proc, f"sent {msg.TYPE}")
+
+    def _one_brain(self, proc: EngineProc, what: str) -> None:
+        """Two brains. With fencing (every engine since issue 12): an engine acts only while the
+        shared store's lease of the domain names it, and never with an older epoch than one that
+        already acted. Without it: an engine acts while the broker hands the domain's snapshots to
+        another one. (Acting while nobody holds the queue — the broker is down — is one brain
+        acting on old news, which invariants 1 and 2 judge.)"""
+        domain = self.sim.domain
+        if proc.leases is not None:
+            from sqlalchemy import text
+
+            with self.sim.decision_db.connect() as conn:
+                row = conn.execute(text("SELECT holder, epoch, expires_at FROM decision_leases WHERE domain = :d"),
+                                   {"d": domain}).first()
+            if row is None or row.holder != proc.leases.holder or row.expires_at < self.world.t:
+                self.fail(4, f"{proc.name} {what} without holding the lease of {domain} "
+                             f"(held by {row.holder if row else 'nobody'})")
+                return
+            if row.epoch < self.max_epoch.get(domain, 0):
+                self.fail(4, f"{proc.name} {what} with lease epoch {row.epoch} after epoch "
+                             f"{self.max_epoch[domain]} acted")
+            self.max_epoch[domain] = max(self.max_epoch.get(domain, 0), row.epoch)
+            return
+        holder = self.sim.bus.sac_holder(snapshot_queue(domain))
+        if holder is not None and holder is not proc:
+            self.fail(4, f"{proc.name} {what} while {holder.name} is the active consumer")
+
+    def on_commit(self, proc: EngineProc, domain: str, plan: Any) -> None:
+        if not plan.actions:
+            return
+        self._one_brain(proc, f"committed {len(plan.actions)} action(s)")
+        if self.paused:
+            self.fail(7, f"{proc.name} committed {', '.join(sorted({p.kind for p in plan.actions}))} while an "
+                         "operator's pause is in force")
+        launches = 0
+        for p in plan.actions:
+            if p.kind == "launch":
+                self.launched[p.instance_id] = domain
+                self.retiring.discard(p.instance_id)
+                launches += 1
+            elif p.kind in ("terminate", "offline", "remove"):
+                self.retiring.add(p.instance_id)
+            elif p.kind == "online":
+                self.retiring.discard(p.instance_id)
+        if launches:
+            self._max_nodes(proc, domain)
+        self._blame(proc, plan)
+
+    def _max_nodes(self, proc: EngineProc, domain: str) -> None:
+        """Active = what the engine counts (its live, not retiring instances — launches still on their
+        way included) plus every live VM of the domain no engine is retiring (a VM the engine
+        believes gone but which runs counts: that is how "presumed gone" goes over the limit)."""
+        assert proc.engine is not None
+        current = proc.engine.store.current_config(domain)
+        if current is None:
+            return
+        limit = current[1].max_nodes
+        counted = {i.instance_id for i in proc.engine.store.instances(domain) if i.active}
+        running = {lid for lid in self.live_by_domain.get(domain, ()) if lid not in self.retiring}
+        active = len(counted | running)
+        if active > limit:
+            self.fail(3, f"{proc.name} launched with {active} active instances in {domain} (max_nodes={limit})")
+
+    def _blame(self, proc: EngineProc, plan: Any) -> None:
+        if not plan.sites:
+            return
+        before = getattr(plan, "_health_before", None)
+        stall = self.sim.scenario.timing.stall_seconds
+        stall = float(self.sim.scenario.domain.params.get("stall_seconds", stall))
+        now = self.world.t
+        for site, h in plan.sites.items():
+            prev = before.get(site) if before else None
+            if prev is not None and h.failures - prev.failures > 1:
+                self.fail(6, f"{proc.name} counted {h.failures - prev.failures} failures of {site} in one iteration")
+            new_stalls = h.stalls - (prev.stalls if prev is not None else 0)
+            if new_stalls <= 0:
+                continue
+            for p in plan.actions:
+                if p.kind != "terminate" or p.site != site or not p.reason.startswith("stalled"):
+                    continue
+                inst = plan.instances.get(p.instance_id)
+                if inst is None:
+                    continue
+                healthy = (now - inst.launched_at) - self.sim.outages.down_time(
+                    inst.launched_at, now, at_least=self.sim.config.decision.pipeline_gap_seconds)
+                if healthy < stall - 1e-6:
+                    self.fail(6, f"{site} blamed for {p.instance_id[:8]} stalling after only {healthy:.0f}s of "
+                                 f"healthy pipeline ({now - inst.launched_at:.0f}s since launch; limit {stall:.0f}s)")
+
+    # ------------------------------------------------------------------ 5: the end
+    def finish(self) -> None:
+        sim = self.sim
+        d = sim.scenario.domain
+        inner = sim.batch.inner
+        inner.advance()
+        waiting = [j for j in inner._queue
+                   if not j.held and j.cores <= d.cores_per_node and j.nodes <= d.max_nodes]
+        live = [vm for c in sim.clouds.values() for vm in c.vms.values()
+                if vm.terminated_at is None and vm.domain == d.name
+                and vm.created_by in {p.name for p in sim.provisioners if p.spec.managed}]  # type: ignore[attr-defined]
+        capacity = min(d.max_nodes, sum(s.quota for s in sim.scenario.sites))
+        if waiting and len(live) < capacity:  # a backlog the domain runs at full size is not a failure
+            self.fail(5, f"{len(waiting)} satisfiable job(s) still queued at the end with {len(live)} of "
+                         f"{capacity} nodes (e.g. {waiting[0].job_id}: {waiting[0].nodes}x{waiting[0].cores} cores)")
+        busy = [vm for vm in live if sim.batch.jobs_on_vm(vm)]
+        rest = rest_nodes(d)
+        if len(live) > max(rest, len(busy)):
+            self.fail(5, f"{len(live)} live VMs at the end, {len(busy)} busy; the policy keeps {rest} at rest")
+        # stores equal the cloud
+        by_store: dict[str, Any] = {}
+        for p in sim.provisioners:
+            spec = p.spec  # type: ignore[attr-defined]
+            if spec.managed and p.store is not None:
+                by_store.setdefault(spec.store, p.store)
+        live_ids = {vm.launch_id: vm for vm in live}
+        records: dict[str, Any] = {}
+        for store in by_store.values():
+            for r in store.list(active_only=True):
+                records[r.instance_id] = r
+        orphans = [lid for lid in live_ids if lid not in records]
+        ghosts = [r.instance_id for r in records.values() if r.instance_id not in live_ids]
+        if orphans:
+            self.fail(5, f"{len(orphans)} orphan VM(s) unknown to the provisioner store(s): {orphans[:3]}")
+        if ghosts:
+            self.fail(5, f"{len(ghosts)} ghost record(s) without a live VM: "
+                         f"{[(g[:8], records[g].state) for g in ghosts[:3]]}")
+        engine_live = self._engine_live(d.name)
+        if engine_live is not None:
+            e_ghosts = sorted(set(engine_live) - set(live_ids))
+            e_orphans = sorted(set(live_ids) - set(engine_live))
+            if e_ghosts:
+                self.fail(5, f"{len(e_ghosts)} instance(s) the engine believes live without a VM: "
+                             f"{[(g[:8], engine_live[g]) for g in e_ghosts[:3]]}")
+            if e_orphans:
+                self.fail(5, f"{len(e_orphans)} live VM(s) the engine does not track: {e_orphans[:3]}")
+        obs = inner.snapshot()
+        stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving]
+        if stale:
+            self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
+
+    def _engine_live(self, domain: str) -> dict[str, str] | None:
+        from epu.services.decision.store import Store
+
+        store = Store(self.sim.decision_db)
+        return {i.instance_id: i.state for i in store.instances(domain)}
+
+
+def rest_nodes(d: Any) -> int:
+    """How many nodes the domain's policy keeps with an empty queue."""
+    p = d.params
+    if d.policy == "spare":
+        return min(d.max_nodes, max(d.min_nodes, int(p.get("spare_nodes", 1))))
+    if d.policy == "fixed":
+        return min(d.max_nodes, max(d.min_nodes, int(p.get("nodes", 1))))
+    return d.min_nodes

@@ -1,0 +1,119 @@
+"""What a scenario is: a deployment, a workload, faults, and how long to run. Pure data.
+
+A scenario names one situation (``partial-listing``, ``engine-failover``...) and is run for
+many seeds; the seed draws everything the scenario leaves open (when each fault strikes,
+job sizes and arrival times, boot times, message delays). ``scenarios.py`` is the catalogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from epu.sim.bus import MessageFaults
+from epu.sim.cloud import CloudFaults
+
+if TYPE_CHECKING:
+    from epu.sim.simulation import Simulation
+
+
+@dataclass
+class SiteSpec:
+    name: str
+    quota: int = 40
+    """EPU's quota for the site ([sites.NAME] quota)."""
+    account_quota: int | None = None
+    """The cloud account's own limit (InstanceLimitExceeded); None = unlimited."""
+    price: float = 0.1
+    cores: int = 4
+    boot_seconds: tuple[float, float] = (60.0, 180.0)
+    faults: CloudFaults = field(default_factory=CloudFaults)
+    api_latency: tuple[float, float] = (0.2, 2.0)
+    """Seconds before a queued cloud task runs (the API's latency, in virtual time)."""
+
+
+@dataclass
+class DomainSpec:
+    name: str = "alpha"
+    policy: str = "queue-demand"
+    params: dict[str, Any] = field(default_factory=dict)
+    min_nodes: int = 0
+    max_nodes: int = 50
+    cores_per_node: int = 4
+    node_names: list[str] = field(default_factory=list)
+    """A Slurm CLOUD pool of pre-declared names (empty: generated names)."""
+    flavor: str = "slurm"
+    """slurm, torque or htcondor (see ``batch.py``)."""
+    report_identity: bool = True
+    """The backend reports NodeInfo.instance_id (False: names only)."""
+
+
+@dataclass
+class ProvisionerSpec:
+    name: str = "prov-1"
+    deployment: str | None = None
+    """``[provisioner] deployment``; ``None`` leaves it unset (the default)."""
+    store: str = "prov"
+    """Name of its store database: two provisioners with the same store share it."""
+    sites: list[str] | None = None
+    """Sites it holds credentials for (None: all)."""
+    managed: bool = True
+    """Consumes this deployment's work queue (False: another deployment's provisioner, idle here)."""
+
+
+@dataclass
+class Workload:
+    arrivals_per_hour: float = 40.0
+    burst_per_hour: float = 0.5
+    burst_jobs: tuple[int, int] = (10, 60)
+    cores: tuple[int, ...] = (1, 1, 2, 4)
+    nodes: tuple[int, ...] = (1, 1, 1, 1, 2)
+    duration: tuple[float, float] = (120.0, 1800.0)
+
+
+@dataclass
+class Timing:
+    iteration_seconds: float = 10.0
+    sensor_poll_seconds: float = 60.0
+    provisioner_poll_seconds: float = 30.0
+    reconcile_seconds: float = 300.0
+    orphan_grace_seconds: float = 600.0
+    outbox_seconds: float = 60.0
+    stall_seconds: float = 600.0
+    resend_seconds: float = 30.0
+    active_window_seconds: float = 180.0
+
+
+Fault = Callable[["Simulation"], None]
+"""Schedules one kind of fault over the fault phase, drawing from the world's streams."""
+
+
+@dataclass
+class Scenario:
+    name: str
+    summary: str
+    hours: float = 4.0
+    """Length of the fault phase (the workload runs during it too)."""
+    domain: DomainSpec = field(default_factory=DomainSpec)
+    sites: list[SiteSpec] = field(default_factory=lambda: [SiteSpec("cloud-a")])
+    engines: int = 1
+    provisioners: list[ProvisionerSpec] = field(default_factory=lambda: [ProvisionerSpec()])
+    workload: Workload = field(default_factory=Workload)
+    timing: Timing = field(default_factory=Timing)
+    messages: MessageFaults = field(default_factory=MessageFaults)
+    faults: list[Fault] = field(default_factory=list)
+    stresses: str = ""
+    """The issue bullet or fault this scenario exists for."""
+    seeds_in_ci: int = 1
+    """How many seeds ``make test`` runs."""
+    setup: Callable[[Simulation], None] | None = None
+    """Extra wiring (a second deployment's nodes, a backup to restore...)."""
+
+    def quiet_seconds(self) -> float:
+        """The convergence bound: after the faults stop, everything must be settled within this
+        (the longest job, three stall periods, an orphan grace and two reconciliations)."""
+        t = self.timing
+        return (self.workload.duration[1] + 3 * t.stall_seconds + t.orphan_grace_seconds
+                + 2 * t.reconcile_seconds + float(self.domain.params.get("idle_seconds", 0.0))
+                + float(self.domain.params.get("idle_for_time_s", 0.0)))

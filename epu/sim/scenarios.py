@@ -1,0 +1,374 @@
+"""The catalogue: every named scenario ``epu sim`` knows.
+
+Each entry says what it stresses (a fault knob, or the issue-11 defect it reproduces). The
+faults themselves are in ``faults.py``; a scenario only says which ones, how often and how
+hard. ``docs/simulation.md`` has the table of scenarios and the defects they found.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from epu.common.messages import LaunchRequest, TerminateRequest, new_id
+from epu.sim import faults as F
+from epu.sim.bus import MessageFaults
+from epu.sim.cloud import CloudFaults
+from epu.sim.processes import StoreFaults
+from epu.sim.scenario import DomainSpec, ProvisionerSpec, Scenario, SiteSpec, Timing, Workload
+
+if TYPE_CHECKING:
+    from epu.sim.simulation import Simulation
+
+_CATALOGUE: dict[str, Callable[[], Scenario]] = {}
+
+
+def scenario(fn: Callable[[], Scenario]) -> Callable[[], Scenario]:
+    s = fn()
+    if s.name in _CATALOGUE:
+        raise ValueError(f"scenario {s.name} defined twice")
+    _CATALOGUE[s.name] = fn
+    return fn
+
+
+def names() -> list[str]:
+    return list(_CATALOGUE)
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return _CATALOGUE[name]()
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r} (known: {', '.join(_CATALOGUE)})") from None
+
+
+TWO_SITES = [SiteSpec("cloud-a", quota=30, price=0.05), SiteSpec("cloud-b", quota=40, price=0.12)]
+
+
+# ---------------------------------------------------------------------- fault-free
+
+
+@scenario
+def baseline() -> Scenario:
+    return Scenario("baseline", "no fault: a 50-node domain under a bursty workload, two sites",
+                    hours=3.0, sites=list(TWO_SITES), stresses="the invariants hold when nothing goes wrong")
+
+
+@scenario
+def policies() -> Scenario:
+    return Scenario("policy-threshold", "the threshold policy (elastiq) with crashes and message faults",
+                    hours=3.0, domain=DomainSpec(policy="threshold", params={"idle_for_time_s": 600.0},
+                                                 min_nodes=1),
+                    messages=MessageFaults(delay_rate=0.05, duplicate_rate=0.05),
+                    faults=[F.crashes("decision", 1.0), F.crashes("provisioner", 1.0)],
+                    stresses="a second policy through the shared lifecycle")
+
+
+@scenario
+def spare() -> Scenario:
+    return Scenario("policy-spare", "the spare policy (CLUES) with per-second billing and a floor",
+                    hours=3.0, domain=DomainSpec(policy="spare", params={"spare_nodes": 2, "idle_seconds": 300.0,
+                                                                         "billing_period_seconds": 0.0},
+                                                 min_nodes=1),
+                    faults=[F.crashes("sensor", 1.0), F.command_failures(2.0)],
+                    stresses="a third policy through the shared lifecycle")
+
+
+# ---------------------------------------------------------------------- cloud faults
+
+
+@scenario
+def cloud_errors() -> Scenario:
+    return Scenario("cloud-errors", "transient API errors, lost create answers, failed and never-finished boots",
+                    hours=3.0, sites=[SiteSpec("cloud-a", quota=40, faults=CloudFaults(
+                        transient_error_rate=0.15, lost_answer_rate=0.05, boot_failure_rate=0.05,
+                        never_boot_rate=0.05, slow_boot_rate=0.05)), SiteSpec("cloud-b", quota=40, price=0.2)],
+                    stresses="cloud: API errors, boots that never finish, slow boots past the stall limit")
+
+
+@scenario
+def capacity() -> Scenario:
+    return Scenario("capacity-failover", "the cheap site keeps running out of capacity; demand at max_nodes",
+                    hours=3.0, domain=DomainSpec(max_nodes=12),
+                    sites=[SiteSpec("cloud-a", quota=40, price=0.05,
+                                    faults=CloudFaults(capacity_error_rate=0.5)),
+                           SiteSpec("cloud-b", quota=40, price=0.2)],
+                    workload=Workload(arrivals_per_hour=20.0, burst_per_hour=1.0, burst_jobs=(10, 40),
+                                      duration=(120.0, 1200.0)),
+                    faults=[F.operator_actions(2.0, terminate_share=0.0, pause_share=0.3)],
+                    stresses="issue 11: capacity failover was a second launch path in an event handler "
+                             "(it ignored a lowered max_nodes)")
+
+
+@scenario
+def partial_listing() -> Scenario:
+    return Scenario("partial-listing", "cloud listings omit live nodes for one or a few polls",
+                    hours=4.0, sites=[SiteSpec("cloud-a", quota=50, faults=CloudFaults(
+                        partial_listing_rate=0.08, partial_listing_polls=(1, 3), partial_listing_share=0.4))],
+                    stresses="issue 11: one partial listing kills a VM (reconcile presumes gone, then sweeps)")
+
+
+@scenario
+def vanish() -> Scenario:
+    return Scenario("vanish-preempt", "nodes vanish for real or are preempted by the cloud",
+                    hours=3.0, sites=[SiteSpec("cloud-a", quota=50, faults=CloudFaults(
+                        vanish_rate_per_hour=0.15, preempt_rate_per_hour=0.15))],
+                    stresses="cloud: nodes that vanish, preemption; lost-node replacement")
+
+
+@scenario
+def pool_slots() -> Scenario:
+    pool = [f"elastic{i:02d}" for i in range(1, 9)]
+    return Scenario("pool-slots", "a Slurm CLOUD pool of 8 names; preemption, vanishing nodes, operator terminates",
+                    hours=4.0, domain=DomainSpec(max_nodes=8, node_names=pool),
+                    sites=[SiteSpec("cloud-a", quota=20, faults=CloudFaults(
+                        vanish_rate_per_hour=0.1, preempt_rate_per_hour=0.2))],
+                    workload=Workload(arrivals_per_hour=15.0, burst_per_hour=0.5, burst_jobs=(5, 15)),
+                    faults=[F.operator_actions(1.0, terminate_share=1.0, pause_share=0.0, force_share=1.0)],
+                    stresses="issue 11: pool slots leak when an instance ends without a drain")
+
+
+# ---------------------------------------------------------------------- provisioner identity and stores
+
+
+def _staging(sim: Simulation) -> None:
+    """A second EPU (staging) in the same cloud account: its own provisioner and store, keeping a
+    few nodes of its own domain alive."""
+    staging = next(p for p in sim.provisioners if p.spec.name == "staging")  # type: ignore[attr-defined]
+    rng = sim.world.rng("staging")
+    site = sim.scenario.sites[0].name
+
+    def launch() -> None:
+        if staging.prov is None:
+            return
+        lid = new_id()
+        staging.prov.handle_launch(LaunchRequest(launch_id=lid, domain="staging", site=site,
+                                                 node_name=f"staging-{lid[:8]}", cores=4))
+        life = rng.uniform(1800.0, 7200.0)
+        sim.world.after(life, lambda: staging.prov and staging.prov.handle_terminate(  # type: ignore[func-returns-value]
+            TerminateRequest(request_id=new_id(), instance_id=lid, domain="staging")), "staging terminate")
+
+    t = sim.world.start + 5.0
+    while t < sim.fault_end:
+        sim.world.at(t, launch, "staging launch")
+        t += rng.expovariate(3.0 / 3600.0)
+
+
+@scenario
+def second_deployment() -> Scenario:
+    return Scenario("second-deployment", "a staging EPU shares the cloud account, both with default settings",
+                    hours=3.0, provisioners=[ProvisionerSpec("prov-1"),
+                                             ProvisionerSpec("staging", store="staging", managed=False)],
+                    setup=_staging,
+                    stresses="issue 11: the orphan sweep trusts any store (default deployment tag)")
+
+
+@scenario
+def two_provisioners() -> Scenario:
+    return Scenario("two-provisioners", "two provisioners on one work queue, each with its own default SQLite file",
+                    hours=3.0, provisioners=[ProvisionerSpec("prov-1", store="prov-1"),
+                                             ProvisionerSpec("prov-2", store="prov-2")],
+                    stresses="issue 11: two stores sweep each other's live instances")
+
+
+def _replace_store(restore: bool) -> Callable[[Simulation], None]:
+    def setup(sim: Simulation) -> None:
+        prov = sim.provisioners[0]
+        rng = sim.world.rng("store/replace")
+        backup_at = sim.world.start + rng.uniform(1800.0, 3600.0)
+        swap_at = backup_at + rng.uniform(900.0, 3600.0)
+        path = f"{sim.workdir}/prov.db"
+        backup = f"{sim.workdir}/prov-backup.db"
+
+        def take_backup() -> None:
+            src, dst = sqlite3.connect(path), sqlite3.connect(backup)
+            src.backup(dst)
+            src.close()
+            dst.close()
+
+        def swap() -> None:
+            prov.crash("operator replaces the store database")
+            if restore:
+                prov.store_url = f"sqlite:///{path}"
+                if prov.store is not None:
+                    prov.store.engine.dispose()
+                src, dst = sqlite3.connect(backup), sqlite3.connect(path)
+                src.backup(dst)
+                src.close()
+                dst.close()
+            else:
+                prov.spec = replace(prov.spec, store="prov-new")  # type: ignore[attr-defined]
+                faults = sim.provisioner_faults.setdefault("prov-new", StoreFaults())
+                prov.switch_store(sim.store_url("prov-new"), faults)
+            sim.world.after(30.0, prov.start, "provisioner back on the other store")
+
+        if restore:
+            sim.world.at(backup_at, take_backup, "backup provisioner store")
+        sim.world.at(swap_at, swap, "replace provisioner store")
+
+    return setup
+
+
+@scenario
+def new_store() -> Scenario:
+    return Scenario("new-store", "the provisioner restarts on a new, empty store database",
+                    hours=4.0, setup=_replace_store(restore=False),
+                    stresses="issue 11: a new store sweeps the live instances it does not know")
+
+
+@scenario
+def restored_store() -> Scenario:
+    return Scenario("restored-store", "the provisioner's store database is restored from an older backup",
+                    hours=4.0, setup=_replace_store(restore=True),
+                    stresses="issue 11: a restored store sweeps the instances launched since the backup")
+
+
+# ---------------------------------------------------------------------- batch system and names
+
+
+@scenario
+def htcondor() -> Scenario:
+    return Scenario("htcondor-fqdn", "HTCondor: startds join by themselves under their FQDN, identity reported",
+                    hours=3.0, domain=DomainSpec(flavor="htcondor"),
+                    stresses="issue 11: name matching by hostname (an HTCondor worker is never 'joined')")
+
+
+@scenario
+def htcondor_names() -> Scenario:
+    return Scenario("htcondor-names", "HTCondor FQDNs and a backend that cannot report the instance id",
+                    hours=3.0, domain=DomainSpec(flavor="htcondor", report_identity=False),
+                    stresses="issue 11: the hostname fallback, normalized to the short name in one place")
+
+
+@scenario
+def draining_missing() -> Scenario:
+    return Scenario("draining-missing", "nodes briefly missing from snapshots while workers drain often",
+                    hours=4.0, domain=DomainSpec(params={"idle_seconds": 0.0}),
+                    workload=Workload(arrivals_per_hour=80.0, burst_per_hour=2.0, burst_jobs=(5, 30),
+                                      duration=(60.0, 1200.0)),
+                    faults=[F.nodes_missing(6.0, share=(0.1, 0.5), length=(20.0, 90.0))],
+                    stresses="issue 11: a draining node missing from one snapshot is terminated with its jobs")
+
+
+@scenario
+def collector_restart() -> Scenario:
+    return Scenario("collector-restart", "every node vanishes from snapshots for longer than the stall limit",
+                    hours=4.0, workload=Workload(duration=(1800.0, 5400.0)),
+                    faults=[F.nodes_missing(0.6, share=(0.9, 1.0), length=(700.0, 1500.0))],
+                    stresses="issue 11: no circuit breaker (all workers 'lost' and terminated with their jobs)")
+
+
+@scenario
+def late_registration() -> Scenario:
+    return Scenario("late-registration", "boots that end just before the stall deadline, with work waiting",
+                    hours=3.0, sites=[SiteSpec("cloud-a", boot_seconds=(480.0, 640.0))],
+                    timing=Timing(sensor_poll_seconds=60.0),
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0),
+                    stresses="issue 11: stalled/lost paths send remove and terminate in the same iteration")
+
+
+@scenario
+def batch_faults() -> Scenario:
+    return Scenario("batch-faults", "available=false snapshots, stale snapshots, a sensor clock stepping back, "
+                    "commands failing transiently",
+                    hours=4.0, faults=[F.batch_outages(0.5, (30.0, 400.0)), F.stale_snapshots(0.5),
+                                       F.sensor_clock_steps(0.3), F.command_failures(2.0)],
+                    stresses="batch system: unavailable and stale snapshots, clock steps, failing commands")
+
+
+@scenario
+def reclaim() -> Scenario:
+    return Scenario("reclaim-race", "demand that comes and goes while nodes drain; online/remove commands fail",
+                    hours=4.0, domain=DomainSpec(params={"idle_seconds": 0.0}),
+                    workload=Workload(arrivals_per_hour=20.0, burst_per_hour=4.0, burst_jobs=(4, 24),
+                                      duration=(60.0, 600.0)),
+                    faults=[F.command_failures(4.0, (1, 3))],
+                    stresses="issue 11: reclaim and finish_drains act on the same node; a failed online")
+
+
+# ---------------------------------------------------------------------- our own outages
+
+
+@scenario
+def our_outage() -> Scenario:
+    return Scenario("our-outage", "RabbitMQ, the provisioner and the batch controller go down for long stretches",
+                    hours=5.0, sites=list(TWO_SITES),
+                    faults=[F.broker_outages(0.4, (120.0, 1500.0)), F.crashes("provisioner", 0.4, (300.0, 1500.0),
+                                                                               mid_step=0.0),
+                            F.batch_outages(0.3, (300.0, 1500.0))],
+                    stresses="issue 11: our outage blamed on every site (stall clock ran while we were down)")
+
+
+# ---------------------------------------------------------------------- messaging and processes
+
+
+@scenario
+def messages() -> Scenario:
+    return Scenario("messages", "events delayed, duplicated, reordered and lost",
+                    hours=3.0, messages=MessageFaults(delay_rate=0.1, duplicate_rate=0.1, loss_rate=0.02,
+                                                      reorder_jitter=5.0),
+                    stresses="messaging: delays, duplicates, reorders, losses")
+
+
+@scenario
+def crashes() -> Scenario:
+    return Scenario("crashes", "every process crashes at any step and restarts from its store",
+                    hours=4.0, sites=list(TWO_SITES),
+                    faults=[F.crashes("decision", 2.0), F.crashes("provisioner", 2.0), F.crashes("sensor", 1.0)],
+                    stresses="processes: a crash at any step, restart from the store")
+
+
+@scenario
+def store_failures() -> Scenario:
+    return Scenario("store-failures", "the databases refuse writes for a few seconds, often",
+                    hours=3.0, faults=[F.store_write_failures(12.0, (1.0, 10.0))],
+                    stresses="store: writes failing for a few seconds (database busy, failover)")
+
+
+@scenario
+def engine_failover() -> Scenario:
+    return Scenario("engine-failover", "an engine pair; the active one crashes and the standby takes over",
+                    hours=3.0, engines=2, faults=[F.crashes("decision", 2.0, (30.0, 600.0))],
+                    stresses="one brain: standby takeover after a crash")
+
+
+@scenario
+def engine_partition() -> Scenario:
+    return Scenario("engine-partition", "an engine pair; the active engine's broker connection drops",
+                    hours=3.0, engines=2, faults=[F.engine_partition(1.0)],
+                    stresses="one brain after a reconnect (fencing: issue 12)")
+
+
+# ---------------------------------------------------------------------- operators
+
+
+@scenario
+def operators() -> Scenario:
+    return Scenario("operators", "an operator changes bounds, pauses, and terminates instances (forced or not)",
+                    hours=4.0, faults=[F.operator_actions(3.0)],
+                    stresses="issue 11: an unforced `epu instances terminate` destroys at once")
+
+
+@scenario
+def operator_restart() -> Scenario:
+    return Scenario("operator-restart", "an operator pauses the domain; meanwhile the file is edited and "
+                    "the engine restarted", hours=3.0,
+                    faults=[F.operator_actions(2.0, terminate_share=0.0, pause_share=1.0),
+                            F.engine_restarts_with_file_edits(1.5)],
+                    stresses="issue 11: an operator's pause is lost on restart (precedence of file and operator)")
+
+
+@scenario
+def chaos() -> Scenario:
+    return Scenario("chaos", "a bit of every fault at once",
+                    hours=4.0, sites=[SiteSpec("cloud-a", quota=30, price=0.05, faults=CloudFaults(
+                        transient_error_rate=0.05, capacity_error_rate=0.1, lost_answer_rate=0.02,
+                        never_boot_rate=0.02, partial_listing_rate=0.02, preempt_rate_per_hour=0.05)),
+                        SiteSpec("cloud-b", quota=40, price=0.12)],
+                    engines=2, messages=MessageFaults(delay_rate=0.03, duplicate_rate=0.03, reorder_jitter=2.0),
+                    faults=[F.crashes("decision", 0.5), F.crashes("provisioner", 0.5), F.crashes("sensor", 0.5),
+                            F.nodes_missing(0.5, (0.1, 0.5), (30.0, 120.0)), F.command_failures(1.0),
+                            F.store_write_failures(2.0), F.operator_actions(1.0)],
+                    stresses="everything together")

@@ -1,0 +1,353 @@
+"""One run: a scenario and a seed made into a world, run, and judged.
+
+Timeline of a run: the deployment starts at T0; the workload and the faults act during the
+*fault phase* (``scenario.hours``); then every fault knob is turned off, no job is submitted
+any more, and the *quiet phase* (``scenario.quiet_seconds()``) gives the system its stated
+bound to converge. The invariant checker (``invariants.Checker``) watches every step of both
+phases and judges convergence at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from epu.common.config import EpuConfig, parse_config
+from epu.common.db import make_engine
+from epu.services.decision.store import Store as DecisionStore
+from epu.sim.batch import SimBatchSystem
+from epu.sim.bus import Bus
+from epu.sim.cloud import SimCloud
+from epu.sim.invariants import Checker, Violation
+from epu.sim.processes import EngineProc, OperatorProc, Proc, ProvisionerProc, SensorProc, StoreFaults
+from epu.sim.scenario import ProvisionerSpec, Scenario
+from epu.sim.world import World, WorldClock
+
+MAX_EXTRA_SECONDS = 12 * 3600.0
+
+
+@dataclass
+class Outages:
+    """When our own pipeline was down (broker, every provisioner, the sensor or the batch
+    controller): invariant 6 must not blame a site for time spent in these."""
+
+    intervals: list[tuple[float, float, str]] = field(default_factory=list)
+    open: dict[str, float] = field(default_factory=dict)
+
+    def begin(self, what: str, t: float) -> None:
+        self.open.setdefault(what, t)
+
+    def end(self, what: str, t: float) -> None:
+        start = self.open.pop(what, None)
+        if start is not None and t > start:
+            self.intervals.append((start, t, what))
+
+    def down_time(self, t0: float, t1: float, at_least: float = 0.0) -> float:
+        """Seconds of [t0, t1] during which any part was down (overlaps counted once), counting
+        only outages that lasted ``at_least`` seconds (those the engine can notice)."""
+        spans = [(max(a, t0), min(b, t1)) for a, b, _ in self.intervals if b > t0 and a < t1 and b - a >= at_least]
+        spans += [(max(a, t0), t1) for a in self.open.values() if a < t1 and t1 - a >= at_least]
+        spans.sort()
+        total, cur_a, cur_b = 0.0, None, None
+        for a, b in spans:
+            if cur_b is None or a > cur_b:
+                if cur_b is not None:
+                    total += cur_b - cur_a  # type: ignore[operator]
+                cur_a, cur_b = a, b
+            else:
+                cur_b = max(cur_b, b)
+        if cur_b is not None:
+            total += cur_b - cur_a  # type: ignore[operator]
+        return total
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    seed: int
+    simulated_seconds: float
+    violations: list[Violation]
+    digest: str
+    events: int
+    wall_seconds: float
+    cpu_seconds: float
+    stats: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def replay(self) -> str:
+        return f"epu sim --seed {self.seed} --scenario {self.scenario}"
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.world = World(seed)
+        self._own_dir = workdir is None
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.workdir = workdir or tempfile.mkdtemp(prefix=f"epu-sim-{seed}-", dir=base)
+        self.bus = Bus(self.world, scenario.messages)
+        self.outages = Outages()
+        self.fault_end = self.world.start + scenario.hours * 3600.0
+        self.end = self.fault_end + scenario.quiet_seconds()
+        self.latest_end = self.fault_end + MAX_EXTRA_SECONDS
+        """The quiet phase waits for the work to be done (see ``_settle``), but not forever."""
+        d = scenario.domain
+        self.domain = d.name
+        # the clouds and the batch system
+        self.clouds = {s.name: SimCloud(self.world, s.name, quota=s.account_quota, boot_seconds=s.boot_seconds,
+                                        faults=s.faults) for s in scenario.sites}
+        self.batch = SimBatchSystem(self.world, WorldClock(self.world), flavor=d.flavor,
+                                    report_identity=d.report_identity)
+        self.batch.default_cores = d.cores_per_node
+        for cloud in self.clouds.values():
+            cloud.on_running.append(self._vm_running)
+            cloud.on_gone.append(self._vm_gone)
+        # the deployment
+        self.decision_faults = StoreFaults()
+        self.config = self.make_config(scenario.provisioners[0])
+        self.decision_db = make_engine(f"sqlite:///{self.workdir}/decision.db")
+        DecisionStore(self.decision_db).create()
+        self.decision_faults.attach(self.decision_db, self.world, _Nobody)
+        self.engines = [EngineProc(self.world, self.bus, f"engine-{i + 1}", self.config, self.decision_db,
+                                   self.decision_faults) for i in range(scenario.engines)]
+        self.provisioner_faults: dict[str, StoreFaults] = {}
+        self.provisioners = [self.make_provisioner(p) for p in scenario.provisioners]
+        self.sensor = SensorProc(self.world, self.bus, "sensor", d.name, self.batch, scenario.timing.sensor_poll_seconds)
+        self.operator = OperatorProc(self.world, self.bus)
+        self.checker = Checker(self)
+        self._rng_jobs = self.world.rng("workload")
+
+    # ------------------------------------------------------------------ building
+    def make_config(self, prov: ProvisionerSpec) -> EpuConfig:
+        s, t, d = self.scenario, self.scenario.timing, self.scenario.domain
+        params = dict(d.params)
+        params.setdefault("stall_seconds", t.stall_seconds)
+        return parse_config({
+            "decision": {"store_url": "sqlite://", "iteration_seconds": t.iteration_seconds,
+                         "resend_seconds": t.resend_seconds, "active_window_seconds": t.active_window_seconds},
+            "provisioner": {**({"deployment": prov.deployment} if prov.deployment else {}),
+                            "store_url": self.store_url(prov.store),
+                            "poll_seconds": t.provisioner_poll_seconds, "reconcile_seconds": t.reconcile_seconds,
+                            "orphan_grace_seconds": t.orphan_grace_seconds, "outbox_seconds": t.outbox_seconds},
+            "domains": {d.name: {"policy": d.policy, "params": params, "min_nodes": d.min_nodes,
+                                 "max_nodes": d.max_nodes, "cores_per_node": d.cores_per_node,
+                                 "node_names": list(d.node_names),
+                                 "sites": [x.name for x in s.sites]}},
+            "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "price_per_hour": x.price, "cores": x.cores,
+                               "image": "sim-image", "size": f"sim.{x.cores}core"} for x in s.sites},
+        }, source=f"scenario {s.name}", environ={})
+
+    def edit_domain(self, **changes: object) -> EpuConfig:
+        """The deployment's config with the domain's file section edited (for engine restarts)."""
+        domain = self.config.domains[self.domain].model_copy(update=changes)
+        return self.config.model_copy(update={"domains": {**self.config.domains, self.domain: domain}})
+
+    def store_url(self, store: str) -> str:
+        return f"sqlite:///{self.workdir}/{store}.db"
+
+    def make_provisioner(self, spec: ProvisionerSpec) -> ProvisionerProc:
+        config = self.make_config(spec)
+        names = spec.sites or [s.name for s in self.scenario.sites]
+        sites = {s.name: s for s in self.scenario.sites}
+        faults = self.provisioner_faults.setdefault(spec.store, StoreFaults())
+
+        def latency(names: list[str] = names) -> float:
+            lo, hi = sites[names[0]].api_latency
+            return lo + self.world.rng(f"api/{spec.name}").random() * (hi - lo)
+
+        p = ProvisionerProc(self.world, self.bus, spec.name, config, self.store_url(spec.store),
+                            {n: self.clouds[n] for n in names}, faults, latency,
+                            queue="provisioner" if spec.managed else f"provisioner.{spec.name}")
+        p.spec = spec  # type: ignore[attr-defined]
+        return p
+
+    # ------------------------------------------------------------------ links
+    def _vm_running(self, vm: Any) -> None:
+        if vm.domain == self.domain:
+            self.batch.vm_running(vm)
+
+    def _vm_gone(self, vm: Any, cause: str) -> None:
+        if vm.domain == self.domain:
+            self.batch.vm_gone(vm, cause)
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [*self.engines, *self.provisioners, self.sensor]
+
+    # ------------------------------------------------------------------ operators
+    def operator_terminate(self, instance_id: str, force: bool) -> None:
+        """``epu instances terminate ID [--force]``: the message the CLI builds, sent as the CLI does."""
+        from epu.services.provisioner.cli import terminate_message
+
+        self.operator.send(terminate_message(instance_id, self.domain, "terminated by an operator", force))
+
+    # ------------------------------------------------------------------ outage bookkeeping
+    def pipeline_changed(self) -> None:
+        """Recompute which parts of our own pipeline are down (called after each fault flip)."""
+        t = self.world.t
+        parts = {
+            "broker": not self.bus.broker_up,
+            "provisioner": not any(p.alive and p.link_up for p in self.provisioners
+                                   if getattr(p, "spec", None) is None or p.spec.managed),  # type: ignore[attr-defined]
+            "sensor": not (self.sensor.alive and self.sensor.link_up),
+            "batch": self.batch.faults.down,
+            "engine": not any(e.alive and e.link_up for e in self.engines),
+        }
+        for what, down in parts.items():
+            if down:
+                self.outages.begin(what, t)
+            else:
+                self.outages.end(what, t)
+
+    # ------------------------------------------------------------------ workload
+    def _schedule_workload(self) -> None:
+        w = self.scenario.workload
+        rng = self._rng_jobs
+        cores_max = self.scenario.domain.cores_per_node
+
+        def submit(n: int) -> None:
+            for _ in range(n):
+                cores = min(rng.choice(w.cores), cores_max)
+                nodes = min(rng.choice(w.nodes), self.scenario.domain.max_nodes)
+                duration = rng.uniform(*w.duration)
+                self.batch.inner.submit(cores=cores, nodes=nodes, duration=duration)
+
+        t = self.world.start + 60.0
+        if w.arrivals_per_hour > 0:
+            while True:
+                t += rng.expovariate(w.arrivals_per_hour / 3600.0)
+                if t >= self.fault_end:
+                    break
+                self.world.at(t, lambda: submit(1), "job")
+        t = self.world.start
+        if w.burst_per_hour > 0:
+            while True:
+                t += rng.expovariate(w.burst_per_hour / 3600.0)
+                if t >= self.fault_end:
+                    break
+                n = rng.randint(*w.burst_jobs)
+                self.world.at(t, lambda n=n: submit(n), f"burst {n}")
+
+    def _quiet(self) -> None:
+        """The fault phase is over: every knob off, down parts back up."""
+        self.world.note("faults stop")
+        for cloud in self.clouds.values():
+            cloud.enabled = False
+        self.bus.enabled = False
+        if not self.bus.broker_up:
+            self.bus.set_broker(True)
+            for p in self.procs:
+                p.broker_changed(True, 1.0)
+        self.batch.faults.down = False
+        self.batch.faults.missing_share = 0.0
+        self.batch.faults.stale_seconds = 0.0
+        self.batch.faults.failing_commands = 0
+        self.sensor.clock.offset = 0.0
+        self.decision_faults.failing_until = -1.0
+        for f in self.provisioner_faults.values():
+            f.failing_until = -1.0
+        self.decision_faults.crash_next_write = False
+        for f in self.provisioner_faults.values():
+            f.crash_next_write = False
+        for p in self.procs:
+            p.crash_at_publish = 0
+            for armed in ("crash_at_commit", "crash_after_create"):
+                if hasattr(p, armed):
+                    setattr(p, armed, type(getattr(p, armed))())
+            p.on_crash.append(self._restart_in_quiet)
+            if not p.link_up:
+                p.restore_link(1.0)
+            if not p.alive and getattr(p, "restart_in_quiet", True):
+                p.start()
+        self.pipeline_changed()
+
+    def _restart_in_quiet(self, proc: Proc) -> None:
+        """No fault acts after the fault phase; a process that still dies then (a crash armed
+        before) is brought back, or the quiet phase would judge a deployment left half dead."""
+        if self.world.t >= self.fault_end:
+            self.world.after(1.0, proc.start, f"restart {proc.name} (quiet phase)")
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> RunResult:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        quiet_loggers()
+        try:
+            with self.world.running():
+                for p in self.procs:
+                    p.start()
+                self.pipeline_changed()
+                if self.scenario.setup is not None:
+                    self.scenario.setup(self)
+                self._schedule_workload()
+                for fault in self.scenario.faults:
+                    fault(self)
+                self.world.at(self.fault_end, self._quiet, "quiet")
+                self.world.run_until(self.fault_end)
+                self._settle()
+                self.checker.finish()
+        finally:
+            self.close()
+        return RunResult(self.scenario.name, self.seed, self.end - self.world.start, list(self.checker.violations),
+                         self.world.digest, self.world.events, time.perf_counter() - wall0,
+                         time.process_time() - cpu0, self.stats())
+
+    def _settle(self) -> None:
+        """Run the quiet phase: the stated bound (``scenario.quiet_seconds()``) counts from when the
+        batch system has no work left — a backlog the domain runs at full size takes the time it
+        takes — up to ``MAX_EXTRA_SECONDS`` after the faults stopped."""
+        settle = self.scenario.quiet_seconds() - self.scenario.workload.duration[1]
+        work_done_at: float | None = None
+        while self.world.t < self.latest_end:
+            self.world.run_until(min(self.world.t + 300.0, self.latest_end))
+            inner = self.batch.inner
+            busy = inner.running > 0 or inner.queued > 0
+            if busy:
+                work_done_at = None
+            elif work_done_at is None:
+                work_done_at = self.world.t
+            if self.world.t >= self.end and work_done_at is not None and self.world.t >= work_done_at + settle:
+                break
+        self.end = self.world.t
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "jobs_submitted": self.batch.inner.submitted,
+            "jobs_completed": self.batch.inner._completed,
+            "jobs_killed": len(self.batch.stats.kills),
+            "vms_created": sum(c.stats.creates for c in self.clouds.values()),
+            "messages": self.bus.stats.published,
+            "crashes": sum(p.stats.crashes for p in self.procs),
+            "dead_lettered": self.bus.stats.dead_lettered,
+        }
+
+    def close(self) -> None:
+        for p in self.provisioners:
+            if p.store is not None:
+                p.store.engine.dispose()
+        self.decision_db.dispose()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class _NobodyType:
+    """Owner of the shared decision store's fault hook (a crash there is the engine's)."""
+
+    alive = False
+    name = "decision-store"
+
+
+_Nobody: Any = _NobodyType()
+
+
+def quiet_loggers() -> None:
+    """The cores log a lot at INFO; a run of thousands of simulated hours must not format it."""
+    logging.getLogger("epu").setLevel(logging.CRITICAL)

@@ -1,0 +1,148 @@
+"""The world: one virtual clock, one event queue, random streams derived from one seed.
+
+Why everything goes through here: a run must replay bit for bit from its seed. So nothing in
+a run reads the wall clock, nothing sleeps, no thread runs, and every random choice comes
+from a stream named after what it decides (``world.rng("cloud/boot")``), derived from the
+seed — adding a new random choice somewhere does not shift the draws of the others. Events
+at the same virtual instant run in the order they were scheduled (a sequence number breaks
+ties), and the ``digest`` folds every event's time and label into a hash, which the replay
+test compares between two runs of the same seed.
+
+Identifiers: the cores make ids with ``uuid.uuid4()`` (launch ids, command ids, message
+ids). Inside ``World.running()`` that function draws from the world's ``ids`` stream instead,
+so ids are part of the replay too; outside it, nothing is changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import random
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+T0 = 1_700_000_000.0
+"""Virtual epoch of every run (2023-11-14): timestamps look like real ones in traces."""
+
+
+@dataclass(order=True)
+class Event:
+    at: float
+    seq: int
+    fn: Callable[[], None] = field(compare=False)
+    label: str = field(compare=False, default="")
+    cancelled: bool = field(compare=False, default=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class World:
+    """Virtual time and the event queue. ``run_until`` pops events in time order."""
+
+    def __init__(self, seed: int, start: float = T0) -> None:
+        self.seed = seed
+        self.start = start
+        self.t = start
+        self._queue: list[Event] = []
+        self._seq = itertools.count()
+        self._rngs: dict[str, random.Random] = {}
+        self._digest = hashlib.blake2b(digest_size=16)
+        self.events = 0
+        self.after_event: list[Callable[[], None]] = []
+        """Called after every event (the invariant checkers hook in here)."""
+        self.trace: list[str] | None = None
+        """When a list, every labelled event and note is appended to it (``epu sim --trace``)."""
+
+    # ------------------------------------------------------------------ randomness
+    def rng(self, name: str) -> random.Random:
+        """The random stream named ``name``: seeded from (seed, name) with SHA-512 (``random``'s
+        string seeding), so it does not depend on PYTHONHASHSEED or on other streams."""
+        r = self._rngs.get(name)
+        if r is None:
+            r = self._rngs[name] = random.Random(f"{self.seed}/{name}")
+        return r
+
+    # ------------------------------------------------------------------ scheduling
+    def at(self, when: float, fn: Callable[[], None], label: str = "") -> Event:
+        ev = Event(max(when, self.t), next(self._seq), fn, label)
+        heapq.heappush(self._queue, ev)
+        return ev
+
+    def after(self, delay: float, fn: Callable[[], None], label: str = "") -> Event:
+        return self.at(self.t + max(0.0, delay), fn, label)
+
+    def note(self, text: str) -> None:
+        """Fold something that happened into the run's digest (replay check)."""
+        line = f"{self.t:.6f} {text}\n"
+        self._digest.update(line.encode())
+        if self.trace is not None:
+            self.trace.append(f"{self.t - self.start:10.3f}  {text}")
+
+    @property
+    def digest(self) -> str:
+        return self._digest.hexdigest()
+
+    @property
+    def elapsed(self) -> float:
+        return self.t - self.start
+
+    def run_until(self, end: float) -> None:
+        queue = self._queue
+        hooks = self.after_event
+        while queue and queue[0].at <= end:
+            ev = heapq.heappop(queue)
+            if ev.cancelled:
+                continue
+            self.t = ev.at
+            self.events += 1
+            if ev.label:
+                self._digest.update(f"{ev.at:.6f} {ev.label}\n".encode())
+                if self.trace is not None:
+                    self.trace.append(f"{ev.at - self.start:10.3f}  {ev.label}")
+            ev.fn()
+            for hook in hooks:
+                hook()
+        self.t = max(self.t, end)
+
+    # ------------------------------------------------------------------ ids
+    @contextmanager
+    def running(self) -> Iterator[World]:
+        """Make ``uuid.uuid4`` draw from this world's ``ids`` stream while the run lasts."""
+        ids = self.rng("ids")
+        original = uuid.uuid4
+
+        def uuid4() -> uuid.UUID:
+            return uuid.UUID(int=ids.getrandbits(128), version=4)
+
+        uuid.uuid4 = uuid4  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            uuid.uuid4 = original  # type: ignore[assignment]
+
+
+class WorldClock:
+    """The ``Clock`` every simulated process gets: virtual time, plus an optional offset (a
+    host whose clock was stepped back). Nothing may sleep in the simulator."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return self.world.t + self.offset
+
+    def monotonic(self) -> float:
+        return self.world.t
+
+    def sleep(self, seconds: float) -> None:
+        """Waits inside a core (a retry's backoff) take no virtual time: the simulator models
+        API latency with the delay before a cloud task runs instead."""
+
+
+def no_sleep(_seconds: float) -> None:
+    """A ``sleep`` for code paths that would wait in real time (retries): no time passes."""

@@ -1,0 +1,1 @@
+"""``epu simulate``: replay a workload against the real policies in virtual time (docs/experiments.md)."""

@@ -1,0 +1,175 @@
+"""Skip the engine iterations that cannot decide anything, exactly.
+
+A decision engine iterates every ``iteration_seconds`` (5 s). Over a month of a trace that is
+half a million iterations, and nearly all of them see the same snapshot and the same instance
+table as the one before, and decide nothing. An iteration's result is a function of its inputs
+(the latest snapshot, the stored instances, actions, memory and config) and of ``now``; ``now``
+enters only through thresholds — ``now - t >= d`` for a timestamp ``t`` the engine stored and a
+duration ``d`` of the policy (stall, idle, waiting times), a resend period, a site's backoff, a
+billing period. So after an iteration that changed nothing (no action, no write, no message),
+the next one that can differ is the first after either a new input or the earliest such
+threshold. ``LazyEngineProc`` runs exactly those and skips the rest (they still tick, cheaply).
+
+The thresholds are found generically, not per policy: every timestamp of every live instance,
+of the policy's memory and of open actions, plus every duration-like parameter of the policy
+(a name ending in ``_seconds`` or ``_s``) and every duration the policy keeps in its memory
+(measured boot times), the resend period and billing periods. A policy whose decision moves
+with time in ways no such scan can list (``start-time`` compares running jobs' expected ends
+with now + a boot time) is named in ``DEMAND_SENSITIVE``: while jobs wait, each of its
+iterations runs. A policy that keeps a timer under another name would be woken late — which is
+why the tests run each policy with and without skipping and require the same event digest.
+Fencing leases: a skipped iteration does not renew the domain's lease, which may run out; the
+next iteration renews it under the same holder and epoch (one engine runs in a simulation), so
+nothing it decides changes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from epu.services.decision.policies import validate_params
+from epu.services.decision.store import actions
+from epu.sim.processes import EngineProc
+
+EPSILON = 1e-6
+
+DEMAND_SENSITIVE = frozenset({"start-time"})
+"""Policies whose decision moves with time while jobs wait (start-time compares the running
+jobs' expected ends with now + a boot time, thresholds no generic scan can list): while their
+domain has queued demand, every iteration runs."""
+
+
+@dataclass
+class SkipStats:
+    iterations: int = 0
+    skipped: int = 0
+    cpu_seconds: float = 0.0
+    """CPU spent inside ``Engine.iterate`` (the cost of the iterations that ran)."""
+
+
+def durations(params: Any) -> list[float]:
+    out = []
+    for k, v in params.model_dump().items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and (
+                k.endswith("_seconds") or k.endswith("_s")):
+            out.append(float(v))
+    return out
+
+
+def _numbers(obj: Any) -> list[float]:
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, (int, float)):
+        return [float(obj)]
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _numbers(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in _numbers(v)]
+    return []
+
+
+def next_wake(engine: Any, domain: str, now: float) -> float:
+    """The earliest time after ``now`` at which an iteration could decide differently with the
+    same inputs (``inf`` when none)."""
+    store = engine.store
+    current = store.current_config(domain)
+    if current is None:
+        return math.inf
+    cfg = current[1]
+    params = validate_params(cfg.policy, cfg.params)
+    ds = durations(params)
+    period = float(getattr(params, "billing_period_seconds", 0.0) or 0.0)
+    margin = float(getattr(params, "billing_margin_seconds", 0.0) or 0.0)
+    stamps: list[float] = []
+    for inst in store.instances(domain):
+        stamps += [t for t in (inst.launched_at, inst.state_at, inst.joined_at, inst.idle_since,
+                               inst.drain_at, inst.add_sent_at, inst.missing_since) if t is not None]
+    memory, _ = store.memory(domain)
+    stamps += [t for t in _numbers(memory) if t > 1e8]  # epoch-like values
+    ds += [d for d in _numbers(memory) if 0 < d < 1e8]  # durations the policy measured (boot times)
+    latest = getattr(engine, "_latest", {}).get(domain)  # the engine's digested snapshot
+    if cfg.policy in DEMAND_SENSITIVE and latest is not None and latest.digest.jobs:
+        return now
+    best = math.inf
+    for t in stamps:
+        for d in ds:
+            if t + d > now:
+                best = min(best, t + d)
+    if period > 0:
+        for inst in store.instances(domain):
+            k = math.floor((now - inst.launched_at + margin) / period) + 1
+            best = min(best, inst.launched_at + k * period - margin)
+    resend = engine.settings.resend_seconds
+    with store.engine.connect() as conn:
+        for (sent_at,) in conn.execute(select(actions.c.sent_at).where(actions.c.done.is_(False),
+                                                                        actions.c.domain == domain)):
+            best = min(best, now if sent_at is None else sent_at + resend)
+    for h in store.site_health().values():
+        if h.backoff_until > now:
+            best = min(best, h.backoff_until)
+    return best
+
+
+class LazyEngineProc(EngineProc):
+    """An ``EngineProc`` that runs only the iterations that can decide something (see above)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.skip_stats = SkipStats()
+        self._dirty = True
+        self._wake = -math.inf
+        self._acted = False
+        self.on_commit.append(self._saw_commit)
+        self.on_send.append(self._saw_send)
+
+    def _saw_commit(self, *_: Any) -> None:
+        self._acted = True
+
+    def _saw_send(self, *_: Any) -> None:
+        self._acted = True
+
+    def boot(self) -> None:
+        self._dirty = True
+        super().boot()
+
+    def _input(self, msg: Any) -> None:
+        self._dirty = True
+        super()._input(msg)
+
+    def _control(self, msg: Any) -> None:
+        self._dirty = True
+        super()._control(msg)
+
+    def _snapshot(self, msg: Any) -> None:
+        self._dirty = True
+        super()._snapshot(msg)
+
+    def _iterate(self) -> None:
+        assert self.engine is not None
+        now = self.clock.now()
+        if not self._dirty and now < self._wake - EPSILON:
+            self.skip_stats.skipped += 1
+            return
+        self.skip_stats.iterations += 1
+        self._acted = False
+        self._dirty = False
+        t = time.process_time()
+        self.engine.iterate()
+        self.skip_stats.cpu_seconds += time.process_time() - t
+        if self._acted:
+            self._dirty = True
+            return
+        active = [d for d in self.engine.domains if self.engine.is_active(d)]
+        wake = math.inf
+        for d in active:
+            wake = min(wake, next_wake(self.engine, d, now))
+        for d in self.engine.domains:
+            latest = getattr(self.engine, "_latest", {}).get(d)
+            if latest is not None and d in active:
+                wake = min(wake, latest.received_at + self.engine.settings.active_window_seconds)
+        self._wake = wake

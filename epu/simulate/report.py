@@ -1,0 +1,120 @@
+"""The figures of a run, from what was measured. Pure.
+
+Definitions (docs/experiments.md repeats them for readers of the results):
+
+* wait = start − submit of each job that started (a job requeued after losing its node counts
+  its last start); mean, p50, p95 (nearest rank), max;
+* bounded slowdown = max(1, (wait + run) / max(run, 10 s)), averaged (Feitelson's BSLD, τ = 10 s);
+* node-hours = the life of every instance (created → terminated, or the end of the run) in hours;
+* cost = per instance, its life rounded up to the site's billing granularity (and minimum),
+  times the site's price per hour;
+* utilization of paid cores = core-seconds jobs ran / core-seconds paid;
+* launches = instances the clouds created; failures = instances that never ran (boot failed,
+  or never finished booting) plus transient API errors (counted apart); replacements =
+  instances given up before they ever ran (terminated while still booting);
+* peak nodes = the most instances alive at once;
+* jobs killed = running jobs that lost their node and were requeued (EPU must keep it at 0).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from epu.simulate.run import RunData
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def wait_stats(waits: list[float], runs: list[float]) -> dict[str, float]:
+    w = sorted(waits)
+    bsld = [max(1.0, (a + r) / max(r, 10.0)) for a, r in zip(waits, runs, strict=True)]
+    return {
+        "wait_mean_s": round(sum(w) / len(w), 3) if w else 0.0,
+        "wait_p50_s": round(percentile(w, 50), 3),
+        "wait_p95_s": round(percentile(w, 95), 3),
+        "wait_max_s": round(w[-1], 3) if w else 0.0,
+        "bounded_slowdown": round(sum(bsld) / len(bsld), 4) if bsld else 0.0,
+    }
+
+
+def vm_life(vm: Any, end: float) -> tuple[float, float]:
+    """(created, gone) of a VM, clipped to the end of the run."""
+    gone = vm.terminated_at if vm.terminated_at is not None else end
+    return vm.created_at, min(gone, end)
+
+
+def summarize(d: RunData) -> dict[str, Any]:
+    started = [j for j in d.jobs if j.start is not None]
+    completed = [j for j in d.jobs if j.end is not None]
+    out: dict[str, Any] = {
+        "workload": d.workload.name, "policy": d.policy, "domain": d.domain, "seed": d.seed,
+        "jobs": len(d.jobs), "jobs_completed": len(completed), "jobs_started": len(started),
+        "jobs_skipped": sum(d.skipped.values()), "jobs_killed": d.jobs_killed,
+    }
+    out.update(wait_stats([j.start - j.submit for j in started], [j.run for j in started]))  # type: ignore[operator]
+    node_seconds = cost = paid_core_seconds = 0.0
+    launches = never_ran = replaced = 0
+    events: list[tuple[float, int]] = []
+    per_site: dict[str, dict[str, float]] = {}
+    for site, vms in d.vms.items():
+        model = d.cloud.site(site)
+        price = model.price_per_hour if model.price_per_hour is not None else d.config.sites[site].price_per_hour
+        cores = d.cores.get(site, 1)
+        s_nodes = s_cost = 0.0
+        for vm in vms:
+            a, b = vm_life(vm, d.end)
+            life = max(0.0, b - a)
+            billed = model.billed_seconds(life)
+            s_nodes += life
+            s_cost += billed / 3600.0 * price
+            paid_core_seconds += billed * cores
+            launches += 1
+            ran = not vm.boot_fails and vm.boot_at <= b
+            if not ran:
+                never_ran += 1
+                if vm.terminated_at is not None and vm.destroyed_by is not None:
+                    replaced += 1
+            events.append((a, 1))
+            events.append((b, -1))
+        node_seconds += s_nodes
+        cost += s_cost
+        per_site[site] = {"launches": len(vms), "node_hours": round(s_nodes / 3600, 3), "cost": round(s_cost, 4)}
+    events.sort()
+    cur = peak = 0
+    for _, delta in events:
+        cur += delta
+        peak = max(peak, cur)
+    used = sum(j.run * j.nodes * j.cores for j in completed)
+    out.update({
+        "node_hours": round(node_seconds / 3600.0, 3),
+        "cost": round(cost, 4),
+        "utilization": round(used / paid_core_seconds, 4) if paid_core_seconds else 0.0,
+        "launches": launches,
+        "failures": never_ran,
+        "api_errors": d.cloud_errors,
+        "replacements": replaced,
+        "peak_nodes": peak,
+        "simulated_hours": round((d.end - d.start) / 3600.0, 3),
+        "sites": per_site,
+        "engine_iterations": d.iterations,
+        "engine_iterations_skipped": d.iterations_skipped,
+        "engine_ms_per_iteration": round(1000 * d.engine_cpu_seconds / d.iterations, 3) if d.engine_cpu_seconds else None,
+        "events": d.events,
+        "digest": d.digest,
+        "wall_seconds": round(d.wall_seconds, 3),
+        "cpu_seconds": round(d.cpu_seconds, 3),
+    })
+    if d.skipped:
+        out["skipped"] = dict(d.skipped)
+    return out
+
+
+TIMING_KEYS = ("wall_seconds", "cpu_seconds", "engine_ms_per_iteration")
+"""Keys that differ between two runs of the same seed (the machine's, not the simulation's)."""

@@ -1,0 +1,1 @@
+"""Workloads for ``epu simulate`` and the simulated batch backend: traces and generators."""

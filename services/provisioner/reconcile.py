@@ -1,0 +1,396 @@
+"""What the poll loop and reconciliation conclude from one cloud listing — pure, no I/O.
+
+``observe`` (the poll loop) and ``reconcile`` (on start and every few minutes) are functions
+of a ``World`` — the listing, when it was taken, the store's records, the shared miss
+history, the first sightings of unknown nodes, what is in flight here, the clock — and the
+``Rules``; they return a ``Plan`` of actions. The shell in ``provisioner.py`` lists, reads,
+calls these, and carries the plan out; every decision is tested table by table in
+``tests/provisioner/test_reconcile.py``.
+
+Why these rules (design rule 8: absence is a hint, never proof; destroy only what we
+positively know is ours and unwanted):
+
+* **Absence.** A record whose node a listing omits gets one more *miss*; poll and
+  reconciliation share the history. After ``vanish_misses`` consecutive misses spanning at
+  least ``vanish_min_seconds`` the record is *presumed gone*: a flag announced to the engine,
+  not a state. Nothing is destroyed or closed on a presumption, so a listing that was partial
+  (OpenStack's down cell, a short page), late or wrong costs nothing; when the node is listed
+  again it is re-adopted. Only a record we were already terminating is closed on absence.
+* **Whose node.** Only nodes tagged with this deployment are looked at. A node whose launch
+  id the store does not know is an orphan only if it also carries this *store's* id; one of
+  another store (a second provisioner with its own database, a database re-created under an
+  explicitly configured deployment) is never destroyed, only reported.
+* **Orphan grace.** Measured from when this store first saw the node (``Sighting``,
+  persisted), not from the cloud's ``created_at``: a restart neither restarts nor skips it.
+* **Cap.** One reconciliation destroys at most ``max_destroys`` nodes. Orphans are the class
+  a wrong or restored store produces, so when there are more orphans than the cap none is
+  destroyed (a circuit breaker); nodes of our own closed launches beyond the cap wait for the
+  next round. Either way an alert says so.
+* **Listing hygiene.** A node listed twice counts once; a record that changed after the
+  listing was taken is not judged by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_STORE, CloudNode
+from epu.services.provisioner.states import check_transition
+from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Rules:
+    deployment: str
+    """This deployment's identity (the ``epu-deployment`` tag)."""
+    store_id: str
+    """This store's id (the ``epu-store`` tag)."""
+    vanish_misses: int = 3
+    """Consecutive listings without a record's node before it is presumed gone."""
+    vanish_min_seconds: float = 60.0
+    """... and the time those listings must span."""
+    orphan_grace_seconds: float = 600.0
+    """How long an orphan is watched, from its first sighting here, before it is destroyed."""
+    max_destroys: int = 5
+    """Most nodes one reconciliation destroys (see the module docstring)."""
+    resume_after_seconds: float = 30.0
+    """A ``requested`` launch with nothing in flight here is re-driven after this long."""
+
+
+@dataclass(frozen=True)
+class World:
+    site: str
+    nodes: tuple[CloudNode, ...]
+    """The listing, as the site returned it (duplicates and foreign nodes included)."""
+    listed_at: float
+    """When the list call was made; records updated after it are not judged by it."""
+    now: float
+    records: Mapping[str, InstanceRecord]
+    """The site's live records and every record a listed node names (``Store.records_for``)."""
+    misses: Mapping[str, Miss] = field(default_factory=dict)
+    sightings: Mapping[str, Sighting] = field(default_factory=dict)
+    """By cloud id, this site's."""
+    busy: frozenset[str] = frozenset()
+    """Work in flight here: ``launch:<id>`` and ``terminate:<id>``."""
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Follow:
+    """The cloud says the node moved on: advance the record."""
+
+    instance_id: str
+    state: str
+    reason: str
+    error_kind: str | None = None
+    ip: str | None = None
+
+
+@dataclass(frozen=True)
+class NoteIp:
+    instance_id: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """A known launch's node the record does not track yet (a crash after the create call)."""
+
+    instance_id: str
+    node: CloudNode
+
+
+@dataclass(frozen=True)
+class CountMiss:
+    miss: Miss
+
+
+@dataclass(frozen=True)
+class ClearMiss:
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class PresumeGone:
+    instance_id: str
+    cloud_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Readopt:
+    """A presumed-gone record's node is listed again."""
+
+    instance_id: str
+    cloud_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CloseGone:
+    """A record we were terminating whose node is no longer listed: terminated."""
+
+    instance_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Destroy:
+    cloud_id: str
+    launch_id: str
+    kind: str
+    """``closed`` (node of a failed/terminated record), ``duplicate`` or ``orphan``."""
+    why: str
+
+
+@dataclass(frozen=True)
+class Sight:
+    sighting: Sighting
+
+
+@dataclass(frozen=True)
+class Forget:
+    cloud_id: str
+
+
+@dataclass(frozen=True)
+class ResumeLaunch:
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class ResumeTerminate:
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    """Something on a destroy path an operator must hear about (``ProvisionerAlert``)."""
+
+    kind: str
+    message: str
+    cloud_ids: tuple[str, ...] = ()
+    count: int = 1
+    """How many nodes it concerns (``cloud_ids`` names at most ``ALERT_IDS``)."""
+
+
+Action = (Follow | NoteIp | Adopt | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
+          | Forget | ResumeLaunch | ResumeTerminate | Alert)
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    waiting_orphans: list[str] = field(default_factory=list)
+    """Orphans inside their grace period (cloud ids)."""
+    withheld: list[str] = field(default_factory=list)
+    """Destroys the cap refused or deferred (cloud ids)."""
+
+    def of(self, kind: type) -> list:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+# --------------------------------------------------------------------------- decisions
+
+#: How many cloud ids an alert names (the count says the rest).
+ALERT_IDS = 20
+
+
+def ours(world: World, rules: Rules) -> dict[str, CloudNode]:
+    """This deployment's nodes by cloud id, each once (the first listing of a duplicate wins)."""
+    out: dict[str, CloudNode] = {}
+    for node in world.nodes:
+        if node.tags.get(TAG_DEPLOYMENT) == rules.deployment and node.cloud_id not in out:
+            out[node.cloud_id] = node
+    return out
+
+
+def observe(world: World, rules: Rules) -> Plan:
+    """The poll loop: move each tracked record to what the cloud says, count misses, presume
+    gone, re-adopt. Never destroys anything."""
+    plan = Plan()
+    nodes = ours(world, rules)
+    watched = set()
+    for rec in world.records.values():
+        if rec.site != world.site or rec.terminal or rec.cloud_id is None:
+            continue  # a launch in flight owns a record without a node
+        watched.add(rec.instance_id)
+        node = nodes.get(rec.cloud_id)
+        if node is None:
+            _absent(plan, world, rules, rec)
+        else:
+            _present(plan, world, rec, node)
+    plan.actions += [ClearMiss(iid) for iid in world.misses if iid not in watched]  # closed since: forget
+    return plan
+
+
+def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> None:
+    if rec.instance_id in world.misses:
+        plan.actions.append(ClearMiss(rec.instance_id))
+    if rec.presumed_gone:
+        plan.actions.append(Readopt(rec.instance_id, node.cloud_id,
+                                    f"listed again by site {world.site} (node {node.cloud_id} {node.native_state}): "
+                                    "re-adopted"))
+    target = node.state
+    if target == "failed":
+        reason, kind = f"node in state {node.native_state}", "transient"
+    elif target == "terminated":
+        reason, kind = ("terminated" if rec.state == "terminating"
+                        else f"terminated by the cloud (node {node.cloud_id})"), None
+    else:
+        reason, kind = f"node {node.native_state}", None
+    if target and check_transition(rec.state, target).allowed:
+        plan.actions.append(Follow(rec.instance_id, target, reason, kind, node.ip))
+    elif node.ip and node.ip != rec.ip:
+        plan.actions.append(NoteIp(rec.instance_id, node.ip))
+
+
+def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord) -> None:
+    if rec.updated_at > world.listed_at:
+        return  # changed after the listing was taken: its absence there means nothing
+    prev = world.misses.get(rec.instance_id)
+    if prev is not None and world.listed_at <= prev.last_at:
+        return  # a listing no newer than one already counted (late, or the same twice) is no new miss
+    miss = Miss(rec.instance_id, world.site, (prev.count if prev else 0) + 1,
+                prev.first_at if prev else world.listed_at, world.listed_at)
+    enough = miss.count >= rules.vanish_misses and world.listed_at - miss.first_at >= rules.vanish_min_seconds
+    if enough and rec.state == "terminating":
+        plan.actions.append(CloseGone(rec.instance_id, f"node {rec.cloud_id} gone after terminate: not listed by "
+                                                       f"site {world.site} {miss.count} times"))
+        plan.actions.append(ClearMiss(rec.instance_id))
+        return
+    plan.actions.append(CountMiss(miss))
+    if enough and not rec.presumed_gone:
+        span = world.listed_at - miss.first_at
+        plan.actions.append(PresumeGone(
+            rec.instance_id, rec.cloud_id or "",
+            f"presumed gone: node {rec.cloud_id} not listed by site {world.site} in {miss.count} consecutive "
+            f"listings over {span:.0f} s; not destroyed"))
+
+
+def reconcile(world: World, rules: Rules) -> Plan:
+    """Reconciliation: everything ``observe`` does, plus adopt, sweep (capped), re-drive."""
+    plan = observe(world, rules)
+    nodes = ours(world, rules)
+    closed: list[Destroy] = []
+    orphans: list[Destroy] = []
+    for node in nodes.values():
+        lid = node.launch_id
+        if not lid:
+            continue  # ours by deployment but not by launch: nothing says what it is for
+        rec = world.records.get(lid)
+        if rec is None:
+            _unknown(plan, world, rules, node, lid, orphans)
+        elif rec.site not in (world.site, ""):
+            continue  # a launch of another site: that site's reconciliation judges it
+        elif rec.cloud_id is None and not rec.terminal:
+            if f"launch:{lid}" not in world.busy:
+                plan.actions.append(Adopt(lid, node))
+        elif rec.terminal:
+            if node.state == "terminated":
+                continue
+            if rec.presumed_gone:
+                _sight(plan, world, node, lid, "reappeared",
+                       f"node {node.cloud_id} of launch {lid} is listed again after its record was closed as "
+                       "vanished; left running: terminate it by hand if it is not wanted")
+                continue
+            closed.append(Destroy(node.cloud_id, lid, "closed", f"record {lid} is {rec.state}"))
+        elif node.live and rec.cloud_id != node.cloud_id:
+            tracked = nodes.get(rec.cloud_id or "")
+            if tracked is not None and tracked.live:  # never on the word of a listing that lacks the tracked one
+                closed.append(Destroy(node.cloud_id, lid, "duplicate",
+                                      f"duplicate node for launch {lid} (tracked: {rec.cloud_id})"))
+    _prune_sightings(plan, world, rules, nodes)
+    _cap(plan, world, rules, closed, orphans)
+    _redrive(plan, world, rules, nodes)
+    return plan
+
+
+def _sight(plan: Plan, world: World, node: CloudNode, lid: str, kind: str, first_message: str) -> Sighting:
+    """Remember when this store first saw ``node`` (and say so the first time)."""
+    prev = world.sightings.get(node.cloud_id)
+    first = prev.first_seen if prev is not None and prev.kind == kind else world.now
+    seen = Sighting(world.site, node.cloud_id, lid, kind, first, world.now)
+    plan.actions.append(Sight(seen))
+    if prev is None or prev.kind != kind:
+        plan.actions.append(Alert(_ALERT_KIND[kind], first_message, (node.cloud_id,)))
+    return seen
+
+
+_ALERT_KIND = {"orphan": "orphan-seen", "foreign": "foreign-node", "reappeared": "node-reappeared"}
+
+
+def _unknown(plan: Plan, world: World, rules: Rules, node: CloudNode, lid: str, orphans: list[Destroy]) -> None:
+    if not node.live:
+        if node.cloud_id in world.sightings:
+            plan.actions.append(Forget(node.cloud_id))
+        return
+    store = node.tags.get(TAG_STORE)
+    if store != rules.store_id:
+        _sight(plan, world, node, lid, "foreign",
+               f"node {node.cloud_id} carries this deployment's tag ({rules.deployment}) but "
+               f"{'no store id' if not store else 'store ' + store}, not this store's ({rules.store_id}), "
+               f"and launch id {lid} is unknown here: never touched. Two stores share one deployment "
+               "identity, or the store was re-created")
+        return
+    seen = _sight(plan, world, node, lid, "orphan",
+                  f"orphan node {node.cloud_id}: launch id {lid} is unknown to this store; it will be destroyed "
+                  f"after {rules.orphan_grace_seconds:.0f} s unless its launch becomes known")
+    if world.now - seen.first_seen >= rules.orphan_grace_seconds:
+        orphans.append(Destroy(node.cloud_id, lid, "orphan",
+                               f"orphan: launch id {lid} unknown, first seen {world.now - seen.first_seen:.0f} s ago"))
+    else:
+        plan.waiting_orphans.append(node.cloud_id)
+
+
+def _prune_sightings(plan: Plan, world: World, rules: Rules, nodes: Mapping[str, CloudNode]) -> None:
+    """A sighting not listed for a grace period is forgotten; a shorter absence (a partial
+    listing) keeps its first-seen time."""
+    for cid, s in world.sightings.items():
+        if cid not in nodes and world.now - s.last_seen > rules.orphan_grace_seconds:
+            plan.actions.append(Forget(cid))
+
+
+def _cap(plan: Plan, world: World, rules: Rules, closed: list[Destroy], orphans: list[Destroy]) -> None:
+    cap = rules.max_destroys
+    if len(orphans) > cap:
+        ids = tuple(d.cloud_id for d in orphans)
+        plan.withheld += ids
+        plan.actions.append(Alert(
+            "orphan-sweep-refused",
+            f"{len(orphans)} orphan nodes at site {world.site} are due for destruction, more than the cap of {cap} "
+            "per reconciliation: destroying none. This is what a wrong, re-created or restored store looks "
+            "like; check the store, then raise provisioner.max_destroys_per_reconcile or terminate them by hand",
+            ids[:ALERT_IDS], len(ids)))
+        orphans = []
+    due = closed + orphans
+    plan.actions += due[:cap]
+    if len(due) > cap:
+        ids = tuple(d.cloud_id for d in due[cap:])
+        plan.withheld += ids
+        plan.actions.append(Alert(
+            "destroy-deferred",
+            f"{len(due)} nodes at site {world.site} are due for destruction; the cap of {cap} per reconciliation "
+            f"defers {len(ids)} to the next one",
+            ids[:ALERT_IDS], len(ids)))
+
+
+def _redrive(plan: Plan, world: World, rules: Rules, nodes: Mapping[str, CloudNode]) -> None:
+    closing = {a.instance_id for a in plan.of(CloseGone)}
+    adopted = {a.instance_id for a in plan.of(Adopt)}
+    for rec in world.records.values():
+        if rec.site != world.site or rec.terminal or rec.instance_id in closing:
+            continue
+        if rec.state == "requested" and rec.cloud_id is None:
+            if (rec.instance_id not in adopted and world.now - rec.updated_at >= rules.resume_after_seconds
+                    and f"launch:{rec.instance_id}" not in world.busy):
+                plan.actions.append(ResumeLaunch(rec.instance_id))
+        elif rec.state == "terminating" and f"terminate:{rec.instance_id}" not in world.busy:
+            node = nodes.get(rec.cloud_id or "")
+            if node is None or node.live:
+                plan.actions.append(ResumeTerminate(rec.instance_id))

@@ -1,0 +1,64 @@
+"""The column-wise wire form of a snapshot's nodes and shapes (common/columns.py)."""
+
+from __future__ import annotations
+
+import pytest
+from epu.common.codec import decode, encode
+from epu.common.columns import decode_columns, encode_columns
+from epu.common.messages import DecodeError, Envelope, JobShape, NodeInfo, SensorSnapshot
+
+
+def nodes(n: int) -> list[NodeInfo]:
+    states = ["free", "busy", "offline", "down"]
+    return [NodeInfo(name=f"w{i:04d}", state=states[i % 4], cores=8, cores_used=(i % 3) * 2,  # type: ignore[arg-type]
+                     jobs=[str(i)] if i % 2 else [], state_since=1.0 * i if i % 5 else None,
+                     native_state="ALLOCATED+CLOUD" if i % 4 == 1 else "IDLE", instance_id=f"id{i}" if i % 3 else None,
+                     memory_mb=64000, gpus=2 if i % 7 == 0 else 0, features=["bigmem"] if i % 2 else [],
+                     partitions=["cpu", "gpu"] if i % 7 == 0 else ["cpu"]) for i in range(n)]
+
+
+def test_columns_round_trip_equals_the_verbose_form() -> None:
+    records = nodes(100)
+    doc = encode_columns(records, NodeInfo, frozenset({"state", "native_state", "features", "partitions"}))
+    assert isinstance(doc["state"], dict) and "gpus_used" not in doc  # interned; all-default left out
+    back = decode_columns(doc, NodeInfo, "nodes")
+    assert back == records
+    assert [NodeInfo.model_validate(r.model_dump()) for r in back] == records
+    back[1].features.append("x")  # every record owns its lists
+    assert back[3].features == ["bigmem"]
+    assert back[5].model_copy(update={"state": "down"}).state == "down" and back[5].model_dump()["name"] == "w0005"
+
+
+def test_snapshot_wire_form_is_columnar_and_round_trips() -> None:
+    shapes = [JobShape(count=10, cores=2, partition="cpu", demand=True, reason="Resources", reason_class="resources"),
+              JobShape(count=1, demand=False, reason="JobHeldUser", reason_class="held", sample_job_ids=["7"])]
+    snap = SensorSnapshot(domain="alpha", backend="slurm", taken_at=1.0, nodes=nodes(30), shapes=shapes)
+    env = Envelope.wrap(snap, source="t")
+    assert env.body["jobs"] == [] and env.body["nodes"]["n"] == 30 and env.body["shapes"]["n"] == 2
+    _, back = decode(encode(env))
+    assert back == snap
+
+
+@pytest.mark.parametrize(("mutate", "reason"), [
+    (lambda d: d.update(cores=[1, 2]), "nodes.cores: expected 30 values"),
+    (lambda d: d.update(cores=["8"] * 30), "nodes.cores"),
+    (lambda d: d.update(cores=[-1] * 30), "nodes.cores"),
+    (lambda d: d["state"].update(i=[99] * 30), "index outside its table"),
+    (lambda d: d["state"].update(t=["free", "sleeping", "busy", "down"]), "nodes.state"),
+    (lambda d: d.pop("name"), "nodes.name: required column missing"),
+    (lambda d: d.update(n="30"), "nodes.n"),
+])
+def test_malformed_columns_are_refused_with_the_field_named(mutate, reason: str) -> None:
+    snap = SensorSnapshot(domain="alpha", backend="slurm", taken_at=1.0, nodes=nodes(30))
+    env = Envelope.wrap(snap, source="t")
+    body = env.body
+    mutate(body["nodes"])
+    with pytest.raises(DecodeError, match=reason.replace("[", r"\[")):
+        decode(encode(env.model_copy(update={"body": body})))
+
+
+def test_verbose_snapshots_are_still_accepted() -> None:
+    snap = SensorSnapshot(domain="alpha", backend="torque", taken_at=1.0, nodes=nodes(3),
+                          shapes=[JobShape(count=2)])
+    body = snap.model_dump(mode="python")  # lists of maps, as a 1.0 sender writes them
+    assert SensorSnapshot.from_wire(body) == snap

@@ -1,0 +1,56 @@
+"""The embedded demo (issue 14): it leaves nothing behind, and its context ends empty when its
+instances do (``context_members_final`` was 1 with ``final_instances`` 0 in 5 of 9 runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from epu.common.messages import ContextMembership, Envelope
+
+from epu.demo import DemoSettings, Observed, run_demo
+
+EPU = [sys.executable, "-m", "epu.cli"]
+
+
+def test_the_demo_leaves_no_working_directory_behind(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([*EPU, "demo", "--jobs", "2", "--job-seconds", "1", "--boot-seconds", "0.5",
+                           "--idle-seconds", "0.5", "--json"], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["jobs_completed"] == 2 and summary["context_joins"] >= 1
+    assert list(tmp.iterdir()) == []  # no epu-demo-*: no stores, TLS key, admin token or context secret
+
+
+def _membership(entry_id: int, kind: str, host: str = "wn-1") -> ContextMembership:
+    return ContextMembership(context_id="c", entry_id=entry_id, kind=kind, hostname=host, at=time.time())
+
+
+def test_membership_events_arriving_out_of_order_are_put_in_entry_order() -> None:
+    """A node's join is announced from the broker's HTTP side and its leave from its AMQP
+    consumer, so the leave can reach a tap first."""
+    obs = Observed()
+    env = Envelope.model_construct()
+    obs.on_event(_membership(2, "leave"), env)
+    obs.on_event(_membership(1, "join"), env)
+    assert obs.context_members == set()
+    obs.on_event(_membership(3, "join"), env)
+    obs.on_event(_membership(3, "join"), env)  # a duplicate
+    assert obs.context_members == {"wn-1"} and obs.context_joins == 1
+
+
+def test_one_job_runs_end_with_an_empty_context() -> None:
+    for seed in range(3):
+        s = DemoSettings(jobs=1, job_seconds=1.0, boot_seconds=0.5, idle_seconds=0.5, stall_seconds=10,
+                         timeout=90, seed=seed)
+        summary = run_demo(s, live_display=False, out=None)
+        assert not summary["timed_out"], summary
+        assert summary["final_instances"] == 0 and summary["context_members_final"] == 0, summary
+        assert summary["context_joins"] >= 1

@@ -1,0 +1,134 @@
+"""Every operator command run as the generated ``epu-operator`` user — exactly its permissions —
+against the real broker, beside a decision engine running as ``epu-decision`` (declare = false),
+all in a vhost holding nothing but the generated definitions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from epu.common.broker import Broker, Publisher, PublishRefused
+from epu.common.config import load_config
+from epu.common.messages import LaunchRequest, SensorSnapshot, TerminateRequest
+from epu.common.runtime import run_in_thread
+from epu.common.testing import drain
+from epu.services.decision.app import build_service
+from epu.services.provisioner.store import Store
+
+from tests.support.definitions import Loaded, loaded_definitions
+
+pytestmark = pytest.mark.rabbitmq
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """
+[broker]
+url = "{url}"
+[decision]
+store_url = "sqlite:///{tmp}/decision.db"
+iteration_seconds = 0.3
+[provisioner]
+store_url = "sqlite:///{tmp}/provisioner.db"
+[domains.alpha]
+max_nodes = 2
+sites = ["s1"]
+[sites.s1]
+driver = "epu-sim"
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loaded, Path]]:
+    tmp = tmp_path_factory.mktemp("operator")
+    with loaded_definitions(["alpha"], admin_access=True) as d:
+        engine_cfg = tmp / "engine.toml"
+        engine_cfg.write_text(CONFIG.format(url=d.url("epu-decision"), tmp=tmp)
+                              .replace("[broker]\n", "[broker]\ndeclare = false\n"))
+        operator_cfg = tmp / "operator.toml"
+        operator_cfg.write_text(CONFIG.format(url=d.url("epu-operator"), tmp=tmp))
+        store = Store(f"sqlite:///{tmp}/provisioner.db")
+        store.record_launch(LaunchRequest(launch_id="i-1", domain="alpha", site="s1", node_name="w1"), 100.0)
+        store.close()
+        engine = build_service(load_config(engine_cfg, environ={}))
+        thread = run_in_thread(engine)
+        assert engine.wait_ready(15), "the engine runs as epu-decision with the definitions alone"
+        # the sensor (as its own user) publishes a snapshot, so status has something to show
+        sensor = Publisher(Broker(d.url("epu-sensor-alpha"), d.topology, declare=False), "sensor-alpha")
+        stop_sensor = threading.Event()
+
+        def snapshots() -> None:
+            while not stop_sensor.wait(0.5):
+                sensor.publish(SensorSnapshot(domain="alpha", backend="simulated", taken_at=1.0))
+
+        feeder = threading.Thread(target=snapshots, daemon=True)
+        feeder.start()
+        try:
+            yield d, operator_cfg
+        finally:
+            stop_sensor.set()
+            feeder.join(5)
+            sensor.close()
+            engine.stop()
+            thread.join(15)
+
+
+def epu(cfg: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPU_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "epu", *argv, "-c", str(cfg)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cfg.parent)
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    assert "ACCESS_REFUSED" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    return res.stdout
+
+
+def test_status(world: tuple[Loaded, Path]) -> None:
+    _d, cfg = world
+    doc = json.loads(ok(epu(cfg, "status", "alpha", "--json", "--seconds", "3")))
+    assert doc, "status shows the domain"
+
+
+def test_policy_set_pause_resume_and_show(world: tuple[Loaded, Path]) -> None:
+    _d, cfg = world
+    assert "applied as version" in ok(epu(cfg, "policy", "set", "alpha", "max_nodes=3", "--timeout", "30"))
+    assert "PAUSED" in ok(epu(cfg, "policy", "pause", "alpha", "--timeout", "30"))
+    assert "applied" in ok(epu(cfg, "policy", "resume", "alpha", "--timeout", "30"))
+    shown = json.loads(ok(epu(cfg, "policy", "show", "alpha", "--json")))
+    assert shown["max_nodes"] == 3 and shown["paused"] is False
+
+
+def test_tap_and_record(world: tuple[Loaded, Path]) -> None:
+    _d, cfg = world
+    out = ok(epu(cfg, "tap", "sensor.snapshot.*", "--json", "--count", "2", "--seconds", "30"))
+    assert [json.loads(line)["routing_key"] for line in out.splitlines()] == ["sensor.snapshot.alpha"] * 2
+    rec = cfg.parent / "rec"
+    ok(epu(cfg, "record", "--out", str(rec), "--seconds", "3"))
+    assert (rec / "timeline.csv").exists() and (rec / "summary.json").exists()
+
+
+def test_instances_list_and_terminate_but_never_launch(world: tuple[Loaded, Path]) -> None:
+    d, cfg = world
+    assert "i-1" in ok(epu(cfg, "instances", "list"))
+    # unforced: a retire request to the engine (which drains first), never straight to the provisioners
+    assert "drain and terminate requested" in ok(epu(cfg, "instances", "terminate", "i-1", "--reason", "drain"))
+    assert drain(Broker(d.admin_url, d.topology), "epu.provisioner") == []
+    # forced: the operator may send a TerminateRequest to the provisioners
+    assert "forced terminate requested" in ok(epu(cfg, "instances", "terminate", "i-1", "--force",
+                                                  "--reason", "operator test"))
+    got = drain(Broker(d.admin_url, d.topology), "epu.provisioner")
+    assert [(type(m), m.instance_id) for _e, m in got] == [(TerminateRequest, "i-1")]
+    operator = Publisher(Broker(d.url("epu-operator"), d.topology), "operator")
+    try:
+        with pytest.raises(PublishRefused, match="ACCESS_REFUSED"):
+            operator.publish(LaunchRequest(launch_id="evil", domain="alpha", site="s1", node_name="x"))
+    finally:
+        operator.close()
+    assert drain(Broker(d.admin_url, d.topology), "epu.provisioner") == [], "no launch reached the provisioners"

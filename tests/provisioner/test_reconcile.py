@@ -1,0 +1,268 @@
+"""The pure decisions of the poll loop and reconciliation, table by table (services/provisioner/reconcile.py).
+
+Each row is one situation: what the listing showed, what the store holds, what the memory of
+misses and sightings says, and the actions expected — no cloud, no database, no threads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from epu.services.provisioner import reconcile as core
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, TAG_STORE, CloudNode
+from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
+
+T = 10_000.0
+RULES = core.Rules(deployment="dep", store_id="st", vanish_misses=3, vanish_min_seconds=60,
+                   orphan_grace_seconds=600, max_destroys=2, resume_after_seconds=30)
+
+
+def node(cid: str, lid: str | None = None, state: str | None = "started", *, dep: str = "dep", store: str | None = "st",
+         ip: str | None = "10.0.0.1") -> CloudNode:
+    tags = {TAG_DEPLOYMENT: dep}
+    if store is not None:
+        tags[TAG_STORE] = store
+    if lid is not None:
+        tags[TAG_LAUNCH] = lid
+    native = {"started": "running", "pending": "pending", "terminated": "terminated", "failed": "error"}.get(
+        state or "", "stopped")
+    return CloudNode(cloud_id=cid, name=cid, state=state, native_state=native, ip=ip, tags=tags, created_at=0.0)
+
+
+def rec(iid: str, state: str = "started", cloud_id: str | None = None, *, updated: float = T - 100,
+        presumed: float | None = None, site: str = "s", ip: str | None = "10.0.0.1") -> InstanceRecord:
+    return InstanceRecord(instance_id=iid, domain="d", site=site, node_name=iid, cores=1, state=state, seq=3,
+                          cloud_id=cloud_id, ip=ip, reason="", error_kind=None, created_at=T - 1000,
+                          updated_at=updated, presumed_gone_at=presumed)
+
+
+def world(nodes=(), records=(), misses=(), sightings=(), busy=(), listed_at: float = T, now: float = T) -> core.World:
+    return core.World(site="s", nodes=tuple(nodes), listed_at=listed_at, now=now,
+                      records={r.instance_id: r for r in records}, misses={m.instance_id: m for m in misses},
+                      sightings={s.cloud_id: s for s in sightings}, busy=frozenset(busy))
+
+
+def miss(iid: str, count: int, first: float, last: float | None = None) -> Miss:
+    return Miss(iid, "s", count, first, first if last is None else last)
+
+
+def kinds(plan: core.Plan) -> list[str]:
+    return [type(a).__name__ for a in plan.actions]
+
+
+# --------------------------------------------------------------------------- observe: absence
+
+ABSENCE = [
+    # (id, record, prior miss, listed_at, expected action names, why)
+    ("first miss is only counted", rec("a", cloud_id="c1"), None, T, ["CountMiss"]),
+    ("second miss, still only counted", rec("a", cloud_id="c1"), miss("a", 1, T - 15), T, ["CountMiss"]),
+    ("enough misses but too little time", rec("a", cloud_id="c1"), miss("a", 2, T - 30), T, ["CountMiss"]),
+    ("enough time but too few misses", rec("a", cloud_id="c1"), miss("a", 1, T - 300), T, ["CountMiss"]),
+    ("3 misses over 60 s: presumed gone", rec("a", cloud_id="c1"), miss("a", 2, T - 60), T,
+     ["CountMiss", "PresumeGone"]),
+    ("already presumed: counted, nothing announced twice", rec("a", cloud_id="c1", presumed=T - 50),
+     miss("a", 5, T - 300), T, ["CountMiss"]),
+    ("a terminate we asked for, node gone long enough: closed", rec("a", "terminating", "c1"),
+     miss("a", 2, T - 60), T, ["CloseGone", "ClearMiss"]),
+    ("a terminate we asked for, one miss: wait", rec("a", "terminating", "c1"), None, T, ["CountMiss"]),
+    ("record changed after the listing was taken: not judged", rec("a", cloud_id="c1", updated=T + 1), None, T, []),
+    ("a late listing (older than the last counted) is no new miss", rec("a", cloud_id="c1"),
+     miss("a", 2, T - 100, T - 5), T - 10, []),
+    ("the same listing twice is no new miss", rec("a", cloud_id="c1"), miss("a", 2, T - 100, T), T, []),
+    ("a launch in flight (no cloud id yet) is not judged", rec("a", "requested", None), None, T, []),
+    ("terminal records are not judged", rec("a", "terminated", "c1"), None, T, []),
+]
+
+
+@pytest.mark.parametrize("why,record,prior,listed_at,expected", ABSENCE, ids=[r[0] for r in ABSENCE])
+def test_absence(why, record, prior, listed_at, expected) -> None:
+    plan = core.observe(world([node("other", "x")], [record], [prior] if prior else [], listed_at=listed_at), RULES)
+    assert kinds(plan) == expected, why
+    assert not plan.of(core.Destroy)
+
+
+def test_miss_history_carries_first_time_and_count() -> None:
+    plan = core.observe(world([], [rec("a", cloud_id="c1")], [miss("a", 1, T - 15)]), RULES)
+    [count] = plan.of(core.CountMiss)
+    assert count.miss == Miss("a", "s", 2, T - 15, T)
+    plan = core.observe(world([], [rec("a", cloud_id="c1")], [miss("a", 2, T - 75)]), RULES)
+    [gone] = plan.of(core.PresumeGone)
+    assert gone.cloud_id == "c1" and "3 consecutive listings over 75 s" in gone.reason and "not destroyed" in gone.reason
+
+
+# --------------------------------------------------------------------------- observe: presence
+
+PRESENCE = [
+    ("pending to started", rec("a", "pending", "c1"), node("c1", "a", "started"), None,
+     [core.Follow("a", "started", "node running", None, "10.0.0.1")]),
+    ("same state, same ip: nothing", rec("a", "started", "c1"), node("c1", "a", "started"), None, []),
+    ("same state, new ip: noted", rec("a", "started", "c1", ip=None), node("c1", "a", "started", ip="10.9.9.9"), None,
+     [core.NoteIp("a", "10.9.9.9")]),
+    ("never backwards: a started record listed pending", rec("a", "started", "c1"), node("c1", "a", "pending"), None,
+     []),
+    ("stopped tells nothing", rec("a", "started", "c1"), node("c1", "a", None), None, []),
+    ("error: failed (transient)", rec("a", "started", "c1"), node("c1", "a", "failed"), None,
+     [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1")]),
+    ("terminated by the cloud", rec("a", "started", "c1"), node("c1", "a", "terminated"), None,
+     [core.Follow("a", "terminated", "terminated by the cloud (node c1)", None, "10.0.0.1")]),
+    ("terminated as asked", rec("a", "terminating", "c1"), node("c1", "a", "terminated"), None,
+     [core.Follow("a", "terminated", "terminated", None, "10.0.0.1")]),
+    ("seen again: misses cleared", rec("a", "started", "c1"), node("c1", "a"), miss("a", 2, T - 30),
+     [core.ClearMiss("a")]),
+]
+
+
+@pytest.mark.parametrize("why,record,listed,prior,expected", PRESENCE, ids=[r[0] for r in PRESENCE])
+def test_presence(why, record, listed, prior, expected) -> None:
+    plan = core.observe(world([listed], [record], [prior] if prior else []), RULES)
+    assert plan.actions == expected, why
+
+
+def test_presumed_gone_node_listed_again_is_readopted_and_followed() -> None:
+    plan = core.observe(world([node("c1", "a", "started")], [rec("a", "pending", "c1", presumed=T - 10)],
+                              [miss("a", 4, T - 200)]), RULES)
+    assert kinds(plan) == ["ClearMiss", "Readopt", "Follow"]
+    assert plan.actions[1].reason.endswith("re-adopted") and plan.actions[2].state == "started"
+
+
+def test_only_this_deployments_nodes_count_and_duplicates_count_once() -> None:
+    # a node with our cloud id but another deployment's tag is not our node: a miss
+    plan = core.observe(world([node("c1", "a", dep="staging")], [rec("a", "started", "c1")]), RULES)
+    assert kinds(plan) == ["CountMiss"]
+    twice = [node("c1", "a", "started"), node("c1", "a", "started")]
+    plan = core.observe(world(twice, [rec("a", "pending", "c1")]), RULES)
+    assert kinds(plan) == ["Follow"]
+
+
+# --------------------------------------------------------------------------- reconcile: whose node, and the sweep
+
+SWEEP = [
+    # (why, listed nodes, records, sightings, expected destroyed cloud ids, expected alert kinds, waiting)
+    ("orphan first seen now: waits, announced", [node("o1", "x")], [], [], [], ["orphan-seen"], ["o1"]),
+    ("orphan created long ago but first seen now: still waits (grace is ours, not the cloud's)",
+     [replace(node("o1", "x"), created_at=T - 10 ** 6)], [], [], [], ["orphan-seen"], ["o1"]),
+    ("orphan seen 599 s ago: waits, not announced again", [node("o1", "x")], [],
+     [Sighting("s", "o1", "x", "orphan", T - 599, T - 300)], [], [], ["o1"]),
+    ("orphan seen 600 s ago: destroyed", [node("o1", "x")], [],
+     [Sighting("s", "o1", "x", "orphan", T - 600, T - 300)], ["o1"], [], []),
+    ("our deployment, another store: never", [node("f1", "x", store="other")], [],
+     [Sighting("s", "f1", "x", "foreign", T - 10 ** 5, T - 300)], [], [], []),
+    ("our deployment, no store tag (older release): never, announced once", [node("f1", "x", store=None)], [], [],
+     [], ["foreign-node"], []),
+    ("another deployment: never looked at", [node("f1", "x", dep="staging")], [], [], [], [], []),
+    ("untagged by launch: never", [node("u1", None)], [], [], [], [], []),
+    ("unknown but not live: nothing", [node("o1", "x", "terminated")], [], [], [], [], []),
+    ("node of a failed record: destroyed", [node("c1", "a")], [rec("a", "failed", "c1")], [], ["c1"], [], []),
+    ("node of a terminated record: destroyed", [node("c1", "a")], [rec("a", "terminated", "c1")], [], ["c1"], [], []),
+    ("terminated node of a terminated record: nothing", [node("c1", "a", "terminated")],
+     [rec("a", "terminated", "c1")], [], [], [], []),
+    ("node of a record closed on absence (older release): never, announced", [node("c1", "a")],
+     [rec("a", "terminated", "c1", presumed=T - 5000)], [], [], ["node-reappeared"], []),
+    ("duplicate while the tracked node is listed live: destroyed", [node("c1", "a"), node("c2", "a")],
+     [rec("a", "started", "c1")], [], ["c2"], [], []),
+    ("'duplicate' while the tracked node is missing from the listing: never", [node("c2", "a")],
+     [rec("a", "started", "c1")], [], [], [], []),
+    ("a launch of another site: not this site's to judge", [node("c9", "z")], [rec("z", "failed", "c9", site="t")],
+     [], [], [], []),
+]
+
+
+@pytest.mark.parametrize("why,listed,records,seen,destroyed,alerts,waiting", SWEEP, ids=[r[0] for r in SWEEP])
+def test_sweep(why, listed, records, seen, destroyed, alerts, waiting) -> None:
+    plan = core.reconcile(world(listed, records, sightings=seen), RULES)
+    assert [d.cloud_id for d in plan.of(core.Destroy)] == destroyed, why
+    assert [a.kind for a in plan.of(core.Alert)] == alerts, why
+    assert plan.waiting_orphans == waiting, why
+
+
+def test_first_sighting_is_remembered_and_kept_on_later_ones() -> None:
+    plan = core.reconcile(world([node("o1", "x")], now=T), RULES)
+    [sight] = plan.of(core.Sight)
+    assert sight.sighting == Sighting("s", "o1", "x", "orphan", T, T)
+    earlier = Sighting("s", "o1", "x", "orphan", T - 100, T - 50)
+    plan = core.reconcile(world([node("o1", "x")], sightings=[earlier]), RULES)
+    assert plan.of(core.Sight)[0].sighting.first_seen == T - 100
+
+
+def test_sightings_survive_a_short_absence_and_are_forgotten_after_a_long_one() -> None:
+    short = Sighting("s", "o1", "x", "orphan", T - 500, T - 100)
+    long_gone = Sighting("s", "o2", "y", "orphan", T - 5000, T - 601)
+    plan = core.reconcile(world([], sightings=[short, long_gone]), RULES)
+    assert plan.of(core.Forget) == [core.Forget("o2")]
+
+
+def test_sweep_cap_refuses_every_orphan_when_too_many_are_due() -> None:
+    due = [Sighting("s", f"o{i}", f"x{i}", "orphan", T - 700, T - 300) for i in range(3)]
+    plan = core.reconcile(world([node(f"o{i}", f"x{i}") for i in range(3)], sightings=due), RULES)
+    assert plan.of(core.Destroy) == []
+    [alert] = plan.of(core.Alert)
+    assert alert.kind == "orphan-sweep-refused" and alert.count == 3 and "destroying none" in alert.message
+    assert sorted(plan.withheld) == ["o0", "o1", "o2"]
+
+
+def test_sweep_cap_defers_closed_launches_beyond_it() -> None:
+    records = [rec(f"a{i}", "failed", f"c{i}") for i in range(3)]
+    orphan = Sighting("s", "o1", "x", "orphan", T - 700, T - 300)
+    plan = core.reconcile(world([node(f"c{i}", f"a{i}") for i in range(3)] + [node("o1", "x")], records,
+                                sightings=[orphan]), RULES)
+    assert [d.cloud_id for d in plan.of(core.Destroy)] == ["c0", "c1"]  # ours first, within the cap
+    [alert] = plan.of(core.Alert)
+    assert alert.kind == "destroy-deferred" and alert.count == 2 and plan.withheld == ["c2", "o1"]
+
+
+def test_cap_zero_destroys_nothing() -> None:
+    plan = core.reconcile(world([node("c1", "a")], [rec("a", "failed", "c1")]), replace(RULES, max_destroys=0))
+    assert plan.of(core.Destroy) == [] and plan.of(core.Alert)[0].kind == "destroy-deferred"
+
+
+# --------------------------------------------------------------------------- reconcile: adopt and re-drive
+
+REDRIVE = [
+    ("known launch, untracked node: adopted", [node("c1", "a")], [rec("a", "requested", None)], (), ["Adopt"]),
+    ("... unless its launch is in flight here", [node("c1", "a")], [rec("a", "requested", None)], ("launch:a",), []),
+    ("terminating, untracked node: adopted (then terminated)", [node("c1", "a")], [rec("a", "terminating", None)],
+     (), ["Adopt", "ResumeTerminate"]),
+    ("requested and stalled: re-driven", [], [rec("a", "requested", None, updated=T - 30)], (), ["ResumeLaunch"]),
+    ("requested, recent: left alone", [], [rec("a", "requested", None, updated=T - 29)], (), []),
+    ("terminating, node live: destroy re-driven", [node("c1", "a")], [rec("a", "terminating", "c1")], (),
+     ["ResumeTerminate"]),
+    ("terminating, destroy in flight: left alone", [node("c1", "a")], [rec("a", "terminating", "c1")],
+     ("terminate:a",), []),
+    ("terminating, node already terminated: followed, not re-driven", [node("c1", "a", "terminated")],
+     [rec("a", "terminating", "c1")], (), ["Follow"]),
+]
+
+
+@pytest.mark.parametrize("why,listed,records,busy,expected", REDRIVE, ids=[r[0] for r in REDRIVE])
+def test_adopt_and_redrive(why, listed, records, busy, expected) -> None:
+    assert kinds(core.reconcile(world(listed, records, busy=busy), RULES)) == expected, why
+
+
+def test_a_record_closed_in_this_round_is_not_redriven() -> None:
+    plan = core.reconcile(world([], [rec("a", "terminating", "c1")], [miss("a", 2, T - 60)]), RULES)
+    assert kinds(plan) == ["CloseGone", "ClearMiss"]
+
+
+# --------------------------------------------------------------------------- the defect, as a sequence
+
+def test_one_partial_listing_never_leads_to_a_destroy() -> None:
+    """Issue 11: reconcile closed a record at the first listing that missed its node, and the next
+    reconcile destroyed the live node because its record was terminal. Replay that sequence through
+    the pure core, carrying the memory from round to round the way the shell does."""
+    record = rec("a", "started", "c1")
+    misses: dict[str, Miss] = {}
+    for i, listed in enumerate([[], [node("c1", "a")], [], [], [node("c1", "a")]]):
+        t = T + 300 * i
+        plan = core.reconcile(world(listed, [record], misses.values(), listed_at=t, now=t), RULES)
+        assert plan.of(core.Destroy) == [] and plan.of(core.CloseGone) == []
+        for a in plan.actions:
+            if isinstance(a, core.CountMiss):
+                misses[a.miss.instance_id] = a.miss
+            elif isinstance(a, core.ClearMiss):
+                misses.pop(a.instance_id, None)
+    assert misses == {}
+
+
+def test_misses_of_records_no_longer_watched_are_forgotten() -> None:
+    plan = core.observe(world([], [rec("a", "terminated", "c1")], [miss("a", 2, T - 30), miss("gone", 1, T)]), RULES)
+    assert plan.actions == [core.ClearMiss("a"), core.ClearMiss("gone")]
