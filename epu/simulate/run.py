@@ -33,7 +33,7 @@ from typing import Any
 
 from epu.common.config import EpuConfig, parse_config
 from epu.common.db import make_engine
-from epu.services.decision.policies import PolicyError, validate_params
+from epu.services.decision.policies import POLICIES, PolicyError, validate_params
 from epu.services.decision.store import Store as DecisionStore
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
@@ -147,6 +147,8 @@ def simulation_config(config: EpuConfig, domain: str, workdir: str, options: Opt
         dom["policy"] = options.policy
     if options.params:
         dom["params"] = {**dom["params"], **options.params}
+    if dom["policy"] in POLICIES and "experimental" in POLICIES[dom["policy"]].params.model_fields:
+        dom["params"] = {**dom["params"], "experimental": True}  # evaluating it is what simulate is for
     dom["paused"] = False
     for key in ("metrics_port",):
         for section in ("decision", "provisioner", "sensor"):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from epu.common.messages import JobShape, NodeInfo, SensorSnapshot
-from epu.services.decision.policies import validate_params
+from epu.services.decision.policies import PolicyError, validate_params
 from epu.services.decision.policies.start_time import Supply, decide
 from epu.services.decision.view import Instance, build_view
 
@@ -23,7 +24,7 @@ def _view(job_end_in: float | None, queued: int = 2, limit: int = 0, memory: dic
 
 
 def _launches(view) -> int:  # type: ignore[no-untyped-def]
-    d = decide(view, validate_params("start-time", {}), NOW)
+    d = decide(view, validate_params("start-time", {"experimental": True}), NOW)
     return sum(1 for a in d.actions if a.kind == "launch")
 
 
@@ -59,12 +60,12 @@ def test_no_demand_no_launch_and_idle_nodes_kept_one_boot_time() -> None:
     view = _view(None, queued=0, instances=[joined], nodes=[NodeInfo(name="a", state="free", cores=1,
                                                                      instance_id="i-2")],
                  memory={"boot": {"cloud": [180.0, 3]}, "demand_at": NOW - 60})
-    d = decide(view, validate_params("start-time", {}), NOW)
+    d = decide(view, validate_params("start-time", {"experimental": True}), NOW)
     assert not [a for a in d.actions if a.kind in ("launch", "offline")]  # idle 100 s < one boot (180 s)
     later = _view(None, queued=0, instances=[joined], nodes=[NodeInfo(name="a", state="free", cores=1,
                                                                       instance_id="i-2")],
                   memory={"boot": {"cloud": [60.0, 3]}, "demand_at": NOW - 60})  # boots take 60 s now
-    d = decide(later, validate_params("start-time", {}), NOW)
+    d = decide(later, validate_params("start-time", {"experimental": True}), NOW)
     assert [a.kind for a in d.actions] == ["offline"]
 
 
@@ -80,7 +81,13 @@ def test_supply_books_cores_until_the_limit() -> None:
 
 def test_margin_hedges_towards_launching() -> None:
     view = _view(150.0, queued=2)  # the busy node frees 30 s before a 180 s boot would be ready
-    hedged = decide(view, validate_params("start-time", {}), NOW)  # default margin 60 s
+    hedged = decide(view, validate_params("start-time", {"experimental": True}), NOW)  # default margin 60 s
     assert sum(1 for a in hedged.actions if a.kind == "launch") == 1
-    trusting = decide(view, validate_params("start-time", {"margin_seconds": 0}), NOW)
+    trusting = decide(view, validate_params("start-time", {"margin_seconds": 0, "experimental": True}), NOW)
     assert sum(1 for a in trusting.actions if a.kind == "launch") == 0
+
+
+def test_refused_on_a_real_domain_unless_marked_experimental() -> None:
+    """It did not clear the issue's bar (docs/experiments.md): a domain must opt in knowingly."""
+    with pytest.raises(PolicyError, match="start-time is experimental.*experimental=true"):
+        validate_params("start-time", {})

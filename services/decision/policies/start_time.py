@@ -39,7 +39,7 @@ from epu.services.decision.actions import Decision
 from epu.services.decision.policies.base import Params, Policy
 from epu.services.decision.policies.spare import near_period_end
 from epu.services.decision.view import DomainView, Instance
-from pydantic import Field
+from pydantic import Field, model_validator
 
 INF = math.inf
 
@@ -60,6 +60,17 @@ class StartTimeParams(Params):
     """The sites' billing period (3600 = per hour; 0 = per second)."""
     billing_margin_seconds: float = Field(300.0, ge=0)
     lookahead_jobs: int = Field(200, ge=1)
+    experimental: bool = False
+    """Must be set to use this policy on a real domain: it did not clear the issue's bar (cheaper
+    than queue-demand, threshold *and* spare at equal or better p95 wait on a realistic workload;
+    docs/experiments.md), so it is not offered as a production policy. ``epu simulate`` sets it."""
+
+    @model_validator(mode="after")
+    def _only_when_asked(self) -> StartTimeParams:
+        if not self.experimental:
+            raise ValueError("start-time is experimental (it did not beat queue-demand, threshold and spare "
+                             "on cost at equal p95 wait: docs/experiments.md); set experimental=true to use it")
+        return self
 
 
 def boot_estimate(memory: dict, site: str, default: float) -> float:
