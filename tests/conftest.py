@@ -8,6 +8,7 @@ the services (scripts/ensure-services.sh), and a missing one is a failure, not a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -64,14 +65,23 @@ def memory_broker(prefix: str) -> Broker:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test, dropped afterwards."""
+    with fresh_pg_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new PostgreSQL database (a SQLAlchemy URL), dropped on exit even if the test failed."""
     import psycopg
 
     name = f"epu_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(f"{PG_BASE_URL}/postgres", autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://{PG_BASE_URL.split('://', 1)[1]}/{name}"
-    with psycopg.connect(f"{PG_BASE_URL}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield f"postgresql+psycopg://{PG_BASE_URL.split('://', 1)[1]}/{name}"
+    finally:
+        with psycopg.connect(f"{PG_BASE_URL}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
