@@ -95,6 +95,10 @@ class QueueSpec:
     dead_letter: bool = True
     """Rejected and overflowing messages go to the dead-letter exchange. Off for latest-value
     queues, whose replaced messages are not failures."""
+    obsolete_keys: tuple[str, ...] = ()
+    """Routing keys earlier versions bound this queue with. Declaring unbinds them: bindings of a
+    durable queue outlive the code that made them, so an upgraded deployment would otherwise
+    keep routing (e.g. every snapshot into the engine's input queue as well as its own)."""
 
     def arguments(self, quorum: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE} if self.dead_letter else {}
@@ -162,7 +166,7 @@ class Topology:
         return QueueSpec(
             DECISION_INPUT_QUEUE, EVENTS_EXCHANGE,
             ("node.result.*", "instance.state.#", "instance.report.*"),
-            single_active_consumer=True,
+            single_active_consumer=True, obsolete_keys=("sensor.snapshot.*",),
             purpose="what the decision engine must see in full: command results, instance states and reports",
         )
 
@@ -217,8 +221,11 @@ class Topology:
         for exchange in (self.events_exchange, self.commands_exchange, self.dead_letter_exchange):
             exchange(channel).declare()
         for spec in [self.dead_letter_spec(), *(specs or [])]:
-            for queue in self.kombu_queues(spec):
+            queues = self.kombu_queues(spec)
+            for queue in queues:
                 queue(channel).declare()
+            for key in spec.obsolete_keys:  # unbinding what is not bound is not an error
+                channel.queue_unbind(queue=queues[0].name, exchange=self.n(spec.exchange), routing_key=key)
 
     def tap_queue(self, pattern: str | Sequence[str] = "#", name: str | None = None) -> Queue:
         """An exclusive, auto-deleted queue on the events exchange, bound with one topic pattern

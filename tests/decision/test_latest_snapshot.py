@@ -117,3 +117,29 @@ def test_operator_metrics_of_the_engine(broker, tmp_path) -> None:
         service.stop()
         t.join(15)
         pub.close()
+
+
+def test_upgrading_removes_the_old_snapshot_binding_of_the_input_queue(broker) -> None:
+    """Before the latest-value queues the engine's input queue was bound to every snapshot; a
+    durable binding outlives that code. Declaring the topology now unbinds it, so after an
+    upgrade snapshots reach the latest-value queue only."""
+    from epu.common.topology import DECISION_INPUT_QUEUE
+    from kombu import Queue
+
+    topo = broker.topology
+    spec = topo.decision_input_spec()
+    with broker.connection() as conn:
+        channel = conn.channel()
+        topo.declare(channel, [])
+        old = Queue(topo.n(DECISION_INPUT_QUEUE), exchange=topo.events_exchange, routing_key="sensor.snapshot.*",
+                    durable=True, queue_arguments=topo.kombu_queues(spec)[0].queue_arguments)
+        old(channel).declare()  # what an earlier version left behind
+        topo.declare(channel, [spec, topo.decision_snapshot_spec("d")])
+    pub = Publisher(broker, source="sensor-test")
+    try:
+        pub.publish(snapshot(queued=jobs(1), at=time.time()))
+    finally:
+        pub.close()
+    wait_for(lambda: queue_depth(broker, topo.n(topo.decision_snapshot_spec("d").name)) == 1, 10,
+             message="the snapshot in its latest-value queue")
+    assert queue_depth(broker, topo.n(DECISION_INPUT_QUEUE)) == 0, "the old binding is gone"
