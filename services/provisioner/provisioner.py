@@ -36,7 +36,7 @@ from typing import Any
 from epu.common.clock import Clock, RealClock
 from epu.common.messages import InstanceEvent, LaunchRequest, ProvisionerAlert, TerminateRequest
 from epu.services.provisioner import reconcile as core
-from epu.services.provisioner.cloud import CloudNode, LaunchSpec, Site, is_not_found
+from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
 from epu.services.provisioner.errors import classify, describe
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
@@ -191,11 +191,16 @@ class Provisioner:
         now = self.clock.now()
         rec = self.store.get(req.instance_id)
         if rec is None:
-            rec, t = self.store.record_unknown_terminated(req.instance_id, req.domain, now,
-                                                          "terminate for an unknown instance: recorded as terminated")
+            # launched through another store (this one replaced or restored): the engine asks by
+            # launch id, so the node carrying it is the one to end, wherever it is
+            rec, t = self.store.record_found(req.instance_id, req.domain, "terminating", now,
+                                             f"{req.reason or 'terminate requested'}: unknown to this store, "
+                                             "looking for its node by launch id")
             self.emit(t)
-            return rec
         if rec.terminal:
+            return rec
+        if not rec.site:
+            self._schedule_locate(rec.instance_id, rec.domain)
             return rec
         reason = req.reason or "terminate requested"
         t = self.store.advance(rec.instance_id, "terminating", now,
@@ -242,6 +247,27 @@ class Provisioner:
                 self._release(key)
 
         self.runners[site].submit(task)
+
+    def _schedule_locate(self, instance_id: str, domain: str) -> None:
+        key = f"terminate:{instance_id}"
+        if not self.sites or not self._claim(key):
+            return
+
+        def task() -> None:
+            try:
+                self._do_locate(instance_id, domain)
+            finally:
+                self._release(key)
+
+        self.runners[next(iter(self.sites))].submit(task)
+
+    def redrive_unplaced(self) -> int:
+        """Terminates of instances unknown here whose node was never looked for (a crash, a listing
+        that failed): look again. Called on start and with every reconciliation."""
+        todo = [r for r in self.store.list(states=("terminating",)) if not r.site]
+        for r in todo:
+            self._schedule_locate(r.instance_id, r.domain)
+        return len(todo)
 
     def busy(self) -> bool:
         with self._lock:
@@ -317,6 +343,8 @@ class Provisioner:
         t = self._advance(instance_id, state, cloud_id=node.cloud_id, ip=node.ip, reason=reason,
                           error_kind=None, expect=expect)
         if t is not None:
+            if state == "failed":  # it holds a quota slot (and is billed) until destroyed
+                self._destroy_quietly(site_name, node.cloud_id, f"record {instance_id} failed: {reason}")
             return
         rec = self.store.get(instance_id)
         if rec is None:
@@ -338,6 +366,27 @@ class Provisioner:
                 return False
         log.info("node swept", extra={"site": site_name, "cloud_id": cloud_id, "why": why})
         return True
+
+    def _do_locate(self, instance_id: str, domain: str) -> None:
+        """Find the node of a terminate this store had no record of, at any site, by its launch id
+        (and domain): record where it is and destroy it; no node anywhere: terminated."""
+        rec = self.store.get(instance_id)
+        if rec is None or rec.terminal or rec.site:
+            return
+        for name, site in self.sites.items():
+            try:
+                found = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
+            except Exception as exc:
+                log.warning("cannot look for the node of a terminate; reconciliation retries",
+                            extra={"site": name, "instance": instance_id, "error": describe(exc)})
+                return
+            if found is not None and found.tags.get(TAG_DOMAIN) in (None, domain):
+                self.store.set_cloud_fields(instance_id, cloud_id=found.cloud_id, ip=found.ip, site=name)
+                log.info("node of an unknown instance found by launch id", extra={
+                    "site": name, "instance": instance_id, "cloud_id": found.cloud_id})
+                self._do_terminate(instance_id, name)
+                return
+        self._advance(instance_id, "terminated", reason="no node carries its launch id at any site")
 
     def _do_terminate(self, instance_id: str, site_name: str) -> None:
         rec = self.store.get(instance_id)
@@ -453,6 +502,17 @@ class Provisioner:
             elif isinstance(a, core.Adopt):
                 self._land(a.instance_id, site_name, a.node, "adopted by reconciliation")
                 report.adopted.append(a.instance_id)
+            elif isinstance(a, core.AdoptFound):
+                node = a.node
+                state = node.state if node.state in ("pending", "started", "failed") else "pending"
+                _, t = self.store.record_found(a.instance_id, a.domain, state, now,
+                                               f"adopted: node {node.cloud_id} carries this store's tags, its launch "
+                                               "was unknown here", site=site_name, node_name=node.name,
+                                               cloud_id=node.cloud_id, ip=node.ip)
+                if t is not None:  # None: its launch arrived since the listing
+                    self.emit(t)
+                    report.adopted.append(a.instance_id)
+                    report.transitions += 1
             elif isinstance(a, core.Destroy):
                 if a.kind == "orphan" and self.store.launch_ids([a.launch_id]):
                     continue  # its launch arrived since the listing: no longer an orphan
@@ -493,6 +553,7 @@ class Provisioner:
         is in flight in a fresh process, so stalled work is re-driven at once."""
         for name in self.sites:
             self.runners[name].observe("reconcile", lambda name=name: self.reconcile(name, resume_after=0.0))
+        self.redrive_unplaced()
 
     def poll_all(self) -> None:
         for name in self.sites:
@@ -501,6 +562,7 @@ class Provisioner:
     def reconcile_all(self) -> None:
         for name in self.sites:
             self.runners[name].observe("reconcile", lambda name=name: self.reconcile(name))
+        self.redrive_unplaced()
 
     def health(self) -> dict[str, Any]:
         return {name: {"in_flight": r.in_flight} for name, r in self.runners.items()}
