@@ -37,7 +37,7 @@ from epu.common.clock import Clock, RealClock
 from epu.common.messages import InstanceEvent, LaunchRequest, ProvisionerAlert, TerminateRequest
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
-from epu.services.provisioner.errors import classify, describe
+from epu.services.provisioner.errors import CloudError, classify, describe, is_throttled
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
     InstanceRecord,
@@ -54,6 +54,14 @@ log = logging.getLogger("epu.provisioner")
 #: Test hook: ``EPU_PROVISIONER_CRASH_AT=after_cloud_call`` SIGKILLs this process right after
 #: a create call returned and before the store knows (the window the design worries about).
 CRASH_ENV = "EPU_PROVISIONER_CRASH_AT"
+
+
+class _OutcomeUnknown(CloudError):
+    """A create on a site without client tokens failed in a way that may have made the node
+    (a timeout, a 5xx): never retried blindly (``_do_launch``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "permanent")
 
 
 @dataclass
@@ -309,21 +317,29 @@ class Provisioner:
             userdata = self._userdata(rec, launch.attributes)
             spec = LaunchSpec(launch_id=instance_id, node_name=rec.node_name, domain=rec.domain,
                               userdata=userdata)
-            attempts = [0]
+            idempotent = getattr(site, "idempotent_create", True)
 
             def create() -> CloudNode:
-                # a retried create on a provider without client tokens could make a second
-                # node if the first call's answer was lost: look for it by tag first
-                attempts[0] += 1
-                if attempts[0] > 1 and not getattr(site, "idempotent_create", True):
-                    found = self._find_by_launch_id(site_name, instance_id)
-                    if found is not None:
-                        return found
-                return site.launch(spec)
+                try:
+                    return site.launch(spec)
+                except Exception as exc:
+                    if not idempotent and classify(exc) == "transient" and not is_throttled(exc):
+                        raise _OutcomeUnknown(describe(exc)) from exc
+                    raise
 
             node = runner.call(create, "create")
         except UserdataError as exc:
             self._advance(instance_id, "failed", reason=str(exc), error_kind="permanent")
+            return
+        except _OutcomeUnknown as exc:
+            # Without client tokens a second create after a timeout or a 5xx may make a second
+            # node, and a lookup by tag right away may miss the first (listings lag creates).
+            # The launch stays ``requested``: reconciliation adopts its node by the launch-id tag
+            # once listed, or — nothing listed ``resume_after_seconds`` later — looks again and
+            # creates it then.
+            log.warning("create outcome unknown: left to reconciliation",
+                        extra={"site": site_name, "launch_id": instance_id, "error": str(exc)})
+            self.store.touch(instance_id, self.clock.now(), f"create outcome unknown ({exc}): waiting for a listing")
             return
         except Exception as exc:
             kind = classify(exc)

@@ -517,6 +517,13 @@ class Store:
         with self._tx() as conn:
             conn.execute(update(instances).where(instances.c.instance_id == instance_id).values(**values))
 
+    def touch(self, instance_id: str, now: float, reason: str) -> None:
+        """Note something about a record without a transition (nothing to announce): its reason
+        and ``updated_at``, from which a re-drive waits."""
+        with self._tx() as conn:
+            conn.execute(update(instances).where(instances.c.instance_id == instance_id).values(
+                updated_at=now, reason=reason))
+
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
                      ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
