@@ -424,3 +424,23 @@ def test_a_report_of_a_restored_store_is_answered_with_terminates_for_what_ended
     d.e.handle_input(InstanceReport(domain="d", as_of=d.clock.now(), horizon_seconds=3600,
                                     instances=[event(live, "terminated", 1, d.clock.now())]))
     assert d.e.store.instance(live.launch_id).state == "terminated" and d.bus.of("instance.terminate") == []
+
+
+def test_a_terminate_answered_but_never_finished_is_sent_again():
+    """Found by the simulator (new-store seed 19): the provisioner stored the terminate, answered
+    ``terminating`` and was stopped before its destroy; its new store never heard of it. The engine,
+    answered, never asked again: the VM ran on, billed. Now it asks again every 10 × resend_seconds."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.e.on_instance_event(event(la, "terminating", 3, d.clock.now()))
+    nodes = [d.node(la, "free")]
+    again = []
+    for _ in range(70):  # 700 s
+        d.step(nodes=nodes)
+        again += [m for m in d.bus.of("instance.terminate") if "too long" in m.reason]
+        d.bus.clear()
+    assert [m.instance_id for m in again] == [la.launch_id, la.launch_id]  # at 300 s and 600 s
+    d.e.on_instance_event(event(la, "terminated", 1, d.clock.now()))  # from the new store: news
+    for _ in range(40):
+        d.step(nodes=[])
+    assert d.bus.of("instance.terminate") == []
