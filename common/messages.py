@@ -502,7 +502,7 @@ class InstanceReport(Message):
 
 
 ProvisionerAlertKind = Literal["orphan-seen", "orphan-sweep-refused", "destroy-deferred", "foreign-node",
-                               "node-reappeared"]
+                               "node-reappeared", "orphan-adopted"]
 
 
 @register
@@ -521,7 +521,9 @@ class ProvisionerAlert(Message):
     beyond the cap wait for the next reconciliation. ``foreign-node``: a node with this
     deployment's tag but another store's id and an unknown launch: never touched.
     ``node-reappeared``: the node of a record closed on absence (by an older release) is listed
-    again: left running."""
+    again: left running. ``orphan-adopted``: a node of this deployment and store, with a domain,
+    whose launch the store does not know (restored or rolled back): recorded and announced, never
+    destroyed; the engine keeps or retires it."""
     message: str
     """What happened and what an operator can do, in words."""
     deployment: str = ""

@@ -44,6 +44,12 @@ class CloudFaults:
     """A create fails with InsufficientInstanceCapacity (the engine fails over)."""
     lost_answer_rate: float = 0.0
     """A create succeeds but its answer is lost (504): the client token must save us."""
+    listing_lag_seconds: float = 0.0
+    """A new node appears in listings only up to this long after its create (EC2's eventual
+    consistency): a lookup by tag right after a lost answer finds nothing."""
+    client_tokens: bool = True
+    """The API honours client tokens (EC2). False (OpenStack): a repeated create makes another
+    node, so after a lost answer only a listing by the launch-id tag tells what exists."""
     never_boot_rate: float = 0.0
     """A node stays PENDING forever."""
     slow_boot_rate: float = 0.0
@@ -75,6 +81,8 @@ class VM:
     created_by: str
     site: str = ""
     terminated_at: float | None = None
+    listed_from: float = 0.0
+    """Listings show the node from then on (eventual consistency)."""
     destroyed_by: str | None = None
     cause: str = ""
     seq: int = 0
@@ -145,7 +153,9 @@ class SimCloud:
 
     # ------------------------------------------------------------------ world side
     def driver(self, caller: str) -> SimNodeDriver:
-        return SimNodeDriver(self, caller)
+        d = SimNodeDriver(self, caller)
+        d.client_tokens = self.faults.client_tokens
+        return d
 
     def live_vms(self) -> list[VM]:
         return [v for v in self._current.values() if v.live]
@@ -219,6 +229,8 @@ class SimCloud:
         vm = VM(cloud_id=f"{self.name}-{self._ids:05d}", name=name, tags=dict(tags), token=token,
                 created_at=now, boot_at=now + boot, boot_fails=fails, created_by=caller, site=self.name,
                 seq=self._ids)
+        if self.enabled and f.listing_lag_seconds > 0:
+            vm.listed_from = now + self._rng.random() * f.listing_lag_seconds
         self.vms[vm.cloud_id] = vm
         self._current[vm.cloud_id] = vm
         if token:
@@ -239,7 +251,7 @@ class SimCloud:
         for gone in [k for k, v in self._current.items()
                      if v.terminated_at is not None and v.terminated_at <= now - self.terminated_linger]:
             del self._current[gone]
-        out = list(self._current.values())
+        out = [v for v in self._current.values() if v.listed_from <= now]
         f = self.faults
         if self._partial_left <= 0 and self._fault(f.partial_listing_rate):
             lo, hi = f.partial_listing_polls

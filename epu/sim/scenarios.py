@@ -89,6 +89,18 @@ def cloud_errors() -> Scenario:
 
 
 @scenario
+def lost_create_answer() -> Scenario:
+    return Scenario("lost-create-answer", "creates succeed but their answers are lost, on a cloud without client "
+                    "tokens that lists new nodes late; demand at max_nodes and quota",
+                    hours=3.0, domain=DomainSpec(max_nodes=16),
+                    sites=[SiteSpec("cloud-a", quota=16, faults=CloudFaults(
+                        lost_answer_rate=0.2, transient_error_rate=0.1, listing_lag_seconds=20.0, client_tokens=False))],
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(20, 60)),
+                    stresses="cloud: a create whose answer is lost (timeout after success) — neither leaked "
+                             "nor launched twice; adopted by its launch-id tag", seeds_in_ci=2)
+
+
+@scenario
 def capacity() -> Scenario:
     return Scenario("capacity-failover", "the cheap site keeps running out of capacity; demand at max_nodes",
                     hours=3.0, domain=DomainSpec(max_nodes=12),
@@ -325,6 +337,15 @@ def store_failures() -> Scenario:
     return Scenario("store-failures", "the databases refuse writes for a few seconds, often",
                     hours=3.0, faults=[F.store_write_failures(12.0, (1.0, 10.0))],
                     stresses="store: writes failing for a few seconds (database busy, failover)")
+
+
+@scenario
+def store_outage() -> Scenario:
+    return Scenario("store-outage", "a database failover: the engine's or the provisioner's store refuses writes "
+                    "for 20-90 s at a time, while cloud answers are lost",
+                    hours=3.0, sites=[SiteSpec("cloud-a", faults=CloudFaults(lost_answer_rate=0.05))],
+                    faults=[F.store_write_failures(3.0, (20.0, 90.0))],
+                    stresses="store: a PostgreSQL failover (writes refused for up to a minute and a half)")
 
 
 @scenario

@@ -51,7 +51,9 @@ from epu.common.messages import (
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
+    TerminateRequest,
     ViewSummary,
+    new_id,
 )
 from epu.services.decision import breaker
 from epu.services.decision.actions import Decision
@@ -110,6 +112,8 @@ class Engine:
         self._was_active: set[str] = set()
         self._reports: dict[str, float] = {}
         """When the provisioner's last anti-entropy report of each domain arrived: its heartbeat."""
+        self._asked_again: dict[str, float] = {}
+        """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
         """Launch failures seen since the last iteration, per site (counted once there)."""
         self.iterations = 0
@@ -200,15 +204,54 @@ class Engine:
         repaired = 0
         items = [e for e in report.instances if e.domain == report.domain]
         known = self.store.seqs([e.instance_id for e in items])
+        live = {i.instance_id: i.state for i in self.store.instances(report.domain)}
+        stale: list[str] = []
         for evt in items:
             seq = known.get(evt.instance_id)
-            if seq is None or evt.seq > seq:
+            state = live.get(evt.instance_id)
+            if seq is None or evt.seq > seq or (
+                    state is not None and INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[state]):
                 repaired += 1
                 self.on_instance_event(evt, repair=True)
+            elif state is None and evt.state not in TERMINAL_INSTANCE_STATES:
+                stale.append(evt.instance_id)
+        if stale:
+            self._end_stale(report.domain, stale)
         if repaired:
             log.info("instance table repaired from a provisioner report",
                      extra={"domain": report.domain, "entries": repaired})
         return repaired
+
+    def _end_stale(self, domain: str, instance_ids: list[str]) -> None:
+        """A provisioner holds live records of instances that ended here (its store was restored
+        from a backup older than their end): tell it they are over, or its store never matches
+        the cloud. Safe: each ended here on a provisioner's word that its node was terminated or
+        failed; a record already closed there ignores it."""
+        if self.acting(domain, self.clock.now()):  # else the acting engine does it
+            self._terminate_again(domain, instance_ids,
+                                  "ended (the provisioner's record of it is older than its end)")
+
+    def _terminate_again(self, domain: str, instance_ids: list[str], reason: str) -> None:
+        for iid in instance_ids:
+            log.info("terminate re-sent", extra={"domain": domain, "instance": iid, "reason": reason})
+            self.publish(TerminateRequest(request_id=new_id(), instance_id=iid, domain=domain, reason=reason))
+
+    def _unfinished_terminates(self, domains: list[str], now: float) -> None:
+        """A terminate is answered by ``terminating``; if ``terminated`` never follows, the
+        provisioner that answered lost it (it died before the destroy and came back on another
+        store): ask again, every ``10 × resend_seconds``. The engine decided this end already (the
+        node was drained first), so asking again is safe; a closed record ignores it."""
+        after = 10 * self.settings.resend_seconds
+        for domain in domains:
+            ending = [i for i in self.store.instances(domain) if i.state == "terminating"]
+            due = [i.instance_id for i in ending if now - i.state_at >= after
+                   and now - self._asked_again.get(i.instance_id, i.state_at) >= after]
+            for iid in due:
+                self._asked_again[iid] = now
+            self._terminate_again(domain, due, "terminate re-sent: terminating for too long")
+        if len(self._asked_again) > 1000:  # forget the ended ones now and then
+            ending_ids = {i.instance_id for d in domains for i in self.store.instances(d) if i.state == "terminating"}
+            self._asked_again = {k: v for k, v in self._asked_again.items() if k in ending_ids}
 
     def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
         if evt.domain not in self.config.domains:
@@ -221,11 +264,14 @@ class Engine:
             inst = Instance(evt.instance_id, evt.domain, evt.site, evt.node_name or node_name_for(
                 evt.domain, evt.instance_id), evt.cores or 1, "requested", evt.at, evt.at,
                 reason="adopted: announced by a provisioner")
-        if evt.seq <= inst.seq:
-            return  # stale or duplicate (rule 4)
-        new = replace(inst, seq=evt.seq, ip=evt.ip or inst.ip)
-        if INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
-                evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES):
+        forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
+            evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
+        if evt.seq <= inst.seq and not forward:
+            # stale or duplicate (rule 4). A state further on is news whatever its seq: seqs count
+            # one store's record, and a provisioner on a replaced or restored store counts anew
+            return
+        new = replace(inst, seq=max(evt.seq, inst.seq), ip=evt.ip or inst.ip)
+        if forward:
             new = replace(new, state=evt.state, state_at=now, reason=evt.reason or inst.reason)
         answered: tuple[str, ...] = ("launch",)
         if evt.state in ("terminating", "terminated", "failed"):
@@ -357,6 +403,7 @@ class Engine:
                 records.append(record)
         try:
             self.resend(active, now)
+            self._unfinished_terminates(active, now)
         except Exception:
             log.exception("re-send failed")
             self._publish_failed(active)

@@ -89,6 +89,7 @@ class Site(Protocol):
     def launch(self, spec: LaunchSpec) -> CloudNode: ...
     def terminate(self, cloud_id: str) -> None: ...
     def nodes(self) -> list[CloudNode]: ...
+    def find_launch(self, launch_id: str) -> CloudNode | None: ...
 
 
 def client_token(launch_id: str) -> str:
@@ -284,6 +285,16 @@ class LibcloudSite:
         node = Node(id=cloud_id, name="", state=NodeState.UNKNOWN, public_ips=[], private_ips=[],
                     driver=self.driver)
         self.driver.destroy_node(node)
+
+    def find_launch(self, launch_id: str) -> CloudNode | None:
+        """The live node carrying ``launch_id``, whatever deployment tag it has. Only for a
+        terminate the engine asked for by that launch id while this store does not know it (the
+        store was replaced: its nodes carry the old store's identity)."""
+        for node in self.driver.list_nodes():
+            cn = to_cloud_node(node)
+            if cn.launch_id == launch_id and cn.live:
+                return cn
+        return None
 
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""

@@ -82,6 +82,19 @@ def classify(exc: BaseException) -> ErrorKind:
     return "permanent"
 
 
+THROTTLE_CODES = ("RequestLimitExceeded", "Throttling", "ThrottlingException", "Too Many Requests")
+
+
+def is_throttled(exc: BaseException) -> bool:
+    """A rate-limit refusal: the request was turned away unprocessed, so repeating it can make
+    nothing twice (unlike a timeout or a 5xx, after which a create may have happened)."""
+    if isinstance(exc, RateLimitReachedError):
+        return True
+    if isinstance(exc, BaseHTTPError) and getattr(exc, "code", None) == 429:
+        return True
+    return _has(f"{exc}", THROTTLE_CODES)
+
+
 def describe(exc: BaseException) -> str:
     """A one-line reason for an operator: the class and the provider's message, trimmed."""
     text = str(exc).strip().replace("\n", " ") or type(exc).__name__

@@ -36,8 +36,8 @@ from typing import Any
 from epu.common.clock import Clock, RealClock
 from epu.common.messages import InstanceEvent, LaunchRequest, ProvisionerAlert, TerminateRequest
 from epu.services.provisioner import reconcile as core
-from epu.services.provisioner.cloud import CloudNode, LaunchSpec, Site, is_not_found
-from epu.services.provisioner.errors import classify, describe
+from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
+from epu.services.provisioner.errors import CloudError, classify, describe, is_throttled
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
     InstanceRecord,
@@ -54,6 +54,14 @@ log = logging.getLogger("epu.provisioner")
 #: Test hook: ``EPU_PROVISIONER_CRASH_AT=after_cloud_call`` SIGKILLs this process right after
 #: a create call returned and before the store knows (the window the design worries about).
 CRASH_ENV = "EPU_PROVISIONER_CRASH_AT"
+
+
+class _OutcomeUnknown(CloudError):
+    """A create on a site without client tokens failed in a way that may have made the node
+    (a timeout, a 5xx): never retried blindly (``_do_launch``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "permanent")
 
 
 @dataclass
@@ -191,11 +199,16 @@ class Provisioner:
         now = self.clock.now()
         rec = self.store.get(req.instance_id)
         if rec is None:
-            rec, t = self.store.record_unknown_terminated(req.instance_id, req.domain, now,
-                                                          "terminate for an unknown instance: recorded as terminated")
+            # launched through another store (this one replaced or restored): the engine asks by
+            # launch id, so the node carrying it is the one to end, wherever it is
+            rec, t = self.store.record_found(req.instance_id, req.domain, "terminating", now,
+                                             f"{req.reason or 'terminate requested'}: unknown to this store, "
+                                             "looking for its node by launch id")
             self.emit(t)
-            return rec
         if rec.terminal:
+            return rec
+        if not rec.site:
+            self._schedule_locate(rec.instance_id, rec.domain)
             return rec
         reason = req.reason or "terminate requested"
         t = self.store.advance(rec.instance_id, "terminating", now,
@@ -243,6 +256,27 @@ class Provisioner:
 
         self.runners[site].submit(task)
 
+    def _schedule_locate(self, instance_id: str, domain: str) -> None:
+        key = f"terminate:{instance_id}"
+        if not self.sites or not self._claim(key):
+            return
+
+        def task() -> None:
+            try:
+                self._do_locate(instance_id, domain)
+            finally:
+                self._release(key)
+
+        self.runners[next(iter(self.sites))].submit(task)
+
+    def redrive_unplaced(self) -> int:
+        """Terminates of instances unknown here whose node was never looked for (a crash, a listing
+        that failed): look again. Called on start and with every reconciliation."""
+        todo = [r for r in self.store.list(states=("terminating",)) if not r.site]
+        for r in todo:
+            self._schedule_locate(r.instance_id, r.domain)
+        return len(todo)
+
     def busy(self) -> bool:
         with self._lock:
             return bool(self._inflight)
@@ -283,21 +317,29 @@ class Provisioner:
             userdata = self._userdata(rec, launch.attributes)
             spec = LaunchSpec(launch_id=instance_id, node_name=rec.node_name, domain=rec.domain,
                               userdata=userdata)
-            attempts = [0]
+            idempotent = getattr(site, "idempotent_create", True)
 
             def create() -> CloudNode:
-                # a retried create on a provider without client tokens could make a second
-                # node if the first call's answer was lost: look for it by tag first
-                attempts[0] += 1
-                if attempts[0] > 1 and not getattr(site, "idempotent_create", True):
-                    found = self._find_by_launch_id(site_name, instance_id)
-                    if found is not None:
-                        return found
-                return site.launch(spec)
+                try:
+                    return site.launch(spec)
+                except Exception as exc:
+                    if not idempotent and classify(exc) == "transient" and not is_throttled(exc):
+                        raise _OutcomeUnknown(describe(exc)) from exc
+                    raise
 
             node = runner.call(create, "create")
         except UserdataError as exc:
             self._advance(instance_id, "failed", reason=str(exc), error_kind="permanent")
+            return
+        except _OutcomeUnknown as exc:
+            # Without client tokens a second create after a timeout or a 5xx may make a second
+            # node, and a lookup by tag right away may miss the first (listings lag creates).
+            # The launch stays ``requested``: reconciliation adopts its node by the launch-id tag
+            # once listed, or — nothing listed ``resume_after_seconds`` later — looks again and
+            # creates it then.
+            log.warning("create outcome unknown: left to reconciliation",
+                        extra={"site": site_name, "launch_id": instance_id, "error": str(exc)})
+            self.store.touch(instance_id, self.clock.now(), f"create outcome unknown ({exc}): waiting for a listing")
             return
         except Exception as exc:
             kind = classify(exc)
@@ -317,6 +359,8 @@ class Provisioner:
         t = self._advance(instance_id, state, cloud_id=node.cloud_id, ip=node.ip, reason=reason,
                           error_kind=None, expect=expect)
         if t is not None:
+            if state == "failed":  # it holds a quota slot (and is billed) until destroyed
+                self._destroy_quietly(site_name, node.cloud_id, f"record {instance_id} failed: {reason}")
             return
         rec = self.store.get(instance_id)
         if rec is None:
@@ -338,6 +382,27 @@ class Provisioner:
                 return False
         log.info("node swept", extra={"site": site_name, "cloud_id": cloud_id, "why": why})
         return True
+
+    def _do_locate(self, instance_id: str, domain: str) -> None:
+        """Find the node of a terminate this store had no record of, at any site, by its launch id
+        (and domain): record where it is and destroy it; no node anywhere: terminated."""
+        rec = self.store.get(instance_id)
+        if rec is None or rec.terminal or rec.site:
+            return
+        for name, site in self.sites.items():
+            try:
+                found = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
+            except Exception as exc:
+                log.warning("cannot look for the node of a terminate; reconciliation retries",
+                            extra={"site": name, "instance": instance_id, "error": describe(exc)})
+                return
+            if found is not None and found.tags.get(TAG_DOMAIN) in (None, domain):
+                self.store.set_cloud_fields(instance_id, cloud_id=found.cloud_id, ip=found.ip, site=name)
+                log.info("node of an unknown instance found by launch id", extra={
+                    "site": name, "instance": instance_id, "cloud_id": found.cloud_id})
+                self._do_terminate(instance_id, name)
+                return
+        self._advance(instance_id, "terminated", reason="no node carries its launch id at any site")
 
     def _do_terminate(self, instance_id: str, site_name: str) -> None:
         rec = self.store.get(instance_id)
@@ -453,6 +518,17 @@ class Provisioner:
             elif isinstance(a, core.Adopt):
                 self._land(a.instance_id, site_name, a.node, "adopted by reconciliation")
                 report.adopted.append(a.instance_id)
+            elif isinstance(a, core.AdoptFound):
+                node = a.node
+                state = node.state if node.state in ("pending", "started", "failed") else "pending"
+                _, t = self.store.record_found(a.instance_id, a.domain, state, now,
+                                               f"adopted: node {node.cloud_id} carries this store's tags, its launch "
+                                               "was unknown here", site=site_name, node_name=node.name,
+                                               cloud_id=node.cloud_id, ip=node.ip)
+                if t is not None:  # None: its launch arrived since the listing
+                    self.emit(t)
+                    report.adopted.append(a.instance_id)
+                    report.transitions += 1
             elif isinstance(a, core.Destroy):
                 if a.kind == "orphan" and self.store.launch_ids([a.launch_id]):
                     continue  # its launch arrived since the listing: no longer an orphan
@@ -493,6 +569,7 @@ class Provisioner:
         is in flight in a fresh process, so stalled work is re-driven at once."""
         for name in self.sites:
             self.runners[name].observe("reconcile", lambda name=name: self.reconcile(name, resume_after=0.0))
+        self.redrive_unplaced()
 
     def poll_all(self) -> None:
         for name in self.sites:
@@ -501,6 +578,7 @@ class Provisioner:
     def reconcile_all(self) -> None:
         for name in self.sites:
             self.runners[name].observe("reconcile", lambda name=name: self.reconcile(name))
+        self.redrive_unplaced()
 
     def health(self) -> dict[str, Any]:
         return {name: {"in_flight": r.in_flight} for name, r in self.runners.items()}

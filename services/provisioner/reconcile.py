@@ -17,9 +17,14 @@ positively know is ours and unwanted):
   (OpenStack's down cell, a short page), late or wrong costs nothing; when the node is listed
   again it is re-adopted. Only a record we were already terminating is closed on absence.
 * **Whose node.** Only nodes tagged with this deployment are looked at. A node whose launch
-  id the store does not know is an orphan only if it also carries this *store's* id; one of
+  id the store does not know is ours only if it also carries this *store's* id; one of
   another store (a second provisioner with its own database, a database re-created under an
   explicitly configured deployment) is never destroyed, only reported.
+* **Adopt, don't sweep.** Every create is preceded by its stored launch, so a live node of this
+  store whose launch is unknown means the store lost it (restored from a backup, a failover
+  that dropped the last commits) — and the engine that asked for it may run jobs there. Such a
+  node with a domain tag is adopted (``AdoptFound``) and announced; the engine keeps it or
+  retires it the safe way. Only a node without a domain (no one to hand it to) is an *orphan*.
 * **Orphan grace.** Measured from when this store first saw the node (``Sighting``,
   persisted), not from the cloud's ``created_at``: a restart neither restarts nor skips it.
 * **Cap.** One reconciliation destroys at most ``max_destroys`` nodes. Orphans are the class
@@ -35,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_STORE, CloudNode
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
 from epu.services.provisioner.states import check_transition
 from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
 
@@ -102,6 +107,17 @@ class Adopt:
     """A known launch's node the record does not track yet (a crash after the create call)."""
 
     instance_id: str
+    node: CloudNode
+
+
+@dataclass(frozen=True)
+class AdoptFound:
+    """A live node with this store's tags and a domain whose launch the store does not know (a
+    restored backup, a failover that lost the last commits): recorded as the cloud shows it and
+    announced, so the engine — which launched it — keeps or retires it (draining first)."""
+
+    instance_id: str
+    domain: str
     node: CloudNode
 
 
@@ -179,7 +195,7 @@ class Alert:
     """How many nodes it concerns (``cloud_ids`` names at most ``ALERT_IDS``)."""
 
 
-Action = (Follow | NoteIp | Adopt | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
+Action = (Follow | NoteIp | Adopt | AdoptFound | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
           | Forget | ResumeLaunch | ResumeTerminate | Alert)
 
 
@@ -212,7 +228,8 @@ def ours(world: World, rules: Rules) -> dict[str, CloudNode]:
 
 def observe(world: World, rules: Rules) -> Plan:
     """The poll loop: move each tracked record to what the cloud says, count misses, presume
-    gone, re-adopt. Never destroys anything."""
+    gone, re-adopt. Destroys nothing but a node the cloud itself lists as failed (right after its
+    record is closed ``failed``: it holds a quota slot until it is gone)."""
     plan = Plan()
     nodes = ours(world, rules)
     watched = set()
@@ -246,6 +263,11 @@ def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> 
         reason, kind = f"node {node.native_state}", None
     if target and check_transition(rec.state, target).allowed:
         plan.actions.append(Follow(rec.instance_id, target, reason, kind, node.ip))
+        if target == "failed":
+            # the cloud says so itself; a failed node still counts against the quota and is billed
+            # until it is destroyed, so it goes now, not at the next reconciliation
+            plan.actions.append(Destroy(node.cloud_id, rec.instance_id, "closed",
+                                        f"record {rec.instance_id} failed: node {node.native_state}"))
     elif node.ip and node.ip != rec.ip:
         plan.actions.append(NoteIp(rec.instance_id, node.ip))
 
@@ -337,6 +359,15 @@ def _unknown(plan: Plan, world: World, rules: Rules, node: CloudNode, lid: str, 
                f"{'no store id' if not store else 'store ' + store}, not this store's ({rules.store_id}), "
                f"and launch id {lid} is unknown here: never touched. Two stores share one deployment "
                "identity, or the store was re-created")
+        return
+    domain = node.tags.get(TAG_DOMAIN)
+    if domain:
+        if node.cloud_id in world.sightings:
+            plan.actions.append(Forget(node.cloud_id))
+        plan.actions.append(AdoptFound(lid, domain, node))
+        plan.actions.append(Alert("orphan-adopted", f"node {node.cloud_id} carries this store's tags but its launch "
+                                  f"{lid} is unknown here (a restored or rolled-back store): adopted into domain "
+                                  f"{domain}, never destroyed; the engine keeps or retires it", (node.cloud_id,)))
         return
     seen = _sight(plan, world, node, lid, "orphan",
                   f"orphan node {node.cloud_id}: launch id {lid} is unknown to this store; it will be destroyed "

@@ -500,13 +500,16 @@ class Store:
             return {r.instance_id: r for r in map(_instance, conn.execute(select(instances).where(cond)))}
 
     def set_cloud_fields(self, instance_id: str, *, cloud_id: str | None = None, ip: str | None = None,
-                         now: float | None = None) -> None:
-        """Remember what the cloud told us without a state change (e.g. an IP that came late)."""
+                         now: float | None = None, site: str | None = None) -> None:
+        """Remember what the cloud told us without a state change (e.g. an IP that came late, or
+        where the node of a record found by its launch id lives)."""
         values: dict[str, Any] = {}
         if cloud_id is not None:
             values["cloud_id"] = cloud_id
         if ip is not None:
             values["ip"] = ip
+        if site is not None:
+            values["site"] = site
         if not values:
             return
         if now is not None:
@@ -514,18 +517,29 @@ class Store:
         with self._tx() as conn:
             conn.execute(update(instances).where(instances.c.instance_id == instance_id).values(**values))
 
-    def record_unknown_terminated(self, instance_id: str, domain: str, now: float,
-                                  reason: str) -> tuple[InstanceRecord, Transition | None]:
-        """A terminate for an id we never launched: record it as terminated, so a launch
-        that arrives later for the same id is not started either."""
+    def touch(self, instance_id: str, now: float, reason: str) -> None:
+        """Note something about a record without a transition (nothing to announce): its reason
+        and ``updated_at``, from which a re-drive waits."""
+        with self._tx() as conn:
+            conn.execute(update(instances).where(instances.c.instance_id == instance_id).values(
+                updated_at=now, reason=reason))
+
+    def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
+                     site: str = "", node_name: str = "", cloud_id: str | None = None,
+                     ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
+        """A record for an instance this store never launched (no launch row): one the engine
+        asks to terminate (``terminating``, its node still to be found), or a node carrying this
+        store's tags whose launch the store lost (a restored backup, a failover that dropped the
+        last commits) — adopted in the state the cloud shows. Returns ``(existing, None)`` when
+        the id is already recorded (a later launch request for it finds this record too)."""
         try:
             with self._tx() as conn:
                 conn.execute(insert(instances).values(
-                    instance_id=instance_id, domain=domain, site="", node_name="", cores=0,
-                    state="terminated", seq=1, cloud_id=None, ip=None, reason=reason, error_kind=None,
+                    instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
+                    state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
                     created_at=now, updated_at=now))
                 tid = conn.execute(insert(transitions).values(
-                    instance_id=instance_id, seq=1, from_state=None, to_state="terminated", at=now,
+                    instance_id=instance_id, seq=1, from_state=None, to_state=state, at=now,
                     reason=reason, error_kind=None, published=False)).inserted_primary_key[0]
         except IntegrityError:
             rec = self.get(instance_id)

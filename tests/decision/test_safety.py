@@ -384,3 +384,63 @@ def test_a_provisioner_that_stops_reporting_is_our_outage():
         e.on_snapshot(snap(clock, queued=jobs(1)))
         e.iterate()
     assert bus.of("instance.terminate") == [] and e.store.site_health() == {}
+
+
+# ---------------------------------------------------------------- a provisioner on a replaced or restored store
+
+
+def test_events_of_a_replaced_store_move_an_instance_forward_whatever_their_seq():
+    """Found by the simulator (new-store): a provisioner on a new store records an old instance anew
+    (seq 1), and its ``terminating``/``terminated`` were dropped as stale — the instance stayed
+    ``terminating`` here forever. A state further on is news whatever its seq; one behind is not."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.e.on_instance_event(event(la, "pending", 1, d.clock.now()))  # behind: ignored
+    assert d.e.store.instance(la.launch_id).state == "joined"
+    d.e.on_instance_event(event(la, "terminating", 1, d.clock.now()))
+    d.e.on_instance_event(event(la, "terminated", 2, d.clock.now()))
+    inst = d.e.store.instance(la.launch_id)
+    assert inst.state == "terminated" and inst.seq == 2
+
+
+def test_a_report_of_a_restored_store_is_answered_with_terminates_for_what_ended_here():
+    """Found by the simulator (restored-store): a store restored from a backup holds live records
+    of instances that ended since; nothing ever closed them. The engine, which saw them end, sends
+    a terminate for each (the provisioner closes a record whose node is gone); forward entries with
+    a lower seq are applied; entries that agree send nothing."""
+    from epu.common.messages import InstanceReport
+
+    d = Domain(2)
+    ended, live = d.launches
+    d.e.on_instance_event(event(ended, "terminating", 3, d.clock.now()))
+    d.e.on_instance_event(event(ended, "terminated", 4, d.clock.now()))
+    d.bus.clear()
+    d.step(nodes=[d.node(live, "busy", jobs_=["j1"])])
+    d.bus.clear()
+    restored = [event(ended, "started", 2, d.clock.now()), event(live, "started", 2, d.clock.now())]
+    d.e.handle_input(InstanceReport(domain="d", as_of=d.clock.now(), horizon_seconds=3600, instances=restored))
+    assert [m.instance_id for m in d.bus.of("instance.terminate")] == [ended.launch_id]
+    d.bus.clear()
+    d.e.handle_input(InstanceReport(domain="d", as_of=d.clock.now(), horizon_seconds=3600,
+                                    instances=[event(live, "terminated", 1, d.clock.now())]))
+    assert d.e.store.instance(live.launch_id).state == "terminated" and d.bus.of("instance.terminate") == []
+
+
+def test_a_terminate_answered_but_never_finished_is_sent_again():
+    """Found by the simulator (new-store seed 19): the provisioner stored the terminate, answered
+    ``terminating`` and was stopped before its destroy; its new store never heard of it. The engine,
+    answered, never asked again: the VM ran on, billed. Now it asks again every 10 × resend_seconds."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.e.on_instance_event(event(la, "terminating", 3, d.clock.now()))
+    nodes = [d.node(la, "free")]
+    again = []
+    for _ in range(70):  # 700 s
+        d.step(nodes=nodes)
+        again += [m for m in d.bus.of("instance.terminate") if "too long" in m.reason]
+        d.bus.clear()
+    assert [m.instance_id for m in again] == [la.launch_id, la.launch_id]  # at 300 s and 600 s
+    d.e.on_instance_event(event(la, "terminated", 1, d.clock.now()))  # from the new store: news
+    for _ in range(40):
+        d.step(nodes=[])
+    assert d.bus.of("instance.terminate") == []

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 from epu.services.provisioner import reconcile as core
-from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, TAG_STORE, CloudNode
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_LAUNCH, TAG_STORE, CloudNode
 from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
 
 T = 10_000.0
@@ -27,6 +27,10 @@ def node(cid: str, lid: str | None = None, state: str | None = "started", *, dep
     native = {"started": "running", "pending": "pending", "terminated": "terminated", "failed": "error"}.get(
         state or "", "stopped")
     return CloudNode(cloud_id=cid, name=cid, state=state, native_state=native, ip=ip, tags=tags, created_at=0.0)
+
+
+def in_domain(n: CloudNode, domain: str = "d") -> CloudNode:
+    return replace(n, tags={**n.tags, TAG_DOMAIN: domain})
 
 
 def rec(iid: str, state: str = "started", cloud_id: str | None = None, *, updated: float = T - 100,
@@ -101,8 +105,10 @@ PRESENCE = [
     ("never backwards: a started record listed pending", rec("a", "started", "c1"), node("c1", "a", "pending"), None,
      []),
     ("stopped tells nothing", rec("a", "started", "c1"), node("c1", "a", None), None, []),
-    ("error: failed (transient)", rec("a", "started", "c1"), node("c1", "a", "failed"), None,
-     [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1")]),
+    ("error: failed (transient), and the failed node destroyed at once (it holds a quota slot)",
+     rec("a", "started", "c1"), node("c1", "a", "failed"), None,
+     [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1"),
+      core.Destroy("c1", "a", "closed", "record a failed: node error")]),
     ("terminated by the cloud", rec("a", "started", "c1"), node("c1", "a", "terminated"), None,
      [core.Follow("a", "terminated", "terminated by the cloud (node c1)", None, "10.0.0.1")]),
     ("terminated as asked", rec("a", "terminating", "c1"), node("c1", "a", "terminated"), None,
@@ -145,6 +151,11 @@ SWEEP = [
      [Sighting("s", "o1", "x", "orphan", T - 599, T - 300)], [], [], ["o1"]),
     ("orphan seen 600 s ago: destroyed", [node("o1", "x")], [],
      [Sighting("s", "o1", "x", "orphan", T - 600, T - 300)], ["o1"], [], []),
+    ("our store, launch unknown, a domain (a restored store): adopted, never destroyed",
+     [in_domain(node("o1", "x"))], [], [Sighting("s", "o1", "x", "orphan", T - 10 ** 5, T - 300)], [],
+     ["orphan-adopted"], []),
+    ("our deployment and a domain but another store: never", [in_domain(node("f1", "x", store="other"))], [],
+     [Sighting("s", "f1", "x", "foreign", T - 10 ** 5, T - 300)], [], [], []),
     ("our deployment, another store: never", [node("f1", "x", store="other")], [],
      [Sighting("s", "f1", "x", "foreign", T - 10 ** 5, T - 300)], [], [], []),
     ("our deployment, no store tag (older release): never, announced once", [node("f1", "x", store=None)], [], [],
@@ -173,6 +184,17 @@ def test_sweep(why, listed, records, seen, destroyed, alerts, waiting) -> None:
     assert [d.cloud_id for d in plan.of(core.Destroy)] == destroyed, why
     assert [a.kind for a in plan.of(core.Alert)] == alerts, why
     assert plan.waiting_orphans == waiting, why
+
+
+def test_a_node_of_this_store_whose_launch_is_lost_is_adopted_into_its_domain() -> None:
+    old = Sighting("s", "o1", "x", "orphan", T - 5000, T - 300)  # seen by an older release as an orphan
+    plan = core.reconcile(world([in_domain(node("o1", "x"), "alpha")], sightings=[old]), RULES)
+    [adopt] = plan.of(core.AdoptFound)
+    assert (adopt.instance_id, adopt.domain, adopt.node.cloud_id) == ("x", "alpha", "o1")
+    assert plan.of(core.Forget) == [core.Forget("o1")] and plan.of(core.Sight) == []
+    # a node whose launch the store knows is never "found": it is the record's
+    plan = core.reconcile(world([in_domain(node("c1", "a"))], [rec("a", "started", "c1")]), RULES)
+    assert plan.of(core.AdoptFound) == []
 
 
 def test_first_sighting_is_remembered_and_kept_on_later_ones() -> None:

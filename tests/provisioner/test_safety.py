@@ -137,9 +137,11 @@ def test_more_orphans_than_the_cap_are_all_refused_with_an_alert(build, sqlite_u
     assert len(prov.reconcile("sim").swept) == 3
 
 
-def test_restored_store_waits_and_is_capped(build, tmp_path, cloud, clock) -> None:
-    """A store restored from a backup does not know the launches made after it: those nodes are
-    orphans of this store — announced, kept for the grace from *now*, then swept within the cap."""
+def test_restored_store_adopts_the_nodes_launched_after_its_backup(build, tmp_path, cloud, clock) -> None:
+    """A store restored from a backup does not know the launches made after it. Was (the simulator's
+    restored-store): those nodes were orphans, swept after the grace while they ran jobs. They carry
+    this store's tags and a domain, so they are adopted and announced — the engine, which launched
+    them, keeps or retires them (draining first) — and never swept."""
     import shutil
 
     url = f"sqlite:///{tmp_path / 'prov.db'}"
@@ -157,11 +159,15 @@ def test_restored_store_waits_and_is_capped(build, tmp_path, cloud, clock) -> No
     for suffix in ("", "-wal", "-shm"):
         (tmp_path / f"prov.db{suffix}").unlink(missing_ok=True)
     shutil.copy(tmp_path / "backup.db", tmp_path / "prov.db")
-    restored, _ = build(cloud, url, orphan_grace_seconds=600)
+    restored, events = build(cloud, url, orphan_grace_seconds=600)
     report = restored.reconcile("sim")
-    assert report.swept == [] and sorted(report.waiting_orphans) == sorted(
-        n.id for n in cloud.list_nodes() if n.extra["tags"][TAG_LAUNCH].startswith("after"))
-    assert [a.kind for a in restored.published_alerts] == ["orphan-seen", "orphan-seen"]
+    assert report.swept == [] and report.waiting_orphans == [] and sorted(report.adopted) == ["after1", "after2"]
+    assert [a.kind for a in restored.published_alerts] == ["orphan-adopted", "orphan-adopted"]
+    for lid in ("after1", "after2"):
+        rec = restored.store.get(lid)
+        assert rec.domain == "alpha" and rec.site == "sim" and rec.cloud_id and not rec.terminal
+    clock.advance(HOUR)
+    assert restored.reconcile("sim").swept == []
     assert live(cloud) == {"before", "after1", "after2"}
 
 

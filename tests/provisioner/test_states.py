@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from epu.common.messages import INSTANCE_STATE_ORDER
-from epu.services.provisioner.errors import classify
+from epu.services.provisioner.errors import classify, is_throttled
 from epu.services.provisioner.states import check_transition, map_node_state
 from hypothesis import given
 from hypothesis import strategies as st
@@ -59,3 +59,12 @@ def test_error_classes() -> None:
     assert classify(InvalidCredsError("AuthFailure")) == "permanent"
     assert classify(Exception("InvalidAMIID.NotFound: The image id 'ami-1' does not exist")) == "permanent"
     assert classify(ValueError("something odd")) == "permanent"
+
+
+def test_a_throttled_call_was_not_processed_a_timeout_or_5xx_may_have_been() -> None:
+    """Without client tokens, only a throttled create may be repeated at once (the provisioner)."""
+    assert is_throttled(BaseHTTPError(429, "slow down"))
+    assert is_throttled(Exception("RequestLimitExceeded: Request limit exceeded."))
+    assert not is_throttled(BaseHTTPError(503, "ServiceUnavailable"))
+    assert not is_throttled(BaseHTTPError(504, "GatewayTimeout"))
+    assert not is_throttled(TimeoutError("read timed out"))

@@ -83,10 +83,13 @@ def test_outbox_and_unknown_terminate(store: Store) -> None:
     assert [(t.record.state, t.record.seq) for t in pending] == [("requested", 1), ("pending", 2)]
     store.mark_published([pending[0].id])
     assert [t.record.state for t in store.unpublished(200.0)] == ["pending"]
-    rec, t = store.record_unknown_terminated("ghost", "alpha", 300.0, "unknown")
-    assert rec.state == "terminated" and t is not None
-    assert store.record_unknown_terminated("ghost", "alpha", 301.0, "unknown")[1] is None
-    assert store.counts() == {"pending": 1, "terminated": 1}
+    rec, t = store.record_found("ghost", "alpha", "terminating", 300.0, "unknown")
+    assert rec.state == "terminating" and rec.site == "" and t is not None
+    assert store.record_found("ghost", "alpha", "started", 301.0, "unknown")[1] is None  # recorded once
+    assert store.counts() == {"pending": 1, "terminating": 1}
+    store.set_cloud_fields("ghost", cloud_id="c-9", site="cloud-a")
+    found = store.get("ghost")
+    assert found is not None and (found.site, found.cloud_id) == ("cloud-a", "c-9")
 
 
 def test_presumed_gone_is_a_flag_with_its_own_seq_and_survives_the_outbox(store: Store) -> None:

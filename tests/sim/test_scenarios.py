@@ -12,13 +12,7 @@ import pytest
 from epu.sim.runner import run_one
 from epu.sim.scenarios import get_scenario, names
 
-KNOWN_FAILING: dict[str, str] = {
-    "new-store": "issue 11 'Orphan sweep trusts any store' (a new store database): no job is killed any more, "
-                 "but the old store's VMs are never terminated — the engine's terminate for them reaches a "
-                 "provisioner that does not know them and records them terminated (follow-up: provisioner)",
-    "restored-store": "issue 11 'Orphan sweep trusts any store' (a restored store database): a node launched "
-                      "after the backup is swept after the grace while it runs jobs (follow-up: provisioner)",
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def ci_seeds(name: str) -> list[int]:
