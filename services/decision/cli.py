@@ -152,39 +152,66 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_retained(broker: Any, domains: list[str], board: Any) -> list[str]:
+    """Fold each domain's retained ``EngineStatus`` into ``board``; returns a note per domain
+    without one."""
+    from epu.common.retained import engine_statuses
+
+    found, why = engine_statuses(broker, domains)
+    for msg in found.values():
+        board.apply(msg)
+    return [f"domain {d}: {reason}; showing live events only" for d, reason in sorted(why.items())]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from epu.common.tap import follow
     from epu.services.decision.status import Board, render
 
     config = load_or_exit(args.config)
     broker = config.broker_obj()
+    if args.domain and args.domain not in config.domains:
+        print(f"epu status: unknown domain {args.domain!r} (configured: {', '.join(sorted(config.domains)) or 'none'})",
+              file=sys.stderr)
+        return 2
     d = args.domain or "*"
-    keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}"]
+    keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}", f"decision.status.{d}"]
     board = Board(args.domain)
     live = None
-    if args.watch and not args.json:
-        from rich.live import Live
 
-        live = Live(render(board), refresh_per_second=4)
-        live.start()
+    def emit() -> None:
+        if live is not None:
+            live.update(render(board))
+        elif args.watch and args.json:
+            print(json.dumps(board.as_json()), flush=True)
+
+    def on_bound() -> None:
+        # bound first, read second: nothing published in between is missed, and the board
+        # keeps whichever of the two is newer
+        for note in load_retained(broker, [args.domain] if args.domain else sorted(config.domains), board):
+            print(f"epu status: {note}", file=sys.stderr)
+        if board.domains:
+            emit()
 
     def on_event(_rk: str, _env: Any, msg: Any, error: Any) -> None:
         try:
             changed = error is None and board.apply(msg)
         except Exception:
             changed = False
-        if changed and live is not None:
-            live.update(render(board))
-        elif changed and args.watch and args.json:
-            print(json.dumps(board.as_json()), flush=True)
+        if changed:
+            emit()
 
     def on_idle() -> None:
         if live is not None:
             live.update(render(board))
 
+    if args.watch and not args.json:
+        from rich.live import Live
+
+        live = Live(render(board), refresh_per_second=4)
+        live.start()
     try:
-        follow(broker, keys, on_event, stop=lambda: False, seconds=0 if args.watch else args.seconds,
-               on_idle=on_idle)
+        follow(broker, keys, on_event, stop=lambda: bool(not args.watch and not args.seconds),
+               seconds=0 if args.watch else args.seconds, on_bound=on_bound, on_idle=on_idle)
     except KeyboardInterrupt:
         pass
     finally:
@@ -271,22 +298,33 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("status", help="live view: queue, nodes, instances by state and site, last decision",
                        formatter_class=RAW,
-                       description="Built from the event stream (sensor snapshots, instance events, decision\n"
-                                   "records) through an exclusive tap queue, so it needs only read access to the\n"
-                                   "broker and never touches a service's store. Per domain: the queue (jobs,\n"
-                                   "cores), batch nodes by state, instances by site and state (terminated and\n"
-                                   "failed ones drop out), and the last decision with its actions and notes.\n"
-                                   "Without --watch, listens for --seconds and prints what it saw; instances\n"
-                                   "launched before it started appear from their next event on.",
+                       description="The whole current state of each domain, at once, then kept live.\n\n"
+                                   "It starts from the decision engine's retained status (the queue\n"
+                                   "epu.status.DOMAIN holds the newest; it is read and left in place): every live\n"
+                                   "instance with its site, state and whether its node is in the batch system,\n"
+                                   "the queue (jobs, cores), batch nodes by state, policy and version, bounds,\n"
+                                   "pause and circuit breaker, and the last decision with its actions and notes.\n"
+                                   "Events (snapshots, instance events, decision records, new statuses) then\n"
+                                   "keep it current through an exclusive tap queue; a piece is applied only\n"
+                                   "when newer than what is shown. Needs only the operator's read access to the\n"
+                                   "broker, never a service's store. Without an engine status (engine not\n"
+                                   "started yet) it says so and shows what the events tell.\n\n"
+                                   "Without --watch it prints after --seconds of listening (0: at once, from\n"
+                                   "the retained status only).",
                        epilog="Examples:\n"
-                              "  epu status alpha -c /etc/epu/epu.toml          # a 6 s look\n"
-                              "  epu status --watch -c /etc/epu/epu.toml        # live board, every domain\n"
-                              "  epu status alpha --watch --json | jq .[0].queue  # one JSON line per change\n"
-                              "Exit status: 0; 2 on a bad configuration.")
+                              "  epu status alpha -c /etc/epu/epu.toml --seconds 0   # now, from the engine's status\n"
+                              "  epu status --watch -c /etc/epu/epu.toml             # live board, every domain\n"
+                              "  epu status alpha --watch --json | jq .[0].queue     # one JSON line per change\n"
+                              "  epu status alpha --json --seconds 0 | jq '.[0].instances[] | select(.in_batch)'\n\n"
+                              "Files and environment: the configuration (-c, $EPU_CONFIG, /etc/epu/epu.toml)\n"
+                              "names the broker and the domains; EPU_BROKER__URL overrides the broker URL.\n"
+                              "Exit status: 0; 1 when the broker cannot be reached or refuses the login;\n"
+                              "2 on a bad configuration or an unknown domain.")
     s.add_argument("domain", nargs="?", help="show only this domain (default: every domain seen)")
     s.add_argument("--json", action="store_true",
                    help="JSON instead of the board: a list of domains; with --watch one line per change")
     s.add_argument("--watch", action="store_true", help="keep updating until Ctrl-C")
-    s.add_argument("--seconds", type=float, default=6.0, help="how long to listen without --watch (default 6)")
+    s.add_argument("--seconds", type=float, default=3.0,
+                   help="how long to listen for events without --watch (default 3; 0: print the retained status at once)")
     add_config_arg(s)
     s.set_defaults(func=cmd_status)

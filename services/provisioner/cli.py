@@ -14,31 +14,52 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from epu.common.cliargs import add_config_arg, load_or_exit
-from epu.common.messages import Message, PolicyChange, TerminateRequest, new_id
+from epu.common.messages import (
+    INSTANCE_STATE_ORDER,
+    TERMINAL_INSTANCE_STATES,
+    EngineStatus,
+    InstanceStatus,
+    Message,
+    PolicyChange,
+    TerminateRequest,
+    new_id,
+)
 
 RAW = argparse.RawDescriptionHelpFormatter
 
 LIST_DESCRIPTION = """\
-List the instances in the provisioner's store (provisioner.store_url), oldest first.
+List the instances in the provisioner's store (provisioner.store_url), oldest first, with
+whether each has joined the batch system, from the decision engine's retained status (the
+queue epu.status.DOMAIN, read and left in place; the operator's read access suffices).
 
-Columns: INSTANCE (= launch id), DOMAIN, SITE, STATE, NODE (batch node name), IP, CLOUD_ID,
-AGE (since the launch was requested) and REASON (why it last changed state).
+Columns: INSTANCE (= launch id), DOMAIN, SITE, STATE, BATCH, NODE (batch node name), IP,
+CLOUD_ID, AGE (since the launch was requested) and REASON (why it last changed state).
 
 States, in the order they move (never backwards): requested, pending, started, joined,
 draining, terminating, terminated; failed is terminal. The provisioner sets the cloud states
-(requested, pending, started, terminating, terminated, failed); joined and draining are
-tracked by the decision engine.
+(requested, pending, started, terminating, terminated, failed); joined and draining are the
+decision engine's, and STATE shows the furthest of the two. BATCH: "yes (STATE)" when the
+instance's node is in the batch system (with the node's state in the newest snapshot), "no"
+when it is not, "-" when the engine does not list the instance (ended, or not seen yet), "?"
+when the engine's status could not be read (the reason is printed on standard error).
 """
 
 LIST_EPILOG = """\
 examples:
   epu instances list -c /etc/epu/epu.toml
   epu instances list --domain alpha --active
+  epu instances list --json | jq '.[] | select(.in_batch == false and .state == "started")'
   epu instances list --json | jq '.[] | select(.state == "failed") | .reason'
+  epu instances list --no-engine        # the store only, no broker access
 
-exit status: 0 on success, 2 on a bad configuration.
+files and environment: the configuration (-c, $EPU_CONFIG, /etc/epu/epu.toml) names the store
+(provisioner.store_url) and the broker; EPU_SECTION__KEY variables override it.
+
+exit status: 0 on success (also when the engine's status cannot be read: BATCH shows "?"),
+1 when the store cannot be read, 2 on a bad configuration.
 """
 
 TERMINATE_DESCRIPTION = """\
@@ -73,6 +94,42 @@ def _store(config):  # noqa: ANN001, ANN202 - small helper, typed at the call si
     return Store(config.provisioner.store_url)
 
 
+def engine_view(config: Any, domains: list[str]) -> tuple[dict[str, InstanceStatus] | None, list[str]]:
+    """Instance id → the engine's entry, over the retained statuses of ``domains``; None (and why)
+    when the broker cannot be read. Domains without a status are named in the notes."""
+    from epu.common.retained import engine_statuses
+
+    try:
+        found, why = engine_statuses(config.broker_obj(), domains)
+    except Exception as exc:
+        return None, [f"the engine's status could not be read ({type(exc).__name__}: {exc}); BATCH is ?"]
+    view = {i.instance_id: i for msg in found.values() if isinstance(msg, EngineStatus) for i in msg.instances}
+    return view, [f"domain {d}: {reason}; BATCH is -" for d, reason in sorted(why.items())]
+
+
+def merged(record: Any, engine: dict[str, InstanceStatus] | None) -> dict[str, Any]:
+    """A store record with the engine's view: ``state`` the furthest of the two (the engine's
+    joined and draining are never stored by the provisioner), ``in_batch`` (None: unknown),
+    ``node_state``, ``engine_state``."""
+    doc = dict(record.__dict__)
+    entry = engine.get(record.instance_id) if engine is not None else None
+    doc["engine_state"] = entry.state if entry is not None else None
+    doc["in_batch"] = None if engine is None else bool(entry is not None and entry.in_batch)
+    doc["node_state"] = entry.node_state if entry is not None else None
+    if (entry is not None and record.state not in TERMINAL_INSTANCE_STATES
+            and INSTANCE_STATE_ORDER[entry.state] > INSTANCE_STATE_ORDER[record.state]):
+        doc["state"] = entry.state
+    return doc
+
+
+def _batch(doc: dict[str, Any], engine: dict[str, InstanceStatus] | None) -> str:
+    if engine is None:
+        return "?"
+    if doc["engine_state"] is None:
+        return "-"
+    return f"yes ({doc['node_state'] or 'not listed'})" if doc["in_batch"] else "no"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
     store = _store(config)
@@ -80,14 +137,22 @@ def cmd_list(args: argparse.Namespace) -> int:
         records = store.list(domain=args.domain, active_only=args.active)
     finally:
         store.close()
+    engine: dict[str, InstanceStatus] | None = {}
+    if not args.no_engine:
+        domains = sorted({args.domain} if args.domain else set(config.domains) | {r.domain for r in records})
+        engine, notes = engine_view(config, domains)
+        for note in notes:
+            print(f"epu instances list: {note}", file=sys.stderr)
+    docs = [merged(r, None if args.no_engine else engine) for r in records]
     if args.json:
-        print(json.dumps([r.__dict__ for r in records], indent=2))
+        print(json.dumps(docs, indent=2))
         return 0
     now = time.time()
-    header = ("INSTANCE", "DOMAIN", "SITE", "STATE", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
+    header = ("INSTANCE", "DOMAIN", "SITE", "STATE", "BATCH", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
     rows = [header] + [
-        (r.instance_id, r.domain, r.site, r.state, r.node_name, r.ip or "-", r.cloud_id or "-",
-         _age(now - r.created_at), r.reason[:60]) for r in records]
+        (d["instance_id"], d["domain"], d["site"], d["state"], "-" if args.no_engine else _batch(d, engine),
+         d["node_name"], d["ip"] or "-", d["cloud_id"] or "-", _age(now - d["created_at"]), d["reason"][:60])
+        for d in docs]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + str(row[-1]))
@@ -161,7 +226,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arg(lp)
     lp.add_argument("--domain", metavar="D", help="only instances of domain D")
     lp.add_argument("--active", action="store_true", help="hide terminated and failed instances")
-    lp.add_argument("--json", action="store_true", help="print a JSON array (one object per instance)")
+    lp.add_argument("--json", action="store_true",
+                    help="print a JSON array, one object per instance: the store's fields plus engine_state, "
+                         "in_batch (true, false, or null when unknown) and node_state")
+    lp.add_argument("--no-engine", action="store_true",
+                    help="do not read the engine's status (no broker access): the store's states only")
     lp.set_defaults(func=cmd_list)
 
     tp = isub.add_parser("terminate", help="terminate instance ID (idempotent)",
