@@ -232,7 +232,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=RAW,
                        description="Show a domain's policy from the engine's store, or change it at run time.\n"
                                    "Changes travel as PolicyChange messages; the engine validates, versions and\n"
-                                   "applies them at its next iteration and answers applied or rejected (reason).")
+                                   "applies them at its next iteration and answers applied or rejected (reason).\n"
+                                   "An operator needs only the epu-operator user's permissions (docs/deploy.md).",
+                       epilog="Examples:\n  epu policy show alpha\n  epu policy set alpha max_nodes=40 idle_seconds=300\n"
+                              "  epu policy pause alpha\n\n"
+                              "Exit status: see each ACTION's --help; 2 when no ACTION is given.")
+    p.set_defaults(func=lambda _args: p.print_help() or 2)
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION")
 
     s = psub.add_parser("show", help="the domain's current config version and effective parameters",
@@ -253,11 +258,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "parameter of the policy (see docs/policies.md).",
                         epilog="Examples:\n  epu policy set alpha policy=threshold jobs_per_vm=2 max_nodes=40\n"
                                "  epu policy set alpha sites=cheap,backup placement=cheapest\n"
-                               "  epu policy set alpha stall_seconds=300")
+                               "  epu policy set alpha stall_seconds=300\n\n"
+                               "Exit status: 0 applied (the new version is printed); 1 rejected (the reason is\n"
+                               "printed, nothing changed) or no answer within --timeout (is the engine running?),\n"
+                               "or RabbitMQ refused or cannot be reached; 2 bad usage (a word without =) or\n"
+                               "bad configuration.")
     s.add_argument("domain", help="the domain to change")
     s.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
                    help="what to change; values are parsed as TOML scalars (2, 0.5, true, text)")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_set)
@@ -267,7 +276,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                   "Pause DOMAIN: the engine keeps watching and recording but takes no action until\n"
                   "resumed. Instances and nodes stay as they are. Answered like `policy set`."),
         "resume": ("act on a paused domain again",
-                   "Resume DOMAIN: the next iteration decides on the current view as usual."),
+                   "Resume DOMAIN after `epu policy pause`: from its next iteration the engine acts\n"
+                   "again on the current view (launches, scale-down, node commands), as the policy\n"
+                   "decides. Answered like `policy set`."),
     }
     for name, pause in (("pause", True), ("resume", False)):
         short, long_ = pause_help[name]
@@ -275,7 +286,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             epilog=f"Example: epu policy {name} alpha -c /etc/epu/epu.toml\n"
                                    "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
         s.add_argument("domain", help="the domain to " + name)
-        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
         s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
         add_config_arg(s)
         s.set_defaults(func=cmd_pause, pause=pause)
@@ -291,7 +302,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="Example: epu policy release-breaker alpha -c /etc/epu/epu.toml\n"
                                "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
     s.add_argument("domain", help="the domain whose breaker to release")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_release_breaker)

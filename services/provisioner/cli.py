@@ -217,7 +217,11 @@ def cmd_terminate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("instances", help="list instances, terminate one", formatter_class=RAW,
-                       description="Instances known to the provisioner: list them, or terminate one.")
+                       description="Instances known to the provisioner: list them (with the decision engine's\n"
+                                   "view: joined to the batch system or not), or take one out of service.",
+                       epilog="Examples:\n  epu instances list --active\n"
+                              "  epu instances terminate launch-7f3a --reason 'stuck booting'\n\n"
+                              "Exit status: see each ACTION's --help; 2 when no ACTION is given.")
     isub = p.add_subparsers(dest="instances_command", metavar="ACTION")
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
