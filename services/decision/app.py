@@ -74,7 +74,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     service.declare(topo.provisioner_spec())
     for domain in config.domains:
         service.declare(topo.sensor_spec(domain))
-        service.declare(topo.status_spec(domain))
+        if not broker.is_memory:  # memory:// ignores x-max-length, and no other process could read it
+            service.declare(topo.status_spec(domain))
     service.on_connection_lost.append(engine.forget_snapshots)
     service.on_stop.append(leases.release)
     actions = Counter("epu_decision_actions_total", "Actions sent by policy iterations", ["domain", "kind"],
