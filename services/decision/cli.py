@@ -169,10 +169,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     config = load_or_exit(args.config)
     broker = config.broker_obj()
-    if args.domain and args.domain not in config.domains:
-        print(f"epu status: unknown domain {args.domain!r} (configured: {', '.join(sorted(config.domains)) or 'none'})",
+    if args.domain and config.domains and args.domain not in config.domains:
+        # an operator's own config may name no domain at all (only the broker): then any name goes
+        print(f"epu status: unknown domain {args.domain!r} (configured: {', '.join(sorted(config.domains))})",
               file=sys.stderr)
         return 2
+    if args.domain:
+        from epu.common.topology import check_name
+
+        try:
+            check_name(args.domain)
+        except ValueError as exc:
+            print(f"epu status: {exc}", file=sys.stderr)
+            return 2
     d = args.domain or "*"
     keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}", f"decision.status.{d}"]
     board = Board(args.domain)
@@ -187,7 +196,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     def on_bound() -> None:
         # bound first, read second: nothing published in between is missed, and the board
         # keeps whichever of the two is newer
-        for note in load_retained(broker, [args.domain] if args.domain else sorted(config.domains), board):
+        domains = [args.domain] if args.domain else sorted(config.domains)
+        if not domains:
+            print("epu status: the configuration names no domain: give DOMAIN to see the engine's whole "
+                  "status; showing live events only", file=sys.stderr)
+        for note in load_retained(broker, domains, board):
             print(f"epu status: {note}", file=sys.stderr)
         if board.domains:
             emit()
