@@ -635,6 +635,8 @@ class EngineStatus(Message):
     """Every live instance of the domain (terminated and failed ones are not listed)."""
     last_decision: DecisionRecord | None = None
     """The last iteration that acted, if this engine made one since it started."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The domain's configuration in force (version ``policy_version``), as ``epu policy show`` prints it."""
 
     def routing_key(self) -> str:
         return f"decision.status.{self.domain}"

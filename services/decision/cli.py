@@ -118,21 +118,50 @@ def cmd_release_breaker(args: argparse.Namespace) -> int:
     return _change_cmd(args, {"release_breaker": True})
 
 
+def _from_engine_status(config: Any, domain: str) -> tuple[int, Any, str] | str:
+    """(version, DomainConfig, source) from the engine's retained status of ``domain``, or why not."""
+    import time
+
+    from epu.common.config import DomainConfig
+    from epu.common.retained import engine_statuses
+    from epu.common.topology import check_name
+
+    try:
+        check_name(domain)
+    except ValueError as exc:
+        return str(exc)
+    found, why = engine_statuses(config.broker_obj(), [domain])
+    status = found.get(domain)
+    if status is None or not getattr(status, "config", None):
+        return why.get(domain, "the engine's status carries no configuration (an older engine)")
+    age = max(0.0, time.time() - status.at)
+    return status.policy_version, DomainConfig.model_validate(status.config), f"engine status, {age:.0f}s old"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
+    from epu.common.db import missing_sqlite_file
     from epu.services.decision.policies import PolicyError, validate_params
     from epu.services.decision.store import Store
 
     config = load_or_exit(args.config)
-    store = Store(config.decision.store_url).create()
-    current = store.current_config(args.domain)
-    if current is None:
-        if args.domain not in config.domains:
-            print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+    missing = missing_sqlite_file(config.decision.store_url)
+    if missing is not None:  # not where the engine's store is: ask the engine (over the broker)
+        got = _from_engine_status(config, args.domain)
+        if isinstance(got, str):
+            print(f"epu policy show: no engine store at {missing} (decision.store_url) and {got}", file=sys.stderr)
             return 1
-        version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+        version, cfg, source = got
     else:
-        version, cfg = current
-        source = store.config_history(args.domain)[-1]["source"]
+        store = Store(config.decision.store_url).create()
+        current = store.current_config(args.domain)
+        if current is None:
+            if args.domain not in config.domains:
+                print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+                return 1
+            version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+        else:
+            version, cfg = current
+            source = store.config_history(args.domain)[-1]["source"]
     try:
         effective = validate_params(cfg.policy, cfg.params).model_dump()
     except PolicyError as exc:

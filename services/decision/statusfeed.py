@@ -50,7 +50,7 @@ def build_status(engine: Any, domain: str, now: float, last: DecisionRecord | No
         snapshot_at=float(snap.taken_at) if snap is not None else None,
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,
         nodes_by_state=dict(Counter(n.state for n in snap.nodes)) if snap is not None and snap.available else {},
-        instances=entries, last_decision=last)
+        instances=entries, last_decision=last, config=cfg.model_dump(mode="json"))
 
 
 class StatusFeed:

@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from epu.common.cliargs import add_config_arg, load_or_exit
@@ -45,6 +47,10 @@ decision engine's, and STATE shows the furthest of the two. BATCH: "yes (STATE)"
 instance's node is in the batch system (with the node's state in the newest snapshot), "no"
 when it is not, "-" when the engine does not list the instance (ended, or not seen yet), "?"
 when the engine's status could not be read (the reason is printed on standard error).
+
+On a host without the provisioner's store (an operator's workstation: the SQLite file named by
+provisioner.store_url does not exist) it lists the engine's live instances from its status
+alone, says so on standard error, and creates nothing.
 """
 
 LIST_EPILOG = """\
@@ -59,7 +65,7 @@ files and environment: the configuration (-c, $EPU_CONFIG, /etc/epu/epu.toml) na
 (provisioner.store_url) and the broker; EPU_SECTION__KEY variables override it.
 
 exit status: 0 on success (also when the engine's status cannot be read: BATCH shows "?"),
-1 when the store cannot be read, 2 on a bad configuration.
+2 on a bad configuration, or with --no-engine where the store does not exist.
 """
 
 TERMINATE_DESCRIPTION = """\
@@ -94,17 +100,42 @@ def _store(config):  # noqa: ANN001, ANN202 - small helper, typed at the call si
     return Store(config.provisioner.store_url)
 
 
-def engine_view(config: Any, domains: list[str]) -> tuple[dict[str, InstanceStatus] | None, list[str]]:
-    """Instance id → the engine's entry, over the retained statuses of ``domains``; None (and why)
-    when the broker cannot be read. Domains without a status are named in the notes."""
+@dataclass
+class EngineView:
+    """What the decision engine's retained statuses say about instances."""
+
+    entries: dict[str, InstanceStatus] | None
+    """Instance id → the engine's entry; None when the statuses could not be read at all."""
+    domain_of: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def engine_view(config: Any, domains: list[str]) -> EngineView:
+    """The engine's entries over the retained statuses of ``domains``; domains without a status,
+    or a broker that cannot be read, are named in the notes."""
     from epu.common.retained import engine_statuses
 
     try:
         found, why = engine_statuses(config.broker_obj(), domains)
     except Exception as exc:
-        return None, [f"the engine's status could not be read ({type(exc).__name__}: {exc}); BATCH is ?"]
-    view = {i.instance_id: i for msg in found.values() if isinstance(msg, EngineStatus) for i in msg.instances}
-    return view, [f"domain {d}: {reason}; BATCH is -" for d, reason in sorted(why.items())]
+        return EngineView(None, notes=[f"the engine's status could not be read ({type(exc).__name__}: {exc}); "
+                                       "BATCH is ?"])
+    statuses = {d: m for d, m in found.items() if isinstance(m, EngineStatus)}
+    return EngineView({i.instance_id: i for m in statuses.values() for i in m.instances},
+                      {i.instance_id: d for d, m in statuses.items() for i in m.instances},
+                      [f"domain {d}: {reason}; BATCH is -" for d, reason in sorted(why.items())])
+
+
+def engine_only(view: EngineView, domain: str | None) -> list[Any]:
+    """Rows for a host without the provisioner's store: the engine's live instances, shaped like
+    store records (no cloud id; age since the current state)."""
+    out = []
+    for iid, e in sorted((view.entries or {}).items(), key=lambda kv: kv[1].since):
+        if domain is None or view.domain_of[iid] == domain:
+            out.append(SimpleNamespace(instance_id=iid, domain=view.domain_of[iid], site=e.site, node_name=e.node_name,
+                                       cores=0, state=e.state, seq=e.seq, cloud_id=None, ip=e.ip, reason=e.retire,
+                                       error_kind=None, created_at=e.since, updated_at=e.since, presumed_gone_at=None))
+    return out
 
 
 def merged(record: Any, engine: dict[str, InstanceStatus] | None) -> dict[str, Any]:
@@ -131,16 +162,31 @@ def _batch(doc: dict[str, Any], engine: dict[str, InstanceStatus] | None) -> str
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from epu.common.db import missing_sqlite_file
+
     config = load_or_exit(args.config)
-    store = _store(config)
-    try:
-        records = store.list(domain=args.domain, active_only=args.active)
-    finally:
-        store.close()
+    missing = missing_sqlite_file(config.provisioner.store_url)
+    records: list[Any] = []
+    if missing is None:
+        store = _store(config)
+        try:
+            records = store.list(domain=args.domain, active_only=args.active)
+        finally:
+            store.close()
+    elif args.no_engine:
+        print(f"epu instances list: no provisioner store at {missing} (provisioner.store_url): run it where the "
+              "provisioner's store is, or without --no-engine for the decision engine's view", file=sys.stderr)
+        return 2
     engine: dict[str, InstanceStatus] | None = {}
     if not args.no_engine:
         domains = sorted({args.domain} if args.domain else set(config.domains) | {r.domain for r in records})
-        engine, notes = engine_view(config, domains)
+        view = engine_view(config, domains)
+        engine = view.entries
+        notes = view.notes
+        if missing is not None:
+            records = engine_only(view, args.domain)
+            notes = [f"no provisioner store at {missing} (provisioner.store_url): the decision engine's live "
+                     "instances only (no cloud ids, nothing ended)", *notes]
         for note in notes:
             print(f"epu instances list: {note}", file=sys.stderr)
     docs = [merged(r, None if args.no_engine else engine) for r in records]

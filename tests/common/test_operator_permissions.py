@@ -164,3 +164,35 @@ def test_instances_list_and_terminate_but_never_launch(world: tuple[Loaded, Path
     finally:
         operator.close()
     assert drain(Broker(d.admin_url, d.topology), "epu.provisioner") == [], "no launch reached the provisioners"
+
+
+def test_from_a_host_without_the_stores_everything_comes_over_the_broker(world: tuple[Loaded, Path]) -> None:
+    """An operator's workstation: the broker account and nothing else. ``policy show`` and
+    ``instances list`` read the engine's retained status, say so, and create no store."""
+    d, cfg = world
+    remote = cfg.parent / "remote"
+    remote.mkdir()
+    remote_cfg = remote / "operator.toml"
+    remote_cfg.write_text(CONFIG.format(url=d.url("epu-operator"), tmp=remote / "absent"))
+    # the engine has the three instances of the test above (or gets them from this one)
+    provisioner = Publisher(Broker(d.url("epu-provisioner"), d.topology, declare=False), "provisioner")
+    try:
+        provisioner.publish(InstanceEvent(instance_id="r-1", domain="alpha", site="s1", state="started", seq=2,
+                                          node_name="w-r-1", at=100.0))
+    finally:
+        provisioner.close()
+
+    def listed() -> dict[str, dict]:
+        res = epu(remote_cfg, "instances", "list", "--json")
+        assert "no provisioner store at" in res.stderr, res.stderr
+        return {r["instance_id"]: r for r in json.loads(ok(res))}
+
+    got = wait_for(lambda: (rows := listed()).get("r-1") and rows, 30, interval=0.5,
+                   message="instances list showing the engine's view")
+    assert got["r-1"]["engine_state"] == "started" and got["r-1"]["in_batch"] is False
+    local = json.loads(ok(epu(cfg, "policy", "show", "alpha", "--json")))  # from the engine's store
+    shown = json.loads(ok(epu(remote_cfg, "policy", "show", "alpha", "--json")))
+    assert shown["source"].startswith("engine status")
+    assert (shown["version"], shown["max_nodes"], shown["policy"]) == (local["version"], local["max_nodes"],
+                                                                      local["policy"])
+    assert not (remote / "absent").exists() and list(remote.iterdir()) == [remote_cfg], "no store created"
