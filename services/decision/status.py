@@ -24,6 +24,9 @@ from epu.common.messages import (
     SensorSnapshot,
 )
 
+#: Seconds an instance event is given to reach the engine before a status not listing it counts.
+UNLISTED_GRACE = 5.0
+
 
 def queue_of(snap: SensorSnapshot) -> tuple[int, int]:
     """(jobs, cores) of the queued demand of a snapshot: what the board and the engine's status call queued."""
@@ -85,7 +88,9 @@ class DomainStatus:
             return False
         self.engine = st
         listed = {i.instance_id for i in st.instances}
-        for iid in [i for i, e in self.instances.items() if i not in listed and e.since <= st.at]:
+        # an instance the engine does not list has ended — unless its event may not have reached the
+        # engine yet when the status was built (a launch just announced): that one stays
+        for iid in [i for i, e in self.instances.items() if i not in listed and e.since <= st.at - UNLISTED_GRACE]:
             del self.instances[iid]
         for entry in st.instances:
             self.apply_instance(entry, ended=False, same_seq=True)

@@ -74,9 +74,13 @@ def test_board_starts_whole_from_the_status_and_keeps_the_newer_of_status_and_ev
     assert not b.apply(InstanceEvent(instance_id="i2", state="started", seq=2, at=80.0, **ev)), "stale event"
     assert b.apply(InstanceEvent(instance_id="i3", state="terminated", seq=4, at=101.0, **ev))
     assert b.apply(InstanceEvent(instance_id="i4", state="requested", seq=1, at=102.0, **ev))
+    assert b.apply(InstanceEvent(instance_id="i5", state="requested", seq=1, at=98.0, **ev))  # just announced
     assert not b.apply(_status(99.0)), "an older status changes nothing"
     # a newer status built before i4's event reached the engine, still listing ended i3 with its older seq
     assert b.apply(_status(101.5, _entry("i1", "joined", 2, 90, True), _entry("i3", "pending", 1, 99)))
     ids = {i["instance_id"]: i for i in b.as_json()[0]["instances"]}
-    assert set(ids) == {"i1", "i4"}, "i2 ended (not listed), i3's end is newer, i4's event is newer"
+    assert set(ids) == {"i1", "i4", "i5"}, "i2 ended (not listed), i3's end is newer, i4's event is newer, " \
+        "i5's event may not have reached the engine yet"
+    assert b.apply(_status(110.0, _entry("i1", "joined", 2, 90, True)))
+    assert {i["instance_id"] for i in b.as_json()[0]["instances"]} == {"i1"}, "unlisted long enough: ended"
     assert ids["i1"]["in_batch"] and ids["i1"]["state"] == "joined", "joining moves no seq: the status says so"
