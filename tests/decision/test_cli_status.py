@@ -71,6 +71,12 @@ def test_status_reads_the_retained_status_at_once_and_leaves_it(tmp_path, broker
         assert main(["status", "alpha", "--json", "--seconds", "0", "-c", str(cfg)]) == 0
         (doc,) = json.loads(capsys.readouterr().out)
         assert doc["instances_by_state"] == {"joined": 3} and doc["engine"]["policy"] == "fixed"
+    # more reads than a quorum queue's usual delivery limit (20): the status stays (no limit on it)
+    from epu.common.retained import read_retained
+
+    name = topo.n(topo.status_spec("alpha").name)
+    for _read in range(25):
+        assert name in read_retained(broker, [name]).messages
     assert main(["status", "beta", "--json", "--seconds", "0", "-c", str(cfg)]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out) == [] and "no status queue" in captured.err
