@@ -171,6 +171,7 @@ def render(board: Board) -> Any:
     import time
 
     from rich.console import Group
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
@@ -190,14 +191,14 @@ def render(board: Board) -> Any:
             t.add_row(f"site {site}", ", ".join(f"{k}={v}" for k, v in sorted(states.items())))
         e = st.engine
         if e is not None:
-            t.add_row("engine", f"{e.policy} v{e.policy_version}, nodes {e.min_nodes}..{e.max_nodes}"
+            t.add_row("engine", f"{escape(e.policy)} v{e.policy_version}, nodes {e.min_nodes}..{e.max_nodes}"
                       + (", [yellow]PAUSED[/]" if e.paused else "")
-                      + (f", [red]breaker open: {e.breaker}[/]" if e.breaker else "")
+                      + (f", [red]breaker open: {escape(e.breaker)}[/]" if e.breaker else "")
                       + f", status {time.time() - e.at:.0f}s ago")
         for i in sorted(st.instances.values(), key=lambda i: (i.site, i.instance_id))[:MAX_ROWS]:
             batch = f"in batch ({i.node_state or 'not listed'})" if i.in_batch else "not in batch"
-            t.add_row("", f"[dim]{i.instance_id[:12]} {i.site} {i.state} {i.node_name} {batch}"
-                      + (f" retiring: {i.retire}" if i.retire else "") + "[/]")
+            t.add_row("", "[dim]" + escape(f"{i.instance_id[:12]} {i.site} {i.state} {i.node_name} {batch}"
+                                            + (f" retiring: {i.retire}" if i.retire else "")) + "[/]")
         if len(st.instances) > MAX_ROWS:
             t.add_row("", f"[dim]... {len(st.instances) - MAX_ROWS} more (--json lists them all)[/]")
         d = st.last_decision

@@ -84,3 +84,17 @@ def test_board_starts_whole_from_the_status_and_keeps_the_newer_of_status_and_ev
     assert b.apply(_status(110.0, _entry("i1", "joined", 2, 90, True)))
     assert {i["instance_id"] for i in b.as_json()[0]["instances"]} == {"i1"}, "unlisted long enough: ended"
     assert ids["i1"]["in_batch"] and ids["i1"]["state"] == "joined", "joining moves no seq: the status says so"
+
+
+def test_the_board_renders_the_engines_view_and_every_instance():
+    from epu.services.decision.status import render
+    from rich.console import Console
+
+    b = Board()
+    b.apply(_status(100.0, _entry("i1", "joined", 2, 90, True), _entry("i2", "started", 2, 95)))
+    b.domains["d"].engine = b.domains["d"].engine.model_copy(update={"breaker": "3 of 4 nodes [missing]"})
+    console = Console(record=True, width=140)
+    console.print(render(b))
+    text = console.export_text()
+    assert "queue-demand v0" in text and "breaker open: 3 of 4 nodes [missing]" in text
+    assert "i1 s1 joined" in text and "in batch" in text and "i2 s1 started" in text and "not in batch" in text
