@@ -133,6 +133,7 @@ def test_policy_set_pause_resume_and_show(world: tuple[Loaded, Path]) -> None:
     assert "applied as version" in ok(epu(cfg, "policy", "set", "alpha", "max_nodes=3", "--timeout", "30"))
     assert "PAUSED" in ok(epu(cfg, "policy", "pause", "alpha", "--timeout", "30"))
     assert "applied" in ok(epu(cfg, "policy", "resume", "alpha", "--timeout", "30"))
+    assert "applied" in ok(epu(cfg, "policy", "release-breaker", "alpha", "--timeout", "30"))
     shown = json.loads(ok(epu(cfg, "policy", "show", "alpha", "--json")))
     assert shown["max_nodes"] == 3 and shown["paused"] is False
 
