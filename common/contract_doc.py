@@ -62,6 +62,12 @@ EXAMPLES: dict[str, m.Message] = {
         actions=[m.ActionRecord(kind="launch", target="alpha-9c1d3f2a", site="ec2-east",
                                 reason="16 queued cores - (4 free + 4 pending) = 8 → 2 instances of 4 cores",
                                 action_id="9c1d3f2a0e8b4f6a9c7d5e3b1a2f4c6d")]),
+    "decision.status": m.EngineStatus(
+        domain="alpha", at=T0, policy="queue-demand", policy_version=2, min_nodes=0, max_nodes=20,
+        snapshot_at=T0 - 4, queued_jobs=10, queued_cores=16, nodes_by_state={"busy": 1, "free": 1},
+        instances=[m.InstanceStatus(instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", site="ec2-east", state="joined",
+                                    seq=3, node_name="alpha-3f2a9c1d", ip="10.0.0.17", in_batch=True,
+                                    node_state="busy", since=T0 - 200)]),
     "policy.change": m.PolicyChange(change_id="op-20260101-1", domain="alpha", policy="threshold",
                                     params={"waiting_jobs": 5, "jobs_per_vm": 4}, max_nodes=20, operator="alice"),
     "policy.outcome": m.PolicyOutcome(change_id="op-20260101-1", domain="alpha", applied=True, version=3,
@@ -148,7 +154,9 @@ def generate() -> str:
     out.append("")
     out += ["Durable queues are quorum queues with `x-dead-letter-exchange: epu.dlx` and "
             f"`x-delivery-limit: {DELIVERY_LIMIT}`; the latest-value snapshot queues instead have "
-            "`x-max-length: 1` and `x-overflow: drop-head` (a replaced snapshot is not dead-lettered).", ""]
+            "`x-max-length: 1` and `x-overflow: drop-head` (a replaced snapshot is not dead-lettered); the "
+            "status queues (`epu.status.DOMAIN`) too, and no delivery limit: readers take the status with "
+            "basic.get and requeue it, leaving it for the next reader.", ""]
     out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
     flows = {
         "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",
@@ -157,7 +165,8 @@ def generate() -> str:
         "instance.state": "provisioner → decision engine, context broker, taps",
         "instance.report": "provisioner → decision engine (anti-entropy), taps",
         "provisioner.alert": "provisioner → operators, taps",
-        "decision.record": "decision engine → taps", "policy.change": "operators → decision engine",
+        "decision.record": "decision engine → taps",
+        "decision.status": "decision engine → epu status (latest-value queue), taps", "policy.change": "operators → decision engine",
         "policy.outcome": "decision engine → operators, taps", "context.member": "context broker → taps",
     }
     for type_name in sorted(m.REGISTRY):

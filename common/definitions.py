@@ -10,14 +10,15 @@ Least privilege, one user per service:
 * ``epu-sensor-DOMAIN`` reads only its command queue, writes only ``sensor.snapshot.DOMAIN``
   and ``node.result.DOMAIN`` events (RabbitMQ topic permissions) and the dead-letter exchange.
 * ``epu-decision`` reads its input, control and per-domain snapshot queues; sends node commands, launches and
-  terminations (``provisioner.launch``, ``provisioner.terminate``); writes decision records
-  and policy outcomes.
+  terminations (``provisioner.launch``, ``provisioner.terminate``); writes decision records,
+  domain statuses and policy outcomes.
 * ``epu-provisioner`` reads the provisioner queue; writes instance state events, reports and provisioner alerts.
 * ``epu-ctxbroker`` reads terminated-instance events; writes context membership events.
 * ``epu-operator`` sends policy changes and terminations (``provisioner.terminate``, never
   ``provisioner.launch``); declares and reads its own exclusive tap queues (``epu.tap.*``)
-  bound to any event — what ``epu tap``, ``epu status``, ``epu record`` and ``epu policy``
-  need, and nothing more.
+  bound to any event, and reads the engine's status queues (``epu.status.DOMAIN``, without
+  consuming: basic.get then requeue) — what ``epu tap``, ``epu status``, ``epu record``,
+  ``epu instances`` and ``epu policy`` need, and nothing more.
 
 Bounds, by policy (``QueueBounds``): the decision input and work queues refuse publishes
 beyond a byte size (the publisher is told, nothing is dropped silently); dead letters are
@@ -113,10 +114,11 @@ def service_users(topology: Topology, domains: list[str], user_prefix: str = "")
             {t.n(EVENTS_EXCHANGE): rf"^(sensor\.snapshot|node\.result)\.{re.escape(d)}$"}, {},
             f"sensor of domain {d}"))
     snapshots = [q[t.decision_snapshot_spec(d).name] for d in domains]
+    statuses = [q[t.status_spec(d).name] for d in domains]
     users.append(ServiceUser(
         f"{user_prefix}epu-decision", "^$", _alt(ev, cmd, dlx),
         _alt(q[t.decision_input_spec().name], q[t.decision_control_spec().name], *snapshots),
-        {t.n(EVENTS_EXCHANGE): r"^(decision\.record|policy\.outcome)\..+$",
+        {t.n(EVENTS_EXCHANGE): r"^(decision\.(record|status)|policy\.outcome)\..+$",
          t.n(COMMANDS_EXCHANGE): rf"^(sensor\..+|{re.escape(LAUNCH_KEY)}|{re.escape(TERMINATE_KEY)})$"}, {},
         "decision engine"))
     users.append(ServiceUser(
@@ -127,7 +129,7 @@ def service_users(topology: Topology, domains: list[str], user_prefix: str = "")
         {t.n(EVENTS_EXCHANGE): r"^context\.member\..+$"}, {}, "context broker"))
     tap = re.escape(t.prefix) + TAP_QUEUE_PATTERN
     users.append(ServiceUser(
-        f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap),
+        f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap, *statuses),
         {t.n(COMMANDS_EXCHANGE): rf"^(decision\.control|{re.escape(TERMINATE_KEY)})$"}, {},
         "operators: policy changes, terminations, taps"))
     return users

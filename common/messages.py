@@ -586,6 +586,64 @@ class DecisionRecord(Message):
         return f"decision.record.{self.domain}"
 
 
+class InstanceStatus(Model):
+    """One live instance as the decision engine sees it (an entry of ``EngineStatus``)."""
+
+    instance_id: Id
+    site: Name
+    state: InstanceState
+    """The engine's state: the provisioner's cloud states, plus joined and draining."""
+    seq: NonNegInt = 0
+    """The ``seq`` of the last instance event applied (a newer event supersedes this entry)."""
+    node_name: str = ""
+    ip: str | None = None
+    in_batch: bool = False
+    """Its node has joined the batch system and has not been removed from it."""
+    node_state: str = ""
+    """Its batch node's state in the newest snapshot (free, busy, offline, down...); "" if not listed."""
+    retire: str = ""
+    """Why it is on its way out ("": it is not): scale-down, stalled, lost, operator."""
+    since: float
+    """When it entered ``state``."""
+
+
+@register
+class EngineStatus(Message):
+    """Decision engine → operators: the whole current state of one domain, published by the
+    engine acting for it when the state changes (and at least every ``heartbeat`` seconds).
+    Kept in a latest-value queue (``epu.status.DOMAIN``), so ``epu status`` shows everything at
+    once instead of only what changes while it listens."""
+
+    TYPE: ClassVar[str] = "decision.status"
+    domain: Name
+    at: float
+    """When the engine built it."""
+    policy: str
+    policy_version: NonNegInt = 0
+    paused: bool = False
+    min_nodes: NonNegInt = 0
+    max_nodes: NonNegInt = 0
+    breaker: str = ""
+    """Why the circuit breaker is open ("": closed)."""
+    snapshot_at: float | None = None
+    """When the newest snapshot the engine holds was taken (None: none)."""
+    sensor_available: bool = True
+    queued_jobs: NonNegInt = 0
+    """Queued jobs a new node could start (the demand the policy sees)."""
+    queued_cores: NonNegInt = 0
+    nodes_by_state: dict[str, int] = Field(default_factory=dict)
+    """Batch nodes by normalized state, newest snapshot."""
+    instances: list[InstanceStatus] = Field(default_factory=list)
+    """Every live instance of the domain (terminated and failed ones are not listed)."""
+    last_decision: DecisionRecord | None = None
+    """The last iteration that acted, if this engine made one since it started."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The domain's configuration in force (version ``policy_version``), as ``epu policy show`` prints it."""
+
+    def routing_key(self) -> str:
+        return f"decision.status.{self.domain}"
+
+
 @register
 class PolicyChange(Message):
     """Operator → decision engine. Fields left ``None`` are unchanged."""

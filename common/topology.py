@@ -20,6 +20,9 @@ Layout:
 * ``epu.decision.snapshot.<domain>``: the latest snapshot of each domain, one message deep
   (a new one drops the old), single-active-consumer: an engine never works through a backlog
   of snapshots.
+* ``epu.status.<domain>``: the engine's newest ``EngineStatus`` of each domain, one message
+  deep and never consumed: ``epu status`` reads it (basic.get, then requeue) to show the whole
+  state at once. No delivery limit, so any number of reads leave it in place.
 * ``epu.ctxbroker.instances``: terminated/failed instances, so the broker removes nodes
   whose agent never said goodbye.
 * ``epu.dlx`` (fanout) → ``epu.dead``: every rejected message, with ``x-epu-reason``.
@@ -78,6 +81,10 @@ def snapshot_queue_name(domain: str) -> str:
     return f"epu.decision.snapshot.{check_name(domain)}"
 
 
+def status_queue_name(domain: str) -> str:
+    return f"epu.status.{check_name(domain)}"
+
+
 def sensor_routing_key(domain: str) -> str:
     return f"sensor.{check_name(domain)}"
 
@@ -99,12 +106,16 @@ class QueueSpec:
     """Routing keys earlier versions bound this queue with. Declaring unbinds them: bindings of a
     durable queue outlive the code that made them, so an upgraded deployment would otherwise
     keep routing (e.g. every snapshot into the engine's input queue as well as its own)."""
+    delivery_limit: bool = True
+    """A quorum queue's ``x-delivery-limit``. Off for a queue read without consuming (each
+    read returns the message, which would count as a failed delivery)."""
 
     def arguments(self, quorum: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE} if self.dead_letter else {}
         if quorum:
             args["x-queue-type"] = "quorum"
-            args["x-delivery-limit"] = DELIVERY_LIMIT
+            if self.delivery_limit:
+                args["x-delivery-limit"] = DELIVERY_LIMIT
         if self.single_active_consumer:
             args["x-single-active-consumer"] = True
         args.update(self.extra_arguments)
@@ -179,6 +190,15 @@ class Topology:
                          extra_arguments={"x-max-length": 1, "x-overflow": "drop-head"},
                          purpose=f"the latest snapshot of domain {domain} (latest value, no backlog)")
 
+    def status_spec(self, domain: str) -> QueueSpec:
+        """The engine's newest ``EngineStatus`` of a domain, kept for readers: one deep (a new
+        status drops the old), never dead-lettered, no delivery limit — readers take it with
+        basic.get and put it back (requeue), so it stays for the next one."""
+        return QueueSpec(status_queue_name(domain), EVENTS_EXCHANGE, (f"decision.status.{check_name(domain)}",),
+                         dead_letter=False, delivery_limit=False,
+                         extra_arguments={"x-max-length": 1, "x-overflow": "drop-head"},
+                         purpose=f"the engine's newest status of domain {domain} (latest value, read by epu status)")
+
     def ctxbroker_spec(self) -> QueueSpec:
         return QueueSpec(CTXBROKER_QUEUE, EVENTS_EXCHANGE,
                          ("instance.state.*.terminated", "instance.state.*.failed"),
@@ -190,6 +210,7 @@ class Topology:
                  self.decision_input_spec(), self.ctxbroker_spec()]
         specs += [self.sensor_spec(d) for d in domains]
         specs += [self.decision_snapshot_spec(d) for d in domains]
+        specs += [self.status_spec(d) for d in domains]
         return specs
 
     # ---- kombu objects

@@ -167,7 +167,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "On SIGTERM the message in hand is finished and acknowledged, then the service\n"
                     "closes its broker connection and exits 0. Broker loss is survived: the service\n"
                     "reconnects with backoff and resumes.",
-        epilog="Example: epu run decision -c /etc/epu/epu.toml")
+        epilog="Examples:\n  epu run decision -c /etc/epu/epu.toml\n"
+               "  EPU_CONFIG=/etc/epu/epu.toml epu run sensor --json-logs   # as the systemd units do\n\n"
+               "Exit status: 0 stopped by SIGTERM/SIGINT; 1 a runtime failure it cannot survive (one line:\n"
+               "RabbitMQ refused the login, a port is in use, a file cannot be read); 2 bad configuration\n"
+               "(one line per problem, what `epu config check --service SERVICE` prints).")
     p.add_argument("service", choices=sorted(SERVICES), help="which service to run")
     add_config_arg(p)
     p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
@@ -181,7 +185,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "policy.outcome.DOMAIN, node.result.DOMAIN, context.member.CONTEXT.",
         epilog="Examples:\n  epu tap                       # everything\n"
                "  epu tap 'instance.state.#'      # instance life cycles\n"
-               "  epu tap 'decision.record.alpha' --json | jq .body.actions")
+               "  epu tap 'decision.record.alpha' --json | jq .body.actions\n"
+               "  epu tap 'sensor.snapshot.*' --count 2 --seconds 30\n\n"
+               "Exit status: 0 after --count messages, --seconds, or Ctrl-C; 1 RabbitMQ refused or cannot\n"
+               "be reached (or the events exchange does not exist: load the definitions); 2 bad configuration.")
     p.add_argument("pattern", nargs="?", default="#", help="topic pattern (default: #, everything)")
     p.add_argument("--json", action="store_true", help="one JSON object per message (envelope + routing_key)")
     p.add_argument("--count", type=int, default=0, help="exit after N messages")
@@ -191,8 +198,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("config", help="validate a configuration file",
                        description="Configuration tools. `epu config check FILE` loads FILE as every service would\n"
-                                   "(EPU_SECTION__KEY variables applied) and reports the first bad key.",
+                                   "(EPU_SECTION__KEY variables applied) and reports every problem, one line\n"
+                                   "each, naming the key (or the environment variable that set it).",
+                       epilog="Examples:\n  epu config check /etc/epu/epu.toml\n"
+                              "  epu config check --service sensor\n\n"
+                              "Exit status: 0 valid; 2 problems found, or no ACTION given.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=lambda _args: p.print_help() or 2)
     csub = p.add_subparsers(dest="config_command", metavar="ACTION")
     c = csub.add_parser("check", help="validate FILE; errors name the key and what was expected",
                         description="Load FILE with environment overrides and run every check a service runs\n"
@@ -201,12 +213,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "and the files the services read (certificates, credentials, secrets) and\n"
                                     "write (stores, the admin token). A config this calls OK is one the\n"
                                     "services accept. With --service, only what that service checks (a head\n"
-                                    "node running only the sensor holds no broker certificate).\n\n"
-                                    "Exit 0 when valid, 2 with one line per problem otherwise: FILE (or the\n"
-                                    "environment variable that set the key): KEY: what is wrong.",
+                                    "node running only the sensor holds no broker certificate).",
                         epilog="Examples:\n  epu config check /etc/epu/epu.toml\n"
                                "  epu config check --service sensor     # on the batch head node\n"
-                               "  EPU_CONFIG=/etc/epu/epu.toml epu config check --json",
+                               "  EPU_CONFIG=/etc/epu/epu.toml epu config check --json\n\n"
+                               "Exit status: 0 when valid; 2 with one line per problem otherwise: FILE (or the\n"
+                               "environment variable that set the key): KEY: what is wrong.",
                         formatter_class=RAW)
     c.add_argument("file", metavar="FILE", nargs="?", help="the TOML configuration to check (default: -c, "
                    "$EPU_CONFIG, /etc/epu/epu.toml)")
@@ -218,8 +230,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("deploy", help="generate what an operator installs",
                        description="Generate deployment artefacts from the code, so they cannot drift from it\n"
-                                   "(deploy/rabbitmq/definitions.json is one; a test checks it is current).",
+                                   "(deploy/rabbitmq/definitions.json is one; a test checks it is current), and\n"
+                                   "find the files EPU ships (systemd units, cloud-init, ctx scripts, examples).",
+                       epilog="Examples:\n  epu deploy rabbitmq-definitions --passwords-file pw.toml -o defs.json\n"
+                              "  ls \"$(epu deploy path)\"\n\n"
+                              "Exit status: 0 success; 2 bad usage, configuration or passwords file.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=lambda _args: p.print_help() or 2)
     dsub = p.add_subparsers(dest="deploy_command", metavar="WHAT")
     d = dsub.add_parser(
         "rabbitmq-definitions", formatter_class=RAW,
@@ -233,7 +250,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the -o file is created readable by its owner only (0600).",
         epilog="Example:\n  epu deploy rabbitmq-definitions -c /etc/epu/epu.toml --passwords-file pw.toml -o defs.json\n"
                "  sudo rabbitmqctl import_definitions < defs.json   # on standard input: the server would\n"
-               "                                                   # resolve a file path itself")
+               "                                                   # resolve a file path itself\n"
+               "  epu deploy rabbitmq-definitions --domain alpha -o deploy/rabbitmq/definitions.json\n\n"
+               "Exit status: 0 written; 2 bad configuration, or a passwords file that cannot be read or\n"
+               "does not name every user exactly (the message names them).")
     d.add_argument("--domain", action="append", metavar="NAME", help="a domain (repeatable; default: config's)")
     d.add_argument("--vhost", default="epu", help="virtual host (default: epu)")
     d.add_argument("--passwords-file", metavar="FILE", help="TOML: user name = password")
@@ -245,7 +265,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the directory of the files EPU ships for an operator to install: systemd\n"
                     "units (systemd/), the cloud-init template (cloud-init/), the context agent's\n"
                     "scripts (ctx-scripts/), example configs (examples/), RabbitMQ definitions.",
-        epilog="Example:\n  sudo cp -r \"$(epu deploy path)/ctx-scripts\" /etc/epu/ctx-scripts")
+        epilog="Example:\n  sudo cp -r \"$(epu deploy path)/ctx-scripts\" /etc/epu/ctx-scripts\n\n"
+               "Exit status: 0.")
     add_config_arg(d, optional_note="not used")
     d.set_defaults(func=cmd_deploy_path)
 

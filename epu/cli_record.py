@@ -161,7 +161,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "  DIR/timeline.png   the same over time, three panels (queue, nodes, instances)\n"
                     "  DIR/summary.json   jobs completed, peak workers, seconds to first job running,\n"
                     "                     seconds to scale back to zero, orphans, duplicates",
-        epilog="Example: epu record --out results/run1 --seconds 300 -c /etc/epu/epu.toml")
+        epilog="Examples:\n  epu record --out results/run1 --seconds 300 -c /etc/epu/epu.toml\n"
+               "  epu record --out /var/tmp/run2 --pattern 'instance.state.#'   # until Ctrl-C\n\n"
+               "timeline.png needs the 'plots' extra (matplotlib); without it the CSV and summary are written.\n"
+               "Exit status: 0 results written; 1 RabbitMQ refused or cannot be reached, or DIR cannot be\n"
+               "written; 2 bad configuration.")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder (created)")
     p.add_argument("--seconds", type=float, default=0, help="stop after S seconds (default: until SIGTERM/Ctrl-C)")
     p.add_argument("--pattern", default="#", help="topic pattern to tap (default: #, everything)")

@@ -70,10 +70,31 @@ is false), script_timeout, hostname, fqdn, ip, ssh_host_key | ssh_host_key_file,
 instance_id. With a node credential (key node/HOSTNAME/INSTANCE_ID, as the provisioner
 renders into userdata) hostname and instance_id default to the ones it names.
 
-Example:
+Examples:
   epu ctx agent --userdata /var/lib/cloud/instance/user-data.txt \\
       --scripts-dir /etc/epu/ctx-scripts --state-dir /var/lib/epu-ctx
+  epu-ctx-agent --env /etc/epu/context.env --ca-file /etc/epu/tls/ctxbroker.crt --daemon
+
+Files: STATE/state.json (last applied entry), STATE/members.json, STATE/agent.log (--daemon),
+ROOT/var/log/epu-ctx.log (every change applied). The environment of each script: EPU_NODE_*.
+Exit status: 0 stopped by SIGTERM/SIGINT (after leaving the context); 2 bad configuration
+(no context URI, key or secret found, an unreadable file).
 """
+
+
+ADMIN_EXIT = """
+Files and environment: the broker, its admin token and the certificate to trust come from
+[ctxbroker] public_url, admin_token_file and cert_file of the config (-c FILE, $EPU_CONFIG,
+/etc/epu/epu.toml), or --url, --token-file and --ca-file (then no config is needed).
+Exit status: 0 success; 1 the broker refused or could not be reached (the message says which,
+e.g. "401: missing or wrong admin token", "404: unknown context"); 2 bad usage, configuration
+or an unreadable token file."""
+
+
+def _admin_epilog(*examples: str) -> str:
+    """The man-page tail of an admin command: its examples, then where its settings come from and
+    its exit status (the same for every admin command)."""
+    return "Examples:\n" + "\n".join(f"  {e}" for e in examples) + "\n" + ADMIN_EXIT
 
 
 def _admin(args: argparse.Namespace) -> Any:
@@ -301,8 +322,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "and the secret to the provisioner ([workers.DOMAIN] context_uri and\n"
                                     "context_secret_file): it derives each instance's own node credential\n"
                                     "for its userdata. The secret itself never goes into userdata.",
-                        epilog="Examples:\n  epu ctx create alpha --secret-file /etc/epu/contexts/alpha.secret\n"
-                               "  epu ctx create mycluster --json | jq -r .uri")
+                        epilog=_admin_epilog("epu ctx create alpha --secret-file /etc/epu/contexts/alpha.secret",
+                                             "epu ctx create mycluster --json | jq -r .uri")
+                        + "\nAn existing --secret-file is never overwritten (exit 2).")
     c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
     c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
     c.add_argument("--secret-file", metavar="FILE",
@@ -317,9 +339,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "with --instance-id, only as that instance). The provisioner derives one\n"
                                     "for every instance it launches; use this for machines EPU does not launch,\n"
                                     "such as the batch head node, whose agent must see the workers.",
-                        epilog="Example:\n  epu ctx credential 3f2a9c1e0b7d4e21 head --env > /etc/epu/context.env\n"
-                               "  epu-ctx-agent --env /etc/epu/context.env")
-    c.add_argument("id", metavar="ID", help="context id")
+                        epilog=_admin_epilog("epu ctx credential 3f2a9c1e0b7d4e21 head --env > /etc/epu/context.env",
+                                             "epu-ctx-agent --env /etc/epu/context.env   # on that node",
+                                             "epu ctx credential 3f2a9c1e0b7d4e21 login1 --instance-id vm-42 --json"))
+    c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     c.add_argument("hostname", metavar="HOSTNAME", help="the short host name the node joins as")
     c.add_argument("--instance-id", help="bind the credential to this instance id too")
     c.add_argument("--json", action="store_true", help="print a JSON object: uri, key, secret")
@@ -330,37 +353,48 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = csub.add_parser("remove-node", help="remove a node from a context (admin)", formatter_class=RAW,
                         description="Append a leave for HOSTNAME in context ID (a node that is gone and whose\n"
-                                    "instance EPU does not manage). Every agent applies it.")
-    c.add_argument("id", metavar="ID", help="context id")
+                                    "instance EPU does not manage). Every agent applies it. Instances EPU\n"
+                                    "launched leave by themselves when terminated.",
+                        epilog=_admin_epilog("epu ctx remove-node 3f2a9c1e0b7d4e21 wn-7"))
+    c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     c.add_argument("hostname", metavar="HOSTNAME", help="the member to remove")
     _admin_args(c)
     c.set_defaults(func=cmd_remove_node)
 
     c = csub.add_parser("list", help="list contexts", formatter_class=RAW,
-                        description="List every context: id, name, current node count, newest entry id, URI.")
+                        description="List every context: id, name, current node count, newest entry id, URI.",
+                        epilog=_admin_epilog("epu ctx list -c /etc/epu/epu.toml",
+                                             "epu ctx list --json | jq -r '.[] | select(.name == \"alpha\") | .uri'"))
     c.add_argument("--json", action="store_true", help="print a JSON array")
     _admin_args(c)
     c.set_defaults(func=cmd_list)
 
     c = csub.add_parser("show", help="show one context", formatter_class=RAW,
-                        description="Show one context (never its secret, which the broker does not keep).")
-    c.add_argument("id", metavar="ID", help="context id")
+                        description="Show one context: id, name, URI, key, node count, newest entry id (never\n"
+                                    "its secret, which the broker does not keep).",
+                        epilog=_admin_epilog("epu ctx show 3f2a9c1e0b7d4e21", "epu ctx show 3f2a9c1e0b7d4e21 --json"))
+    c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     c.add_argument("--json", action="store_true", help="print a JSON object")
     _admin_args(c)
     c.set_defaults(func=cmd_show)
 
     c = csub.add_parser("nodes", help="list a context's current members", formatter_class=RAW,
                         description="List the nodes currently in context ID (the ordered list folded:\n"
-                                    "every join not followed by a leave of the same host name).")
-    c.add_argument("id", metavar="ID", help="context id")
+                                    "every join not followed by a leave of the same host name): host name,\n"
+                                    "FQDN, IP and when it joined.",
+                        epilog=_admin_epilog("epu ctx nodes 3f2a9c1e0b7d4e21",
+                                             "epu ctx nodes 3f2a9c1e0b7d4e21 --json | jq -r '.[].ip'"))
+    c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     c.add_argument("--json", action="store_true", help="print a JSON array")
     _admin_args(c)
     c.set_defaults(func=cmd_nodes)
 
     c = csub.add_parser("delete", help="delete a context and its list", formatter_class=RAW,
                         description="Delete context ID with its list and members. Agents polling it get\n"
-                                    "404 and keep retrying with backoff until stopped.")
-    c.add_argument("id", metavar="ID", help="context id")
+                                    "404 and keep retrying with backoff until stopped. Irreversible: workers\n"
+                                    "launched with its credentials can no longer join.",
+                        epilog=_admin_epilog("epu ctx delete 3f2a9c1e0b7d4e21"))
+    c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     _admin_args(c)
     c.set_defaults(func=cmd_delete)
 

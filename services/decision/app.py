@@ -28,6 +28,7 @@ from epu.common.messages import Envelope, SensorSnapshot
 from epu.common.runtime import RuntimeSettings, Service
 from epu.services.decision.engine import Engine
 from epu.services.decision.lease import Leases
+from epu.services.decision.statusfeed import StatusFeed
 from epu.services.decision.store import Store
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -73,6 +74,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     service.declare(topo.provisioner_spec())
     for domain in config.domains:
         service.declare(topo.sensor_spec(domain))
+        if not broker.is_memory:  # memory:// ignores x-max-length, and no other process could read it
+            service.declare(topo.status_spec(domain))
     service.on_connection_lost.append(engine.forget_snapshots)
     service.on_stop.append(leases.release)
     actions = Counter("epu_decision_actions_total", "Actions sent by policy iterations", ["domain", "kind"],
@@ -116,13 +119,17 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         for d in engine.domains:
             breaker.labels(d).set(1 if d in open_ else 0)
 
+    feed = StatusFeed(engine, service.publish)
+
     def iteration() -> None:
         started = time.monotonic()
-        for record in engine.iterate():
+        records = engine.iterate()
+        for record in records:
             for a in record.actions:
                 actions.labels(record.domain, a.kind).inc()
         seconds.observe(time.monotonic() - started)
         observe()
+        feed.after_iteration(records, service.clock.now())  # what `epu status` shows at once
 
     service.every(config.decision.iteration_seconds, iteration, name="iteration")
     service.engine = engine  # type: ignore[attr-defined]  # tests and the demo look inside

@@ -118,21 +118,50 @@ def cmd_release_breaker(args: argparse.Namespace) -> int:
     return _change_cmd(args, {"release_breaker": True})
 
 
+def _from_engine_status(config: Any, domain: str) -> tuple[int, Any, str] | str:
+    """(version, DomainConfig, source) from the engine's retained status of ``domain``, or why not."""
+    import time
+
+    from epu.common.config import DomainConfig
+    from epu.common.retained import engine_statuses
+    from epu.common.topology import check_name
+
+    try:
+        check_name(domain)
+    except ValueError as exc:
+        return str(exc)
+    found, why = engine_statuses(config.broker_obj(), [domain])
+    status = found.get(domain)
+    if status is None or not getattr(status, "config", None):
+        return why.get(domain, "the engine's status carries no configuration (an older engine)")
+    age = max(0.0, time.time() - status.at)
+    return status.policy_version, DomainConfig.model_validate(status.config), f"engine status, {age:.0f}s old"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
+    from epu.common.db import missing_sqlite_file
     from epu.services.decision.policies import PolicyError, validate_params
     from epu.services.decision.store import Store
 
     config = load_or_exit(args.config)
-    store = Store(config.decision.store_url).create()
-    current = store.current_config(args.domain)
-    if current is None:
-        if args.domain not in config.domains:
-            print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+    missing = missing_sqlite_file(config.decision.store_url)
+    if missing is not None:  # not where the engine's store is: ask the engine (over the broker)
+        got = _from_engine_status(config, args.domain)
+        if isinstance(got, str):
+            print(f"epu policy show: no engine store at {missing} (decision.store_url) and {got}", file=sys.stderr)
             return 1
-        version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+        version, cfg, source = got
     else:
-        version, cfg = current
-        source = store.config_history(args.domain)[-1]["source"]
+        store = Store(config.decision.store_url).create()
+        current = store.current_config(args.domain)
+        if current is None:
+            if args.domain not in config.domains:
+                print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+                return 1
+            version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+        else:
+            version, cfg = current
+            source = store.config_history(args.domain)[-1]["source"]
     try:
         effective = validate_params(cfg.policy, cfg.params).model_dump()
     except PolicyError as exc:
@@ -152,39 +181,79 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_retained(broker: Any, domains: list[str], board: Any) -> list[str]:
+    """Fold each domain's retained ``EngineStatus`` into ``board``; returns a note per domain
+    without one."""
+    from epu.common.retained import engine_statuses
+
+    found, why = engine_statuses(broker, domains)
+    for msg in found.values():
+        board.apply(msg)
+    return [f"domain {d}: {reason}; showing live events only" for d, reason in sorted(why.items())]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from epu.common.tap import follow
     from epu.services.decision.status import Board, render
 
     config = load_or_exit(args.config)
     broker = config.broker_obj()
+    if args.domain and config.domains and args.domain not in config.domains:
+        # an operator's own config may name no domain at all (only the broker): then any name goes
+        print(f"epu status: unknown domain {args.domain!r} (configured: {', '.join(sorted(config.domains))})",
+              file=sys.stderr)
+        return 2
+    if args.domain:
+        from epu.common.topology import check_name
+
+        try:
+            check_name(args.domain)
+        except ValueError as exc:
+            print(f"epu status: {exc}", file=sys.stderr)
+            return 2
     d = args.domain or "*"
-    keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}"]
+    keys = [f"sensor.snapshot.{d}", f"instance.state.{d}.*", f"decision.record.{d}", f"decision.status.{d}"]
     board = Board(args.domain)
     live = None
-    if args.watch and not args.json:
-        from rich.live import Live
 
-        live = Live(render(board), refresh_per_second=4)
-        live.start()
+    def emit() -> None:
+        if live is not None:
+            live.update(render(board))
+        elif args.watch and args.json:
+            print(json.dumps(board.as_json()), flush=True)
+
+    def on_bound() -> None:
+        # bound first, read second: nothing published in between is missed, and the board
+        # keeps whichever of the two is newer
+        domains = [args.domain] if args.domain else sorted(config.domains)
+        if not domains:
+            print("epu status: the configuration names no domain: give DOMAIN to see the engine's whole "
+                  "status; showing live events only", file=sys.stderr)
+        for note in load_retained(broker, domains, board):
+            print(f"epu status: {note}", file=sys.stderr)
+        if board.domains:
+            emit()
 
     def on_event(_rk: str, _env: Any, msg: Any, error: Any) -> None:
         try:
             changed = error is None and board.apply(msg)
         except Exception:
             changed = False
-        if changed and live is not None:
-            live.update(render(board))
-        elif changed and args.watch and args.json:
-            print(json.dumps(board.as_json()), flush=True)
+        if changed:
+            emit()
 
     def on_idle() -> None:
         if live is not None:
             live.update(render(board))
 
+    if args.watch and not args.json:
+        from rich.live import Live
+
+        live = Live(render(board), refresh_per_second=4)
+        live.start()
     try:
-        follow(broker, keys, on_event, stop=lambda: False, seconds=0 if args.watch else args.seconds,
-               on_idle=on_idle)
+        follow(broker, keys, on_event, stop=lambda: bool(not args.watch and not args.seconds),
+               seconds=0 if args.watch else args.seconds, on_bound=on_bound, on_idle=on_idle)
     except KeyboardInterrupt:
         pass
     finally:
@@ -205,7 +274,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=RAW,
                        description="Show a domain's policy from the engine's store, or change it at run time.\n"
                                    "Changes travel as PolicyChange messages; the engine validates, versions and\n"
-                                   "applies them at its next iteration and answers applied or rejected (reason).")
+                                   "applies them at its next iteration and answers applied or rejected (reason).\n"
+                                   "An operator needs only the epu-operator user's permissions (docs/deploy.md).",
+                       epilog="Examples:\n  epu policy show alpha\n  epu policy set alpha max_nodes=40 idle_seconds=300\n"
+                              "  epu policy pause alpha\n\n"
+                              "Exit status: see each ACTION's --help; 2 when no ACTION is given.")
+    p.set_defaults(func=lambda _args: p.print_help() or 2)
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION")
 
     s = psub.add_parser("show", help="the domain's current config version and effective parameters",
@@ -226,11 +300,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "parameter of the policy (see docs/policies.md).",
                         epilog="Examples:\n  epu policy set alpha policy=threshold jobs_per_vm=2 max_nodes=40\n"
                                "  epu policy set alpha sites=cheap,backup placement=cheapest\n"
-                               "  epu policy set alpha stall_seconds=300")
+                               "  epu policy set alpha stall_seconds=300\n\n"
+                               "Exit status: 0 applied (the new version is printed); 1 rejected (the reason is\n"
+                               "printed, nothing changed) or no answer within --timeout (is the engine running?),\n"
+                               "or RabbitMQ refused or cannot be reached; 2 bad usage (a word without =) or\n"
+                               "bad configuration.")
     s.add_argument("domain", help="the domain to change")
     s.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
                    help="what to change; values are parsed as TOML scalars (2, 0.5, true, text)")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_set)
@@ -240,7 +318,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                   "Pause DOMAIN: the engine keeps watching and recording but takes no action until\n"
                   "resumed. Instances and nodes stay as they are. Answered like `policy set`."),
         "resume": ("act on a paused domain again",
-                   "Resume DOMAIN: the next iteration decides on the current view as usual."),
+                   "Resume DOMAIN after `epu policy pause`: from its next iteration the engine acts\n"
+                   "again on the current view (launches, scale-down, node commands), as the policy\n"
+                   "decides. Answered like `policy set`."),
     }
     for name, pause in (("pause", True), ("resume", False)):
         short, long_ = pause_help[name]
@@ -248,7 +328,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             epilog=f"Example: epu policy {name} alpha -c /etc/epu/epu.toml\n"
                                    "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
         s.add_argument("domain", help="the domain to " + name)
-        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
         s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
         add_config_arg(s)
         s.set_defaults(func=cmd_pause, pause=pause)
@@ -264,29 +344,40 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="Example: epu policy release-breaker alpha -c /etc/epu/epu.toml\n"
                                "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
     s.add_argument("domain", help="the domain whose breaker to release")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_release_breaker)
 
     s = sub.add_parser("status", help="live view: queue, nodes, instances by state and site, last decision",
                        formatter_class=RAW,
-                       description="Built from the event stream (sensor snapshots, instance events, decision\n"
-                                   "records) through an exclusive tap queue, so it needs only read access to the\n"
-                                   "broker and never touches a service's store. Per domain: the queue (jobs,\n"
-                                   "cores), batch nodes by state, instances by site and state (terminated and\n"
-                                   "failed ones drop out), and the last decision with its actions and notes.\n"
-                                   "Without --watch, listens for --seconds and prints what it saw; instances\n"
-                                   "launched before it started appear from their next event on.",
+                       description="The whole current state of each domain, at once, then kept live.\n\n"
+                                   "It starts from the decision engine's retained status (the queue\n"
+                                   "epu.status.DOMAIN holds the newest; it is read and left in place): every live\n"
+                                   "instance with its site, state and whether its node is in the batch system,\n"
+                                   "the queue (jobs, cores), batch nodes by state, policy and version, bounds,\n"
+                                   "pause and circuit breaker, and the last decision with its actions and notes.\n"
+                                   "Events (snapshots, instance events, decision records, new statuses) then\n"
+                                   "keep it current through an exclusive tap queue; a piece is applied only\n"
+                                   "when newer than what is shown. Needs only the operator's read access to the\n"
+                                   "broker, never a service's store. Without an engine status (engine not\n"
+                                   "started yet) it says so and shows what the events tell.\n\n"
+                                   "Without --watch it prints after --seconds of listening (0: at once, from\n"
+                                   "the retained status only).",
                        epilog="Examples:\n"
-                              "  epu status alpha -c /etc/epu/epu.toml          # a 6 s look\n"
-                              "  epu status --watch -c /etc/epu/epu.toml        # live board, every domain\n"
-                              "  epu status alpha --watch --json | jq .[0].queue  # one JSON line per change\n"
-                              "Exit status: 0; 2 on a bad configuration.")
+                              "  epu status alpha -c /etc/epu/epu.toml --seconds 0   # now, from the engine's status\n"
+                              "  epu status --watch -c /etc/epu/epu.toml             # live board, every domain\n"
+                              "  epu status alpha --watch --json | jq .[0].queue     # one JSON line per change\n"
+                              "  epu status alpha --json --seconds 0 | jq '.[0].instances[] | select(.in_batch)'\n\n"
+                              "Files and environment: the configuration (-c, $EPU_CONFIG, /etc/epu/epu.toml)\n"
+                              "names the broker and the domains; EPU_BROKER__URL overrides the broker URL.\n"
+                              "Exit status: 0; 1 when the broker cannot be reached or refuses the login;\n"
+                              "2 on a bad configuration or an unknown domain.")
     s.add_argument("domain", nargs="?", help="show only this domain (default: every domain seen)")
     s.add_argument("--json", action="store_true",
                    help="JSON instead of the board: a list of domains; with --watch one line per change")
     s.add_argument("--watch", action="store_true", help="keep updating until Ctrl-C")
-    s.add_argument("--seconds", type=float, default=6.0, help="how long to listen without --watch (default 6)")
+    s.add_argument("--seconds", type=float, default=3.0,
+                   help="how long to listen for events without --watch (default 3; 0: print the retained status at once)")
     add_config_arg(s)
     s.set_defaults(func=cmd_status)

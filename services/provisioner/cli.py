@@ -14,31 +14,58 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
 from epu.common.cliargs import add_config_arg, load_or_exit
-from epu.common.messages import Message, PolicyChange, TerminateRequest, new_id
+from epu.common.messages import (
+    INSTANCE_STATE_ORDER,
+    TERMINAL_INSTANCE_STATES,
+    EngineStatus,
+    InstanceStatus,
+    Message,
+    PolicyChange,
+    TerminateRequest,
+    new_id,
+)
 
 RAW = argparse.RawDescriptionHelpFormatter
 
 LIST_DESCRIPTION = """\
-List the instances in the provisioner's store (provisioner.store_url), oldest first.
+List the instances in the provisioner's store (provisioner.store_url), oldest first, with
+whether each has joined the batch system, from the decision engine's retained status (the
+queue epu.status.DOMAIN, read and left in place; the operator's read access suffices).
 
-Columns: INSTANCE (= launch id), DOMAIN, SITE, STATE, NODE (batch node name), IP, CLOUD_ID,
-AGE (since the launch was requested) and REASON (why it last changed state).
+Columns: INSTANCE (= launch id), DOMAIN, SITE, STATE, BATCH, NODE (batch node name), IP,
+CLOUD_ID, AGE (since the launch was requested) and REASON (why it last changed state).
 
 States, in the order they move (never backwards): requested, pending, started, joined,
 draining, terminating, terminated; failed is terminal. The provisioner sets the cloud states
-(requested, pending, started, terminating, terminated, failed); joined and draining are
-tracked by the decision engine.
+(requested, pending, started, terminating, terminated, failed); joined and draining are the
+decision engine's, and STATE shows the furthest of the two. BATCH: "yes (STATE)" when the
+instance's node is in the batch system (with the node's state in the newest snapshot), "no"
+when it is not, "-" when the engine does not list the instance (ended, or not seen yet), "?"
+when the engine's status could not be read (the reason is printed on standard error).
+
+On a host without the provisioner's store (an operator's workstation: the SQLite file named by
+provisioner.store_url does not exist) it lists the engine's live instances from its status
+alone, says so on standard error, and creates nothing.
 """
 
 LIST_EPILOG = """\
 examples:
   epu instances list -c /etc/epu/epu.toml
   epu instances list --domain alpha --active
+  epu instances list --json | jq '.[] | select(.in_batch == false and .state == "started")'
   epu instances list --json | jq '.[] | select(.state == "failed") | .reason'
+  epu instances list --no-engine        # the store only, no broker access
 
-exit status: 0 on success, 2 on a bad configuration.
+files and environment: the configuration (-c, $EPU_CONFIG, /etc/epu/epu.toml) names the store
+(provisioner.store_url) and the broker; EPU_SECTION__KEY variables override it.
+
+exit status: 0 on success (also when the engine's status cannot be read: BATCH shows "?"),
+2 on a bad configuration, or with --no-engine where the store does not exist.
 """
 
 TERMINATE_DESCRIPTION = """\
@@ -73,21 +100,105 @@ def _store(config):  # noqa: ANN001, ANN202 - small helper, typed at the call si
     return Store(config.provisioner.store_url)
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    config = load_or_exit(args.config)
-    store = _store(config)
+@dataclass
+class EngineView:
+    """What the decision engine's retained statuses say about instances."""
+
+    entries: dict[str, InstanceStatus] | None
+    """Instance id → the engine's entry; None when the statuses could not be read at all."""
+    domain_of: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def engine_view(config: Any, domains: list[str]) -> EngineView:
+    """The engine's entries over the retained statuses of ``domains``; domains without a status,
+    or a broker that cannot be read, are named in the notes."""
+    from epu.common.retained import engine_statuses
+
     try:
-        records = store.list(domain=args.domain, active_only=args.active)
-    finally:
-        store.close()
+        found, why = engine_statuses(config.broker_obj(), domains)
+    except Exception as exc:
+        return EngineView(None, notes=[f"the engine's status could not be read ({type(exc).__name__}: {exc}); "
+                                       "BATCH is ?"])
+    statuses = {d: m for d, m in found.items() if isinstance(m, EngineStatus)}
+    return EngineView({i.instance_id: i for m in statuses.values() for i in m.instances},
+                      {i.instance_id: d for d, m in statuses.items() for i in m.instances},
+                      [f"domain {d}: {reason}; BATCH is -" for d, reason in sorted(why.items())])
+
+
+def engine_only(view: EngineView, domain: str | None) -> list[Any]:
+    """Rows for a host without the provisioner's store: the engine's live instances, shaped like
+    store records (no cloud id; age since the current state)."""
+    out = []
+    for iid, e in sorted((view.entries or {}).items(), key=lambda kv: kv[1].since):
+        if domain is None or view.domain_of[iid] == domain:
+            out.append(SimpleNamespace(instance_id=iid, domain=view.domain_of[iid], site=e.site, node_name=e.node_name,
+                                       cores=0, state=e.state, seq=e.seq, cloud_id=None, ip=e.ip, reason=e.retire,
+                                       error_kind=None, created_at=e.since, updated_at=e.since, presumed_gone_at=None))
+    return out
+
+
+def merged(record: Any, engine: dict[str, InstanceStatus] | None) -> dict[str, Any]:
+    """A store record with the engine's view: ``state`` the furthest of the two (the engine's
+    joined and draining are never stored by the provisioner), ``in_batch`` (None: unknown),
+    ``node_state``, ``engine_state``."""
+    doc = dict(record.__dict__)
+    entry = engine.get(record.instance_id) if engine is not None else None
+    doc["engine_state"] = entry.state if entry is not None else None
+    doc["in_batch"] = None if engine is None else bool(entry is not None and entry.in_batch)
+    doc["node_state"] = entry.node_state if entry is not None else None
+    if (entry is not None and record.state not in TERMINAL_INSTANCE_STATES
+            and INSTANCE_STATE_ORDER[entry.state] > INSTANCE_STATE_ORDER[record.state]):
+        doc["state"] = entry.state
+    return doc
+
+
+def _batch(doc: dict[str, Any], engine: dict[str, InstanceStatus] | None) -> str:
+    if engine is None:
+        return "?"
+    if doc["engine_state"] is None:
+        return "-"
+    return f"yes ({doc['node_state'] or 'not listed'})" if doc["in_batch"] else "no"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from epu.common.db import missing_sqlite_file
+
+    config = load_or_exit(args.config)
+    missing = missing_sqlite_file(config.provisioner.store_url)
+    records: list[Any] = []
+    if missing is None:
+        store = _store(config)
+        try:
+            records = store.list(domain=args.domain, active_only=args.active)
+        finally:
+            store.close()
+    elif args.no_engine:
+        print(f"epu instances list: no provisioner store at {missing} (provisioner.store_url): run it where the "
+              "provisioner's store is, or without --no-engine for the decision engine's view", file=sys.stderr)
+        return 2
+    engine: dict[str, InstanceStatus] | None = {}
+    if not args.no_engine:
+        domains = sorted({args.domain} if args.domain else set(config.domains) | {r.domain for r in records})
+        view = engine_view(config, domains)
+        engine = view.entries
+        notes = view.notes
+        if missing is not None:
+            records = engine_only(view, args.domain)
+            notes = [f"no provisioner store at {missing} (provisioner.store_url): the decision engine's live "
+                     "instances only (no cloud ids, nothing ended)", *notes]
+        for note in notes:
+            print(f"epu instances list: {note}", file=sys.stderr)
+    docs = [merged(r, None if args.no_engine else engine) for r in records]
     if args.json:
-        print(json.dumps([r.__dict__ for r in records], indent=2))
+        print(json.dumps(docs, indent=2))
         return 0
     now = time.time()
-    header = ("INSTANCE", "DOMAIN", "SITE", "STATE", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
+    header = ("INSTANCE", "DOMAIN", "SITE", "STATE", "BATCH", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
     rows = [header] + [
-        (r.instance_id, r.domain, r.site, r.state, r.node_name, r.ip or "-", r.cloud_id or "-",
-         _age(now - r.created_at), r.reason[:60]) for r in records]
+        (d["instance_id"], d["domain"], d["site"], d["state"], "-" if args.no_engine else _batch(d, engine),
+         d["node_name"], d["ip"] or "-", d["cloud_id"] or "-", _age(now - d["created_at"]), d["reason"][:60])
+        for d in docs]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + str(row[-1]))
@@ -152,7 +263,11 @@ def cmd_terminate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("instances", help="list instances, terminate one", formatter_class=RAW,
-                       description="Instances known to the provisioner: list them, or terminate one.")
+                       description="Instances known to the provisioner: list them (with the decision engine's\n"
+                                   "view: joined to the batch system or not), or take one out of service.",
+                       epilog="Examples:\n  epu instances list --active\n"
+                              "  epu instances terminate launch-7f3a --reason 'stuck booting'\n\n"
+                              "Exit status: see each ACTION's --help; 2 when no ACTION is given.")
     isub = p.add_subparsers(dest="instances_command", metavar="ACTION")
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -161,7 +276,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arg(lp)
     lp.add_argument("--domain", metavar="D", help="only instances of domain D")
     lp.add_argument("--active", action="store_true", help="hide terminated and failed instances")
-    lp.add_argument("--json", action="store_true", help="print a JSON array (one object per instance)")
+    lp.add_argument("--json", action="store_true",
+                    help="print a JSON array, one object per instance: the store's fields plus engine_state, "
+                         "in_batch (true, false, or null when unknown) and node_state")
+    lp.add_argument("--no-engine", action="store_true",
+                    help="do not read the engine's status (no broker access): the store's states only")
     lp.set_defaults(func=cmd_list)
 
     tp = isub.add_parser("terminate", help="terminate instance ID (idempotent)",

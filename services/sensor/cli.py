@@ -149,7 +149,14 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sensor", help="inspect the batch head node the way the sensor sees it",
-                       description="Sensor tools for operators.", formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description="Sensor tools for operators, run on the batch head node: see what the sensor\n"
+                                   "sees (queued jobs by shape, nodes with their normalized state) without\n"
+                                   "a broker or any other EPU service.",
+                       epilog="Examples:\n  epu sensor snapshot --backend slurm\n"
+                              "  epu sensor snapshot --backend torque --json -c /etc/epu/epu.toml\n\n"
+                              "Exit status: see `epu sensor snapshot --help`; 2 when no ACTION is given.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=lambda _args: p.print_help() or 2)
     ssub = p.add_subparsers(dest="sensor_command", metavar="ACTION")
     s = ssub.add_parser("snapshot", help="print the normalized queue and nodes of the local head node",
                         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,15 +9,16 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from epu.common.broker import Broker, Publisher, PublishRefused
 from epu.common.config import load_config
-from epu.common.messages import LaunchRequest, SensorSnapshot, TerminateRequest
+from epu.common.messages import InstanceEvent, LaunchRequest, SensorSnapshot, TerminateRequest
 from epu.common.runtime import run_in_thread
-from epu.common.testing import drain
+from epu.common.testing import drain, wait_for
 from epu.services.decision.app import build_service
 from epu.services.provisioner.store import Store
 
@@ -63,7 +64,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loaded, Pa
 
         def snapshots() -> None:
             while not stop_sensor.wait(0.5):
-                sensor.publish(SensorSnapshot(domain="alpha", backend="simulated", taken_at=1.0))
+                sensor.publish(SensorSnapshot(domain="alpha", backend="simulated", taken_at=time.time()))
 
         feeder = threading.Thread(target=snapshots, daemon=True)
         feeder.start()
@@ -96,11 +97,43 @@ def test_status(world: tuple[Loaded, Path]) -> None:
     assert doc, "status shows the domain"
 
 
+def test_status_and_instances_list_show_the_whole_state_at_once(world: tuple[Loaded, Path]) -> None:
+    """Instances that changed before ``epu status`` started are shown at once (from the engine's
+    retained status, read with the operator's permissions and left in place for the next reader);
+    ``epu instances list`` shows the engine's view of each beside the provisioner's store."""
+    d, cfg = world
+    ids = ["s-1", "s-2", "s-3"]
+    store = Store(f"sqlite:///{cfg.parent}/provisioner.db")
+    for iid in ids:
+        store.record_launch(LaunchRequest(launch_id=iid, domain="alpha", site="s1", node_name=f"w-{iid}"), 100.0)
+    store.close()
+    provisioner = Publisher(Broker(d.url("epu-provisioner"), d.topology, declare=False), "provisioner")
+    try:
+        for iid in ids:
+            provisioner.publish(InstanceEvent(instance_id=iid, domain="alpha", site="s1", state="started", seq=2,
+                                              node_name=f"w-{iid}", at=100.0))
+    finally:
+        provisioner.close()
+
+    def shown() -> set[str]:
+        doc = json.loads(ok(epu(cfg, "status", "alpha", "--json", "--seconds", "0")))
+        return {i["instance_id"] for i in doc[0]["instances"]} if doc else set()
+
+    wait_for(lambda: set(ids) <= shown(), 30, interval=0.5, message="epu status showing all three instances")
+    assert set(ids) <= shown(), "read again: the status is left in place for the next reader"
+    listed = {r["instance_id"]: r for r in json.loads(ok(epu(cfg, "instances", "list", "--json")))}
+    assert [(listed[i]["engine_state"], listed[i]["in_batch"]) for i in ids] == [("started", False)] * 3
+    table = ok(epu(cfg, "instances", "list"))
+    assert table.splitlines()[0].split()[:5] == ["INSTANCE", "DOMAIN", "SITE", "STATE", "BATCH"]
+    assert all(line.split()[4] == "no" for line in table.splitlines() if line.startswith("s-"))
+
+
 def test_policy_set_pause_resume_and_show(world: tuple[Loaded, Path]) -> None:
     _d, cfg = world
     assert "applied as version" in ok(epu(cfg, "policy", "set", "alpha", "max_nodes=3", "--timeout", "30"))
     assert "PAUSED" in ok(epu(cfg, "policy", "pause", "alpha", "--timeout", "30"))
     assert "applied" in ok(epu(cfg, "policy", "resume", "alpha", "--timeout", "30"))
+    assert "applied" in ok(epu(cfg, "policy", "release-breaker", "alpha", "--timeout", "30"))
     shown = json.loads(ok(epu(cfg, "policy", "show", "alpha", "--json")))
     assert shown["max_nodes"] == 3 and shown["paused"] is False
 
@@ -132,3 +165,35 @@ def test_instances_list_and_terminate_but_never_launch(world: tuple[Loaded, Path
     finally:
         operator.close()
     assert drain(Broker(d.admin_url, d.topology), "epu.provisioner") == [], "no launch reached the provisioners"
+
+
+def test_from_a_host_without_the_stores_everything_comes_over_the_broker(world: tuple[Loaded, Path]) -> None:
+    """An operator's workstation: the broker account and nothing else. ``policy show`` and
+    ``instances list`` read the engine's retained status, say so, and create no store."""
+    d, cfg = world
+    remote = cfg.parent / "remote"
+    remote.mkdir()
+    remote_cfg = remote / "operator.toml"
+    remote_cfg.write_text(CONFIG.format(url=d.url("epu-operator"), tmp=remote / "absent"))
+    # the engine has the three instances of the test above (or gets them from this one)
+    provisioner = Publisher(Broker(d.url("epu-provisioner"), d.topology, declare=False), "provisioner")
+    try:
+        provisioner.publish(InstanceEvent(instance_id="r-1", domain="alpha", site="s1", state="started", seq=2,
+                                          node_name="w-r-1", at=100.0))
+    finally:
+        provisioner.close()
+
+    def listed() -> dict[str, dict]:
+        res = epu(remote_cfg, "instances", "list", "--json")
+        assert "no provisioner store at" in res.stderr, res.stderr
+        return {r["instance_id"]: r for r in json.loads(ok(res))}
+
+    got = wait_for(lambda: (rows := listed()).get("r-1") and rows, 30, interval=0.5,
+                   message="instances list showing the engine's view")
+    assert got["r-1"]["engine_state"] == "started" and got["r-1"]["in_batch"] is False
+    local = json.loads(ok(epu(cfg, "policy", "show", "alpha", "--json")))  # from the engine's store
+    shown = json.loads(ok(epu(remote_cfg, "policy", "show", "alpha", "--json")))
+    assert shown["source"].startswith("engine status")
+    assert (shown["version"], shown["max_nodes"], shown["policy"]) == (local["version"], local["max_nodes"],
+                                                                      local["policy"])
+    assert not (remote / "absent").exists() and list(remote.iterdir()) == [remote_cfg], "no store created"

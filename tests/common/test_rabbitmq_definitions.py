@@ -93,6 +93,7 @@ def test_decision_user(loaded: dict) -> None:
     assert can(loaded, "epu-decision", publish("epu.commands", "provisioner.terminate"))
     assert can(loaded, "epu-decision", publish("epu.events", "decision.record.alpha"))
     assert can(loaded, "epu-decision", publish("epu.events", "policy.outcome.alpha"))
+    assert can(loaded, "epu-decision", publish("epu.events", "decision.status.alpha"))
     assert not can(loaded, "epu-decision", publish("epu.events", "instance.state.alpha.started"))
     assert not can(loaded, "epu-decision", consume("epu.provisioner"))
     assert not can(loaded, "epu-decision", lambda ch: ch.exchange_delete("epu.events"))
@@ -118,6 +119,11 @@ def test_operator_sends_control_messages_and_taps_events_but_nothing_else(loaded
     assert not can(loaded, "epu-operator", publish("epu.commands", "sensor.alpha"))
     assert not can(loaded, "epu-operator", publish("epu.events", "decision.record.alpha"))
     assert not can(loaded, "epu-operator", consume("epu.provisioner"))
+    # the engine's retained status: read (basic.get, put back), never written or consumed away by others
+    assert can(loaded, "epu-operator", lambda ch: ch.basic_get("epu.status.alpha"))
+    assert not can(loaded, "epu-operator", publish("epu.events", "decision.status.alpha"))
+    assert not can(loaded, "epu-provisioner", publish("epu.events", "decision.status.alpha"))
+    assert not can(loaded, "epu-operator", lambda ch: ch.basic_get("epu.decision.snapshot.alpha"))
 
     def tap(ch: object) -> None:
         name = f"epu.tap.{uuid.uuid4().hex[:8]}"
@@ -231,7 +237,8 @@ def test_queues_are_bounded_by_policy() -> None:
         assert policies == {"epu.dead": "epu-dead", "epu.decision.input": "epu-decision-input",
                             "epu.provisioner": "epu-work", "epu.decision.control": "epu-work",
                             "epu.ctxbroker.instances": "epu-work", "epu.sensor.alpha": "epu-work",
-                            "epu.decision.snapshot.alpha": ""}  # one message deep by its own arguments
+                            "epu.decision.snapshot.alpha": "",  # one message deep by its own arguments
+                            "epu.status.alpha": ""}
         # a tap nobody reads: bounded by bytes
         conn = connect({"prefix": d.prefix, "passwords": d.passwords, "vhost": d.vhost}, "epu-operator")
         ch = conn.channel()

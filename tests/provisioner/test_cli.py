@@ -43,6 +43,24 @@ def test_list_table_and_json(tmp_path, sqlite_url, capsys) -> None:
     assert [(d["instance_id"], d["state"]) for d in doc] == [("i2", "requested")]
 
 
+def test_list_merges_the_engines_view_joined_and_in_batch(sqlite_url) -> None:
+    """The provisioner never stores joined (the engine tracks it): the list shows the furthest state
+    of the two and whether the node is in the batch system; a terminal store state wins."""
+    from epu.common.messages import InstanceStatus
+    from epu.services.provisioner.cli import merged
+
+    seed(sqlite_url)
+    store = Store(sqlite_url)
+    i1, i2 = store.list()
+    store.close()
+    view = {"i1": InstanceStatus(instance_id="i1", site="sim", state="joined", seq=2, in_batch=True,
+                                 node_state="busy", since=1.0)}
+    doc = merged(i1, view)
+    assert (doc["state"], doc["engine_state"], doc["in_batch"], doc["node_state"]) == ("joined", "joined", True, "busy")
+    assert merged(i2, view)["in_batch"] is False and merged(i2, view)["state"] == "requested"
+    assert merged(i1, None)["in_batch"] is None, "engine status unreadable: unknown, not false"
+
+
 @pytest.mark.rabbitmq
 def test_forced_terminate_goes_to_the_provisioners(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
     seed(sqlite_url)
