@@ -220,7 +220,7 @@ class Engine:
                 return
             inst = Instance(evt.instance_id, evt.domain, evt.site, evt.node_name or node_name_for(
                 evt.domain, evt.instance_id), evt.cores or 1, "requested", evt.at, evt.at,
-                reason="adopted: announced by a provisioner")
+                reason="adopted: announced by a provisioner", instance_type=evt.instance_type)
         if evt.seq <= inst.seq:
             return  # stale or duplicate (rule 4)
         new = replace(inst, seq=evt.seq, ip=evt.ip or inst.ip)
@@ -366,7 +366,8 @@ class Engine:
                          unproven: dict[str, int]) -> PlacementInput:
         return PlacementInput(cfg.sites or list(self.site_infos), cfg.placement, self.site_infos, health,
                               live, unproven, self.settings.backoff_initial_seconds,
-                              self.settings.backoff_max_seconds, tuple(cfg.node_names))
+                              self.settings.backoff_max_seconds, tuple(cfg.node_names),
+                              {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()})
 
     def _site_context(self) -> tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]:
         """Site health and live/unproven counts over all domains (quota is per site)."""
@@ -527,7 +528,7 @@ class Engine:
             domain=domain, iteration=iteration, policy=policy, policy_version=version,
             saw=summarize(view) if view is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
-                                  action_id=p.action_id) for p in out.actions],
+                                  action_id=p.action_id, instance_type=p.instance_type) for p in out.actions],
             at=now, notes=notes[:50])
         self.publish(record)
         return record

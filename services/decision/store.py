@@ -102,6 +102,7 @@ instances = Table(
     Column("missing_since", Float),
     Column("seen_at", Float),
     Column("retire", String(16), default=""),
+    Column("instance_type", String(64), default=""),
 )
 actions = Table(
     "decision_actions", metadata,
@@ -161,7 +162,9 @@ def _instance(row: Any) -> Instance:
 
 def _fix(inst: Instance) -> Instance:
     """Rows written before a column existed read it as NULL."""
-    return inst if inst.retire is not None else replace(inst, retire="")
+    if inst.retire is None or inst.instance_type is None:
+        return replace(inst, retire=inst.retire or "", instance_type=inst.instance_type or "")
+    return inst
 
 
 def _upsert(conn: Connection, table: Table, key: dict[str, Any], values: dict[str, Any]) -> None:

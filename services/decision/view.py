@@ -54,6 +54,8 @@ class Instance:
     """Why it is being taken out ("" = it is not): scale-down, stalled, lost, operator. Set with
     the first step of the way out (offline, remove, or terminate for a node never in the batch
     system); the way out is always offline → empty → remove confirmed → terminate."""
+    instance_type: str = ""
+    """The catalogue type it was launched as ("" = the site's single type)."""
 
     @property
     def pending(self) -> bool:

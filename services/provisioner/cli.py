@@ -84,10 +84,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps([r.__dict__ for r in records], indent=2))
         return 0
     now = time.time()
-    header = ("INSTANCE", "DOMAIN", "SITE", "STATE", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
+    header = ("INSTANCE", "DOMAIN", "SITE", "TYPE", "STATE", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
     rows = [header] + [
-        (r.instance_id, r.domain, r.site, r.state, r.node_name, r.ip or "-", r.cloud_id or "-",
-         _age(now - r.created_at), r.reason[:60]) for r in records]
+        (r.instance_id, r.domain, r.site, r.instance_type or "-", r.state, r.node_name, r.ip or "-",
+         r.cloud_id or "-", _age(now - r.created_at), r.reason[:60]) for r in records]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + str(row[-1]))
