@@ -38,6 +38,7 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
+from epu.common.config.catalogue import site_types
 from epu.common.messages import (
     INSTANCE_STATE_ORDER,
     TERMINAL_INSTANCE_STATES,
@@ -61,6 +62,7 @@ from epu.services.decision.lifecycle import add_started
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
 from epu.services.decision.policies import PolicyError, get_policy, validate_params
+from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import Store
 from epu.services.decision.view import DomainView, Instance, JobDigest, NodeIndex, build_view, refresh_parts
 
@@ -103,6 +105,10 @@ class Engine:
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
+        self.types = {n: site_types(n, s) for n, s in config.sites.items()}
+        """Each site's instance-type catalogue, from config (docs/demand.md)."""
+        self.cooldown: dict[tuple[str, str], float] = {}
+        """(site, type) offerings out until then after a capacity error (``on_instance_event``)."""
         self._latest: dict[str, _Latest] = {}
         self.leases = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
@@ -422,8 +428,10 @@ class Engine:
                           nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
                           cleanup=self.store.cleanup(domain) if snap.available else [])
-        decision = self.decide(view, cfg)
         health, live, unproven = sites if sites is not None else self._site_context()
+        if uses_catalogue(cfg, self.config.sites):
+            view.catalogue = self.catalogue(cfg, live, now)
+        decision = self.decide(view, cfg)
         joined = [a for a, b in zip(after, before, strict=True) if a.state == "joined" and b.state != "joined"]
         successes = {i.site: record_success(health[i.site]) for i in joined
                      if i.site in health and health[i.site].failures}
@@ -448,6 +456,14 @@ class Engine:
             out.notes = notes_extra + out.notes
         return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version,
                           always=bool(notes_extra))
+
+    def catalogue(self, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
+        """The domain's offers now: its sites' types, their rooms, minus offerings cooling down."""
+        names = [n for n in (cfg.sites or list(self.site_infos)) if n in self.site_infos]
+        excluded = frozenset(k for k, until in self.cooldown.items() if until > now)
+        return build_catalogue([t for n in names for t in self.types.get(n, [])], cfg,
+                               {n: self.site_infos[n].quota for n in names}, live, self.store.live_per_type(),
+                               excluded)
 
     def _take_failures(self, cfg: Any) -> dict[str, str]:
         """Launch failures since the last iteration, for the sites of this domain (once each)."""

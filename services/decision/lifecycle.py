@@ -27,6 +27,9 @@ One instance, at most one action per iteration (``_claim``). While the circuit b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 from epu.services.decision.actions import Action, Decision, Launch, Node, Terminate
 from epu.services.decision.view import IN_SERVICE, DomainView, Instance, short_name
 
@@ -79,13 +82,21 @@ class Cycle:
         self._down: list[tuple[Instance, str]] = []
 
     # ------------------------------------------------------------------ what a policy asks
-    def launch(self, wanted: int, reason: str, cores: int | None = None) -> int:
+    def launch(self, wanted: int, reason: str, cores: int | None = None, *, typed: Sequence[Launch] = (),
+               filler: Launch | None = None, reclaim: Sequence[Instance] | None = None) -> int:
         """``wanted`` more nodes: draining nodes back online first, the rest launched, all within
-        [min_nodes, max_nodes]. Returns how many are launched (not counting reclaimed ones)."""
+        [min_nodes, max_nodes]. Returns how many are launched (not counting reclaimed ones).
+
+        By shapes (``shaped``): the launches are ``typed`` in order, then ``filler`` for any more
+        (the min_nodes floor, a policy's own count), and ``reclaim`` names the drained nodes the
+        packer put pending jobs on (instead of any draining node)."""
         view = self.view
         room = view.max_nodes - self.active
-        back = []
-        if wanted > 0 and room > 0 and not view.breaker:
+        back: list[Instance] = []
+        if reclaim is not None:
+            if not view.breaker:
+                back = list(reclaim)[:max(0, min(wanted, room))]
+        elif wanted > 0 and room > 0 and not view.breaker:
             for inst in view.draining:
                 if len(back) >= min(wanted, room):
                     break
@@ -104,7 +115,8 @@ class Cycle:
         if n > allowed:
             self.notes.append(f"max_nodes={view.max_nodes}: {n} wanted, {allowed} allowed")
             n = allowed
-        self._launches = [Launch(cores or view.cores_per_node, reason) for _ in range(n)]
+        plain = filler or Launch(cores or view.cores_per_node, reason)
+        self._launches = [typed[i] if i < len(typed) else replace(plain, reason=reason) for i in range(n)]
         return n
 
     @property

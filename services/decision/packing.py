@@ -330,6 +330,13 @@ def why_unservable(s: _Shape, offers: Sequence[Offer]) -> tuple[str, str] | None
     return None
 
 
+def can_serve(shape: JobShape, offer: Offer, default_partition: str = "") -> bool:
+    """Could one instance of ``offer`` hold one node of a ``shape`` job (partition, features,
+    cores, memory, GPUs)?"""
+    return all(why_unservable(s, [offer]) is None for s in _requests([shape.model_copy(update={"demand": True})],
+                                                                     default_partition))
+
+
 # ------------------------------------------------------------------------------------------ the fill
 
 
@@ -794,7 +801,7 @@ def drainable(plan: Plan, candidates: Iterable[str]) -> DrainCheck:
     for name in candidates:
         held = plan.supply_holds.get(name)
         if held is not None:
-            jobs = ", ".join(f"{x} x {_describe(plan.shapes[i])}" for i, x in held)
+            jobs = ", ".join(f"{x} x {describe_shape(plan.shapes[i])}" for i, x in held)
             keep[name] = f"pending jobs would run there: {jobs}"
         elif name in plan.unused_supply:
             drain.append(name)
@@ -803,7 +810,7 @@ def drainable(plan: Plan, candidates: Iterable[str]) -> DrainCheck:
     return DrainCheck(drain, keep)
 
 
-def _describe(s: JobShape) -> str:
+def describe_shape(s: JobShape) -> str:
     parts = [f"{s.nodes}x{s.cores}c" if s.nodes > 1 else f"{s.cores}c"]
     if s.memory_mb:
         parts.append(f"{s.memory_mb}MB")

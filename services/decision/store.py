@@ -541,6 +541,14 @@ class Store:
                 unproven[inst.site] = unproven.get(inst.site, 0) + 1
         return live, unproven
 
+    def live_per_type(self) -> dict[tuple[str, str], int]:
+        """Live instances per (site, instance type), over every domain (what a type quota counts)."""
+        out: dict[tuple[str, str], int] = {}
+        for inst in self._live().values():
+            key = (inst.site, inst.instance_type)
+            out[key] = out.get(key, 0) + 1
+        return out
+
     # ------------------------------------------------------------------ sites
     def site_health(self) -> dict[str, SiteHealth]:
         if self._cache.sites is None:

@@ -170,6 +170,9 @@ class DomainView:
     removed: their node is removed so a pool name is reused."""
     snapshot_at: float = 0.0
     """When the snapshot behind this view was taken (a command sent after it is not visible yet)."""
+    catalogue: Any = None
+    """The domain's instance-type offers (a ``shaped.Catalogue``) when it decides by shapes;
+    ``None``: single-type sites, the cores-only counter (``demand``) as before."""
 
     # ---- derived sets, used by every policy (computed once per view: 10,000 instances add up)
     def node_of(self, inst: Instance) -> NodeInfo | None:
