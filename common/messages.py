@@ -546,6 +546,19 @@ class ProvisionerAlert(Message):
 # --------------------------------------------------------------------------- decision engine
 
 
+class UnsatisfiableShape(Model):
+    """Pending jobs of one shape that no instance type of the domain can ever serve."""
+
+    count: NonNegInt
+    """How many jobs."""
+    shape: str
+    """The request per node, e.g. ``2x64c 512000MB bigmem @bigmem``."""
+    constraint: str
+    """What rules every type out: partition, feature, gpus, memory, cores or combination."""
+    reason: str
+    """The numbers, in words."""
+
+
 class ViewSummary(Model):
     queued_jobs: NonNegInt = 0
     queued_cores: NonNegInt = 0
@@ -553,6 +566,10 @@ class ViewSummary(Model):
     instances_by_state: dict[str, int] = Field(default_factory=dict)
     instances_by_site: dict[str, int] = Field(default_factory=dict)
     sensor_available: bool = True
+    instances_by_type: dict[str, int] = Field(default_factory=dict)
+    """Live instances per catalogue type ("" = a site's single type)."""
+    unsatisfiable: list[UnsatisfiableShape] = Field(default_factory=list)
+    """Pending jobs no type can serve (never launched for, never holding a node)."""
 
 
 class ActionRecord(Model):

@@ -52,6 +52,7 @@ from epu.common.messages import (
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
+    UnsatisfiableShape,
     ViewSummary,
 )
 from epu.services.decision import breaker
@@ -59,6 +60,7 @@ from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.lease import Fenced, Leases
 from epu.services.decision.lifecycle import add_started
+from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
 from epu.services.decision.policies import PolicyError, get_policy, validate_params
@@ -109,6 +111,8 @@ class Engine:
         """Each site's instance-type catalogue, from config (docs/demand.md)."""
         self.cooldown: dict[tuple[str, str], float] = {}
         """(site, type) offerings out until then after a capacity error (``on_instance_event``)."""
+        self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
+        """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
         self._latest: dict[str, _Latest] = {}
         self.leases = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
@@ -431,6 +435,8 @@ class Engine:
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
             view.catalogue = self.catalogue(cfg, live, now)
+            if snap.available:
+                notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
         joined = [a for a, b in zip(after, before, strict=True) if a.state == "joined" and b.state != "joined"]
         successes = {i.site: record_success(health[i.site]) for i in joined
@@ -453,7 +459,7 @@ class Engine:
                 live[p.site] = live.get(p.site, 0) + 1
                 unproven[p.site] = unproven.get(p.site, 0) + 1
         if notes_extra:
-            out.notes = notes_extra + out.notes
+            out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
         return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version,
                           always=bool(notes_extra))
 
@@ -464,6 +470,24 @@ class Engine:
         return build_catalogue([t for n in names for t in self.types.get(n, [])], cfg,
                                {n: self.site_infos[n].quota for n in names}, live, self.store.live_per_type(),
                                excluded)
+
+    def _report_unsatisfiable(self, domain: str, shapes: Any, catalogue: Catalogue) -> list[str]:
+        """Pending jobs no type can serve: logged once per shape (again only if it went away and came
+        back), kept for the metric and the decision records; notes for the shapes new this time (the
+        engine then publishes a record even without actions: the report is an event)."""
+        found = [UnsatisfiableShape(count=u.jobs, shape=describe_shape(u.shape), constraint=u.constraint,
+                                    reason=u.reason)
+                 for u in unservable(shapes, catalogue.offers, catalogue.default_partition)]
+        before = {(u.shape, u.constraint) for u in self.unsatisfiable.get(domain, [])}
+        self.unsatisfiable[domain] = found
+        notes = []
+        for u in found:
+            if (u.shape, u.constraint) not in before:
+                log.warning("unsatisfiable jobs: no instance type can serve them; never launched for",
+                            extra={"domain": domain, "jobs": u.count, "shape": u.shape, "constraint": u.constraint,
+                                   "reason": u.reason})
+                notes.append(f"unsatisfiable ({u.constraint}): {u.count} x {u.shape}: {u.reason}")
+        return notes
 
     def _take_failures(self, cfg: Any) -> dict[str, str]:
         """Launch failures since the last iteration, for the sites of this domain (once each)."""
@@ -542,7 +566,7 @@ class Engine:
             policy, version = (current[1].policy, current[0]) if current else ("", 0)
         record = DecisionRecord(
             domain=domain, iteration=iteration, policy=policy, policy_version=version,
-            saw=summarize(view) if view is not None else ViewSummary(),
+            saw=summarize(view, self.unsatisfiable.get(domain, [])) if view is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
                                   action_id=p.action_id, instance_type=p.instance_type) for p in out.actions],
             at=now, notes=notes[:50])
@@ -564,12 +588,15 @@ class Engine:
         return len(msgs)
 
 
-def summarize(view: DomainView) -> ViewSummary:
+def summarize(view: DomainView, unsatisfiable: list[UnsatisfiableShape] | None = None) -> ViewSummary:
     return ViewSummary(
         queued_jobs=view.demand.jobs, queued_cores=view.demand.cores,
         nodes_by_state=dict(Counter(n.state for n in view.nodes.values())),
         instances_by_state=dict(Counter(i.state for i in view.instances)),
         instances_by_site=dict(Counter(i.site for i in view.instances)),
-        sensor_available=view.available)
+        sensor_available=view.available,
+        instances_by_type=dict(Counter(i.instance_type for i in view.instances)) if view.catalogue is not None
+        else {},
+        unsatisfiable=list(unsatisfiable or []))
 
 

@@ -598,15 +598,7 @@ def pack(shapes: Iterable[JobShape], supply: Sequence[Bin], offers: Sequence[Off
     ``max_new``: new instances the domain may still take; ``default_partition``: the partition of
     a job that names none."""
     site_room = dict(site_room or {})
-    requests = _requests(shapes, default_partition)
-    unsatisfiable: list[Unsatisfiable] = []
-    servable: list[_Shape] = []
-    for s in requests:
-        why = why_unservable(s, offers)
-        if why is None:
-            servable.append(s)
-        else:
-            unsatisfiable.append(Unsatisfiable(s.source, s.jobs, why[0], why[1]))
+    servable, unsatisfiable = _split(_requests(shapes, default_partition), offers)
     bins = sorted(supply, key=lambda b: (b.rank, round(b.price_per_hour * MICRO), b.cores, b.memory_mb or 0, b.gpus,
                                          sorted(b.features), sorted(b.partitions or ()), b.partitions is None,
                                          b.name))
@@ -622,6 +614,24 @@ def pack(shapes: Iterable[JobShape], supply: Sequence[Bin], offers: Sequence[Off
     plan.jobs_on_supply = sum(_complete_jobs(s, placed) for s, placed in zip(best.ordered, on_supply, strict=True))
     _materialize(plan, best.ordered, best.classes, best.counts, list(best.rho), on_supply, site_room)
     return plan
+
+
+def _split(requests: list[_Shape], offers: Sequence[Offer]) -> tuple[list[_Shape], list[Unsatisfiable]]:
+    servable: list[_Shape] = []
+    unsatisfiable: list[Unsatisfiable] = []
+    for s in requests:
+        why = why_unservable(s, offers)
+        if why is None:
+            servable.append(s)
+        else:
+            unsatisfiable.append(Unsatisfiable(s.source, s.jobs, why[0], why[1]))
+    return servable, unsatisfiable
+
+
+def unservable(shapes: Iterable[JobShape], offers: Sequence[Offer], default_partition: str = "") -> list[Unsatisfiable]:
+    """The demand jobs no offer can ever serve, per merged shape, with the constraint (what ``pack``
+    reports as ``unsatisfiable``, without packing anything)."""
+    return _split(_requests(shapes, default_partition), offers)[1]
 
 
 def _solve(ordered: list[_Shape], bins: list[Bin], offers: Sequence[Offer], site_room: Mapping[str, int],

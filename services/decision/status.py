@@ -40,6 +40,8 @@ class DomainStatus:
             "nodes_by_state": self.nodes,
             "instances_by_state": dict(Counter(s for s, _, _ in self.instances.values())),
             "instances_by_site": self.instances_by(),
+            "instances_by_type": {} if d is None else d.saw.instances_by_type,
+            "unsatisfiable": [] if d is None else [u.model_dump() for u in d.saw.unsatisfiable],
             "last_decision": None if d is None else {
                 "at": d.at, "iteration": d.iteration, "policy": d.policy, "version": d.policy_version,
                 "actions": [a.model_dump() for a in d.actions], "notes": d.notes},
@@ -105,6 +107,12 @@ def render(board: Board) -> Any:
         for site, states in st.instances_by().items():
             t.add_row(f"site {site}", ", ".join(f"{k}={v}" for k, v in sorted(states.items())))
         d = st.last_decision
+        if d is not None and d.saw.instances_by_type:
+            t.add_row("by type", ", ".join(f"{k or '(site default)'}={v}"
+                                          for k, v in sorted(d.saw.instances_by_type.items())))
+        if d is not None and d.saw.unsatisfiable:
+            t.add_row("[red]unsatisfiable[/]", "; ".join(f"{u.count} x {u.shape} ({u.constraint})"
+                                                       for u in d.saw.unsatisfiable[:5]))
         if d is not None:
             acts = Counter(a.kind for a in d.actions)
             t.add_row("last decision", f"#{d.iteration} {d.policy} v{d.policy_version} "

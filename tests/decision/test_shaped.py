@@ -232,3 +232,59 @@ def test_build_catalogue_rooms_count_live_instances_per_type_and_site() -> None:
     rooms = {o.type: o.room for o in c.offers}
     assert rooms == {"c4": 15, "r16": 0} and c.site_room == {"ec2": 13}
     assert c.known[("ec2", "r16")].cores == 16
+
+
+# --------------------------------------------------------------------------- unsatisfiable, reported once
+
+
+@pytest.mark.parametrize(("bad", "constraint"), [
+    (shape(2, 64), "cores"),
+    (shape(1, 4, memory=900_000, partition="bigmem", features=("bigmem",)), "memory"),
+    (shape(1, partition="gpu"), "partition"),
+    (shape(1, features=("infiniband",)), "feature"),
+])
+def test_unsatisfiable_jobs_are_reported_once_per_shape_and_never_launched_for(bad, constraint, caplog) -> None:
+    e, bus, clock = make_engine(cfg=config(DOMAIN, SITES))
+    caplog.set_level("WARNING", logger="epu.decision")
+    records = []
+    for _ in range(3):
+        clock.advance(5)
+        e.on_snapshot(snap([bad], at=clock.now()))
+        records += e.iterate()
+    assert bus.of("instance.launch") == []
+    (rec,) = records  # the report is one event (a record without actions), not one per iteration
+    assert rec.actions == [] and [u.constraint for u in rec.saw.unsatisfiable] == [constraint]
+    assert rec.saw.unsatisfiable[0].count == bad.count and any("unsatisfiable" in n for n in rec.notes)
+    logged = [r for r in caplog.records if r.getMessage().startswith("unsatisfiable jobs")]
+    assert len(logged) == 1 and logged[0].constraint == constraint
+    assert [(u.constraint, u.count) for u in e.unsatisfiable["d"]] == [(constraint, bad.count)]
+    # gone, then back: reported again
+    clock.advance(5)
+    e.on_snapshot(snap([], at=clock.now()))
+    e.iterate()
+    assert e.unsatisfiable["d"] == []
+    clock.advance(5)
+    e.on_snapshot(snap([bad], at=clock.now()))
+    assert len(e.iterate()) == 1
+
+
+def test_status_shows_unsatisfiable_jobs_and_instances_by_type() -> None:
+    from epu.services.decision.status import Board, render
+    from rich.console import Console
+
+    e, bus, clock = make_engine(cfg=config(DOMAIN, SITES))
+    e.on_snapshot(snap([shape(2, 64), shape(3)]))
+    e.iterate()
+    clock.advance(5)
+    e.on_snapshot(snap([shape(2, 64), shape(8)], at=clock.now()))
+    (rec,) = e.iterate()  # one more c4 for the 5 more jobs; the record saw the first c4
+    assert rec.saw.instances_by_type == {"c4": 1}
+    board = Board("d")
+    for m in bus.sent:
+        board.apply(m)
+    (st,) = board.as_json()
+    assert [(u["count"], u["constraint"]) for u in st["unsatisfiable"]] == [(2, "cores")]
+    console = Console(record=True, width=160)
+    console.print(render(board))
+    text = console.export_text()
+    assert "unsatisfiable" in text and "2 x 64c @cpu (cores)" in text and "c4=1" in text
