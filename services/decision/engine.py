@@ -111,6 +111,8 @@ class Engine:
         """Each site's instance-type catalogue, from config (docs/demand.md)."""
         self.cooldown: dict[tuple[str, str], float] = {}
         """(site, type) offerings out until then after a capacity error (``on_instance_event``)."""
+        self.spot_failures: dict[str, tuple[int, float]] = {}
+        """Domain → (capacity errors of spot offerings in a row, when the last one came)."""
         self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
         """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
         self._latest: dict[str, _Latest] = {}
@@ -243,7 +245,12 @@ class Engine:
         if evt.state in TERMINAL_INSTANCE_STATES:
             answered += ("add", "offline", "online")
         self.store.record_instance_event(new, answered, f"instance {evt.state}")
-        if evt.state == "failed" and not inst.terminate_sent and inst.joined_at is None and not repair:
+        if evt.state == "started" and not repair:
+            self._spot_started(inst)
+        if (evt.state == "failed" and evt.error_kind == "capacity" and inst.instance_type and not repair
+                and not inst.terminate_sent and inst.joined_at is None):
+            self._capacity_error(inst, now, evt.reason)
+        elif evt.state == "failed" and not inst.terminate_sent and inst.joined_at is None and not repair:
             # counted against the site at the next iteration (once per site per iteration);
             # the replacement is the iteration's too: the policy sees the supply gone
             self._failures.setdefault(inst.site, f"launch failed: {evt.error_kind or 'error'}: {evt.reason}"[:300])
@@ -434,7 +441,7 @@ class Engine:
                           cleanup=self.store.cleanup(domain) if snap.available else [])
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
-            view.catalogue = self.catalogue(cfg, live, now)
+            view.catalogue = self.catalogue(domain, cfg, live, now)
             if snap.available:
                 notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
@@ -463,13 +470,51 @@ class Engine:
         return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version,
                           always=bool(notes_extra))
 
-    def catalogue(self, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
-        """The domain's offers now: its sites' types, their rooms, minus offerings cooling down."""
+    def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
+        """The domain's offers now: its sites' types, their rooms, minus offerings cooling down
+        (and spot ones while the domain has fallen back to on-demand)."""
         names = [n for n in (cfg.sites or list(self.site_infos)) if n in self.site_infos]
-        excluded = frozenset(k for k, until in self.cooldown.items() if until > now)
-        return build_catalogue([t for n in names for t in self.types.get(n, [])], cfg,
+        types = [t for n in names for t in self.types.get(n, [])]
+        excluded = {k for k, until in self.cooldown.items() if until > now}
+        if self._spot_off(domain, now):
+            excluded |= {(t.site, t.name) for t in types if t.spot}
+        return build_catalogue(types, cfg,
                                {n: self.site_infos[n].quota for n in names}, live, self.store.live_per_type(),
-                               excluded)
+                               frozenset(excluded))
+
+    def _offer(self, site: str, instance_type: str) -> Any:
+        return next((t for t in self.types.get(site, []) if t.name == instance_type), None)
+
+    def _capacity_error(self, inst: Instance, now: float, reason: str) -> None:
+        """A typed launch met a capacity error: that offering (site, type) is out for the cooldown —
+        the next iteration's packer places the demand on the next cheapest offer — and the site is
+        not backed off (its other types may have room). Spot errors count towards the fallback."""
+        key = (inst.site, inst.instance_type)
+        self.cooldown[key] = now + self.settings.capacity_cooldown_seconds
+        t = self._offer(*key)
+        spot = bool(t is not None and t.spot)
+        if spot:
+            n, _at = self.spot_failures.get(inst.domain, (0, 0.0))
+            self.spot_failures[inst.domain] = (n + 1, now)
+        log.warning("capacity error: offering cooling down, failing over", extra={
+            "domain": inst.domain, "site": inst.site, "type": inst.instance_type, "spot": spot,
+            "until": self.cooldown[key], "reason": reason})
+
+    def _spot_started(self, inst: Instance) -> None:
+        """A spot instance came up: spot has capacity again, the run of errors is over."""
+        t = self._offer(inst.site, inst.instance_type) if inst.instance_type else None
+        if t is not None and t.spot:
+            self.spot_failures.pop(inst.domain, None)
+
+    def _spot_off(self, domain: str, now: float) -> bool:
+        """Spot offers left out for ``domain``: too many capacity errors in a row, recently."""
+        n, at = self.spot_failures.get(domain, (0, 0.0))
+        if n < self.settings.spot_fallback_failures:
+            return False
+        if now - at >= self.settings.spot_fallback_seconds:
+            self.spot_failures.pop(domain, None)  # time to try spot again
+            return False
+        return True
 
     def _report_unsatisfiable(self, domain: str, shapes: Any, catalogue: Catalogue) -> list[str]:
         """Pending jobs no type can serve: logged once per shape (again only if it went away and came

@@ -288,3 +288,87 @@ def test_status_shows_unsatisfiable_jobs_and_instances_by_type() -> None:
     console.print(render(board))
     text = console.export_text()
     assert "unsatisfiable" in text and "2 x 64c @cpu (cores)" in text and "c4=1" in text
+
+
+# --------------------------------------------------------------------------- capacity errors, spot
+
+STOCK = {
+    "ec2": {"driver": "epu-sim", "quota": 20, "types": {
+        "c4": {"size": "sim.c4", "cores": 4, "memory_mb": 8000, "price_per_hour": 0.2},
+        "c4-spot": {"size": "sim.c4", "cores": 4, "memory_mb": 8000, "price_per_hour": 0.06, "spot": True},
+    }},
+    "os": {"driver": "epu-sim", "quota": 20, "types": {
+        "m4": {"size": "m1.large", "cores": 4, "memory_mb": 8000, "price_per_hour": 0.3},
+        "m4-spot": {"size": "m1.large", "cores": 4, "memory_mb": 8000, "price_per_hour": 0.08, "spot": True},
+    }},
+}
+
+
+def stock_engine(allow_spot: bool, **decision):
+    domain = {"d": {"max_nodes": 10, "sites": ["ec2", "os"], "allow_spot": allow_spot}}
+    return make_engine(cfg=config(domain, STOCK, **decision))
+
+
+def capacity_failure(e, launch, clock) -> None:
+    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="capacity",
+                              reason="capacity: InsufficientInstanceCapacity"))
+
+
+def step_launches(e, bus, clock, shapes) -> list:
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snap(shapes, at=clock.now()))
+    e.iterate()
+    return bus.of("instance.launch")
+
+
+def test_a_capacity_error_cools_the_offering_down_and_fails_over_to_the_next_cheapest() -> None:
+    e, bus, clock = stock_engine(False)
+    (first,) = step_launches(e, bus, clock, [shape(1, 4)])
+    assert (first.site, first.instance_type) == ("ec2", "c4")
+    capacity_failure(e, first, clock)
+    (second,) = step_launches(e, bus, clock, [shape(1, 4)])  # the very next iteration, no waiting
+    assert (second.site, second.instance_type) == ("os", "m4")
+    assert e.store.site_health().get("ec2") is None or e.store.site_health()["ec2"].failures == 0  # not the site
+    capacity_failure(e, second, clock)
+    assert step_launches(e, bus, clock, [shape(1, 4)]) == []  # every offering cooling down: nothing to try
+    clock.advance(180)
+    (third,) = step_launches(e, bus, clock, [shape(1, 4)])  # the cooldown is over: the cheapest again
+    assert (third.site, third.instance_type) == ("ec2", "c4")
+
+
+def test_the_cooldown_is_configurable() -> None:
+    e, bus, clock = stock_engine(False, capacity_cooldown_seconds=20)
+    (first,) = step_launches(e, bus, clock, [shape(1, 4)])
+    capacity_failure(e, first, clock)
+    (second,) = step_launches(e, bus, clock, [shape(1, 4)])
+    assert second.instance_type == "m4"
+    capacity_failure(e, second, clock)
+    clock.advance(20)
+    assert step_launches(e, bus, clock, [shape(1, 4)])[0].instance_type == "c4"
+
+
+def test_spot_falls_back_to_on_demand_after_n_capacity_errors_and_returns_later() -> None:
+    e, bus, clock = stock_engine(True, spot_fallback_failures=2, spot_fallback_seconds=300)
+    (a,) = step_launches(e, bus, clock, [shape(1, 4)])
+    assert a.instance_type == "c4-spot"
+    capacity_failure(e, a, clock)
+    (b,) = step_launches(e, bus, clock, [shape(1, 4)])
+    assert b.instance_type == "m4-spot"  # the other spot offering: one failure is not yet a fallback
+    capacity_failure(e, b, clock)
+    clock.advance(200)  # both spot offerings are back from their cooldown, but 2 errors in a row
+    (c,) = step_launches(e, bus, clock, [shape(1, 4)])
+    assert c.instance_type == "c4"  # on-demand
+    clock.advance(300)
+    step = step_launches(e, bus, clock, [shape(2, 4)])  # one more job: spot is tried again
+    assert [m.instance_type for m in step if m.launch_id != c.launch_id] == ["c4-spot"]  # (c: re-sent)
+
+
+def test_a_started_spot_instance_ends_the_run_of_errors() -> None:
+    e, bus, clock = stock_engine(True, spot_fallback_failures=2)
+    (a,) = step_launches(e, bus, clock, [shape(1, 4)])
+    capacity_failure(e, a, clock)
+    (b,) = step_launches(e, bus, clock, [shape(1, 4)])
+    e.on_instance_event(event(b, "pending", 1, clock.now()))
+    e.on_instance_event(event(b, "started", 2, clock.now()))
+    assert "d" not in e.spot_failures
