@@ -585,6 +585,9 @@ class ActionRecord(Model):
     """Id of the command sent (launch_id, command_id, request_id)."""
     instance_type: str = ""
     """For launches: the catalogue type chosen ("" = the site's single type)."""
+    gang: str = ""
+    """For launches: ``ID:SIZE`` when the instance is one of a group launched together for
+    multi-node jobs (released and re-placed together if it cannot complete)."""
 
 
 @register

@@ -25,6 +25,9 @@ class Launch:
     kind: Literal["launch"] = "launch"
     offers: tuple[Offer, ...] = ()
     """Empty: the domain's single-type launch (any of its sites, the site's size)."""
+    gang: str = ""
+    """``KEY:SIZE`` when this launch is one of SIZE new instances that multi-node jobs need all
+    together (launches of one decision with the same key are one group)."""
 
     @property
     def instance_type(self) -> str:

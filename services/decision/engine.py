@@ -66,7 +66,16 @@ from epu.services.decision.planner import PlacementInput, Plan, node_name_for, p
 from epu.services.decision.policies import PolicyError, get_policy, validate_params
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import Store
-from epu.services.decision.view import DomainView, Instance, JobDigest, NodeIndex, build_view, refresh_parts
+from epu.services.decision.view import (
+    DomainView,
+    Instance,
+    JobDigest,
+    NodeIndex,
+    build_view,
+    dissolve_complete_gangs,
+    partition,
+    refresh_parts,
+)
 
 log = logging.getLogger("epu.decision")
 
@@ -432,6 +441,9 @@ class Engine:
         snap = latest.snapshot
         health_ = self._pipeline(domain, latest, now, before)
         after, parts = refresh_parts(before, latest.nodes, now, snap.available)
+        dissolved = dissolve_complete_gangs(after)
+        if dissolved is not None:
+            after, parts = dissolved, partition(dissolved)
         changed = [a for a, b in zip(after, before, strict=True) if a != b]
         notes_extra = self._breaker(domain, health_, after, latest, now)
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
@@ -613,7 +625,8 @@ class Engine:
             domain=domain, iteration=iteration, policy=policy, policy_version=version,
             saw=summarize(view, self.unsatisfiable.get(domain, [])) if view is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
-                                  action_id=p.action_id, instance_type=p.instance_type) for p in out.actions],
+                                  action_id=p.action_id, instance_type=p.instance_type, gang=p.gang)
+                     for p in out.actions],
             at=now, notes=notes[:50])
         self.publish(record)
         return record

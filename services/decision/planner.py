@@ -38,6 +38,7 @@ class Planned:
     message: Message
     instance_type: str = ""
     """For launches: the catalogue type ("" = the site's single type)."""
+    gang: str = ""
 
 
 @dataclass
@@ -197,6 +198,7 @@ def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementIn
     live = dict(placement.live)
     unproven = dict(placement.unproven)
     health = {**placement.health, **out.sites}
+    gangs: dict[str, str] = {}  # the policy's group key -> a fresh id (with the size)
     for offers, group in groups.items():
         kind = offers[0].type
         pool, pattern = placement.type_nodes.get(kind, ((), None))
@@ -219,16 +221,20 @@ def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementIn
             launch_id = make_id()
             if name is None and pattern:
                 name = pattern.format(domain=view.domain, type=typ, id=launch_id[:8])
+            gang = ""
+            if launch.gang:
+                key, _, size = launch.gang.rpartition(":")
+                gang = gangs.setdefault(key, f"{make_id()[:12]}:{size}")
             out.actions.append(launch_action(view.domain, site, offer.cores, launch.reason, view.now, placement,
                                              out, lambda launch_id=launch_id: launch_id, name=name,
-                                             instance_type=typ))
+                                             instance_type=typ, gang=gang))
             live[site] = live.get(site, 0) + 1
             unproven[site] = unproven.get(site, 0) + 1
 
 
 def launch_action(domain: str, site: str, cores: int, reason: str, now: float, placement: PlacementInput,
                   out: Plan, make_id: Callable[[], str] = new_id, *, name: str | None = None,
-                  instance_type: str = "") -> Planned:
+                  instance_type: str = "", gang: str = "") -> Planned:
     """One launch, stored as a ``requested`` instance with the action. A catalogue type's cores
     are the type's; the single-type launch keeps the site's ``cores`` when larger (as always)."""
     launch_id = make_id()
@@ -238,5 +244,5 @@ def launch_action(domain: str, site: str, cores: int, reason: str, now: float, p
     msg = LaunchRequest(launch_id=launch_id, domain=domain, site=site, node_name=name, cores=site_cores,
                         instance_type=instance_type)
     out.instances[launch_id] = Instance(launch_id, domain, site, name, site_cores, "requested", now, now,
-                                        reason=reason, instance_type=instance_type)
-    return Planned(launch_id, "launch", launch_id, site, reason, msg, instance_type)
+                                        reason=reason, instance_type=instance_type, gang=gang)
+    return Planned(launch_id, "launch", launch_id, site, reason, msg, instance_type, gang)

@@ -20,7 +20,7 @@ threshold, spare and load their own counts, filled with the plan's launches firs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epu.common.config.catalogue import InstanceType
@@ -99,11 +99,20 @@ class ShapedDemand:
         return out
 
 
-def demand(view: DomainView, catalogue: Catalogue, pending: Sequence[Instance], active: int) -> ShapedDemand:
+def of_cycle(cycle: Any) -> ShapedDemand:
+    """``demand`` for a policy's ``lifecycle.Cycle``: stalled and released instances are no supply."""
+    view = cycle.view
+    return demand(view, view.catalogue, cycle.pending, cycle.active, [m for m, _why in cycle.released])
+
+
+def demand(view: DomainView, catalogue: Catalogue, pending: Sequence[Instance], active: int,
+           released: Sequence[Instance] = ()) -> ShapedDemand:
     """Pack the view's pending demand onto its supply and the catalogue's offers. ``pending``: the
     pending instances that still count as supply (stalled ones left out); ``active``: instances
-    counting towards ``max_nodes`` (the plan launches no more than the room left)."""
+    counting towards ``max_nodes`` (the plan launches no more than the room left); ``released``:
+    members of incomplete gangs being given up (their nodes are no supply)."""
     known = catalogue.known
+    gone = {n.name for n in (view.node_of(i) for i in released) if n is not None}
     ours = {}
     for inst in view.instances:
         node = view.node_of(inst)
@@ -113,8 +122,8 @@ def demand(view: DomainView, catalogue: Catalogue, pending: Sequence[Instance], 
               for i, node in ours.values() if (i.site, i.instance_type) in known}
     ends = {n.name: max(n.job_ends) for n in view.nodes.values()
             if n.jobs and len(n.job_ends) == len(n.jobs) and all(e > 0 for e in n.job_ends)}
-    supply: list[Bin] = bins_from_nodes(view.nodes.values(), now=view.now, boot_seconds=catalogue.boot_seconds,
-                                        jobs_end_at=ends, prices=prices)
+    supply: list[Bin] = bins_from_nodes((n for n in view.nodes.values() if n.name not in gone), now=view.now,
+                                        boot_seconds=catalogue.boot_seconds, jobs_end_at=ends, prices=prices)
     reclaimable = {}
     for inst in view.draining:
         node = view.node_of(inst)
@@ -138,6 +147,9 @@ def demand(view: DomainView, catalogue: Catalogue, pending: Sequence[Instance], 
         why = "for " + ", ".join(f"{x} x {describe_shape(plan.shapes[i])}" for i, x in holds) if holds \
             else "cheapest fit"
         launches += [Launch(offers[0].cores, why, offers=offers)] * n
+    for key, members in _groups(plan).items():
+        for i in members:
+            launches[i] = replace(launches[i], gang=f"{key}:{len(members)}")
     reclaim = [inst for name, inst in reclaimable.items() if name in plan.supply_holds]
     notes = [f"packed {sum(s.count for s in plan.shapes)} pending job(s) in {len(plan.shapes)} shape(s) on "
              f"{len(supply)} bin(s): {plan.jobs_on_supply} start on supply, {plan.new_instances} new "
@@ -148,6 +160,30 @@ def demand(view: DomainView, catalogue: Catalogue, pending: Sequence[Instance], 
     for u in plan.unsatisfiable:
         notes.append(f"unsatisfiable ({u.constraint}): {u.jobs} x {describe_shape(u.shape)}: {u.reason}")
     return ShapedDemand(plan, launches, reclaim, _filler(plan, catalogue), node_of, notes)
+
+
+def _groups(plan: Plan) -> dict[str, list[int]]:
+    """The plan's gangs joined where they share instances (an instance holding nodes of several
+    multi-node jobs ties their groups): group key → new instance indices. Groups of one instance
+    are no group (nothing to wait for)."""
+    parent: dict[int, int] = {}
+
+    def find(i: int) -> int:
+        while parent.setdefault(i, i) != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for g in plan.gangs:
+        for i in g.instances[1:]:
+            a, b = find(g.instances[0]), find(i)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+        find(g.instances[0])
+    out: dict[int, list[int]] = {}
+    for i in parent:
+        out.setdefault(find(i), []).append(i)
+    return {f"g{root}": sorted(m) for root, m in sorted(out.items()) if len(m) > 1}
 
 
 def _reclaim_bin(b: Bin) -> Bin:

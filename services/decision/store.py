@@ -103,6 +103,7 @@ instances = Table(
     Column("seen_at", Float),
     Column("retire", String(16), default=""),
     Column("instance_type", String(64), default=""),
+    Column("gang", String(64), default=""),
 )
 actions = Table(
     "decision_actions", metadata,
@@ -162,8 +163,8 @@ def _instance(row: Any) -> Instance:
 
 def _fix(inst: Instance) -> Instance:
     """Rows written before a column existed read it as NULL."""
-    if inst.retire is None or inst.instance_type is None:
-        return replace(inst, retire=inst.retire or "", instance_type=inst.instance_type or "")
+    if inst.retire is None or inst.instance_type is None or inst.gang is None:
+        return replace(inst, retire=inst.retire or "", instance_type=inst.instance_type or "", gang=inst.gang or "")
     return inst
 
 

@@ -56,6 +56,8 @@ class Instance:
     system); the way out is always offline → empty → remove confirmed → terminate."""
     instance_type: str = ""
     """The catalogue type it was launched as ("" = the site's single type)."""
+    gang: str = ""
+    """``ID:SIZE``: one of SIZE instances launched as a group for multi-node jobs ("" = none)."""
 
     @property
     def pending(self) -> bool:
@@ -303,6 +305,30 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIn
             pending.append(inst)
             active.append(inst)
     return out, (active, pending, joined, draining)
+
+
+def dissolve_complete_gangs(instances: list[Instance]) -> list[Instance] | None:
+    """A gang whose members have all joined has done its job: its members become ordinary
+    instances (a later scale-down of one must not look like an incomplete group). Returns the new
+    list, or ``None`` when no gang completed (the common case: nothing to store)."""
+    groups: dict[str, list[int]] = {}
+    for k, inst in enumerate(instances):
+        if inst.gang and not inst.terminate_sent:
+            groups.setdefault(inst.gang, []).append(k)
+    done = [ks for gang, ks in groups.items()
+            if sum(1 for k in ks if instances[k].state == "joined") >= gang_size(gang)]
+    if not done:
+        return None
+    out = list(instances)
+    for ks in done:
+        for k in ks:
+            out[k] = replace(out[k], gang="")
+    return out
+
+
+def gang_size(gang: str) -> int:
+    size = gang.rpartition(":")[2]
+    return int(size) if size.isdigit() else 0
 
 
 def build_view(domain: str, snapshot: SensorSnapshot | None, digest: JobDigest | None,

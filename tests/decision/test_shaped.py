@@ -372,3 +372,57 @@ def test_a_started_spot_instance_ends_the_run_of_errors() -> None:
     e.on_instance_event(event(b, "pending", 1, clock.now()))
     e.on_instance_event(event(b, "started", 2, clock.now()))
     assert "d" not in e.spot_failures
+
+
+# --------------------------------------------------------------------------- gangs
+
+
+def test_a_multi_node_job_is_launched_as_one_group_recorded_in_the_decision() -> None:
+    e, bus, clock = make_engine(cfg=config(DOMAIN, SITES))
+    e.on_snapshot(snap([shape(1, 4, nodes=3), shape(2)]))
+    (rec,) = e.iterate()
+    gangs = {a.gang for a in rec.actions if a.kind == "launch"}
+    [gang] = [g for g in gangs if g]
+    assert gang.endswith(":3") and sum(1 for a in rec.actions if a.gang == gang) == 3
+    assert {i.gang for i in e.store.instances("d") if i.gang} == {gang}
+
+
+def gang_view(members, **kw) -> DomainView:
+    return sview([shape(1, 4, nodes=3)], instances=members, **kw)
+
+
+def test_an_incomplete_gang_is_released_whole_and_re_placed() -> None:
+    g = "abc:3"
+    joined = [inst(f"j{k}", "joined", site="ec2", cores=4, instance_type="c4", gang=g, idle_since=T0 - 50,
+                   joined_at=T0 - 50, launched_at=T0 - 200) for k in range(2)]
+    nodes = [free(f"n-j{k}") for k in range(2)]
+    # the third member failed (gone from the live instances): release both, launch the job anew
+    d = decide("queue-demand", gang_view(joined, nodes=nodes))
+    released = [(a.op, a.instance_id, a.retire) for a in d.actions if isinstance(a, Node)]
+    assert released == [("offline", "j0", "gang"), ("offline", "j1", "gang")]
+    assert launched(d) == ["c4", "c4", "c4"]
+    assert {a.gang for a in d.actions if isinstance(a, Launch)} == {"g0:3"}
+
+
+def test_a_gang_not_complete_by_the_deadline_is_released() -> None:
+    g = "abc:3"
+    members = [inst("j0", "joined", site="ec2", cores=4, instance_type="c4", gang=g, joined_at=T0 - 500,
+                    launched_at=T0 - 700, idle_since=T0 - 500),
+               inst("p1", "pending", site="ec2", cores=4, instance_type="c4", gang=g, launched_at=T0 - 100),
+               inst("p2", "pending", site="ec2", cores=4, instance_type="c4", gang=g, launched_at=T0 - 100)]
+    d = decide("queue-demand", gang_view(members, nodes=[free("n-j0")]), stall_seconds=600)
+    acts = sorted((a.kind, a.instance_id) for a in d.actions if not isinstance(a, Launch))
+    assert acts == [("offline", "j0"), ("terminate", "p1"), ("terminate", "p2")]
+    # within the deadline nothing is released
+    d = decide("queue-demand", gang_view(members, nodes=[free("n-j0")]), stall_seconds=900)
+    assert [a for a in d.actions if not isinstance(a, Launch)] == [] and launched(d) == []
+
+
+def test_a_complete_gang_is_dissolved_so_a_later_drain_releases_nothing() -> None:
+    from epu.services.decision.view import dissolve_complete_gangs
+
+    g = "abc:2"
+    members = [inst(f"j{k}", "joined", site="ec2", cores=4, gang=g) for k in range(2)]
+    assert dissolve_complete_gangs([members[0], inst("p", "pending", gang=g)]) is None
+    done = dissolve_complete_gangs(members)
+    assert done is not None and {i.gang for i in done} == {""}

@@ -24,7 +24,7 @@ def decide(view: DomainView, params: FixedParams, now: float) -> Decision:  # ty
     notes = [f"target {target} (nodes={params.nodes} within [{view.min_nodes}, {view.max_nodes}]), active {active}"]
     filler = None
     if view.catalogue is not None:  # the cheapest type that fits the pending jobs
-        filler = shaped.demand(view, view.catalogue, cycle.pending, cycle.active).filler
+        filler = shaped.of_cycle(cycle).filler
     cycle.launch(target - active, f"fixed size {target}", filler=filler)
     if active > target:
         idle = view.idle(0)

@@ -47,7 +47,7 @@ def decide(view: DomainView, params: LoadParams, now: float) -> Decision:  # typ
         samples.append((now, util))
     avg = sum(u for _, u in samples) / len(samples) if samples else None
     want = 0
-    sd = shaped.demand(view, view.catalogue, cycle.pending, cycle.active) if view.catalogue is not None else None
+    sd = shaped.of_cycle(cycle) if view.catalogue is not None else None
     jobs = sd.satisfiable_jobs if sd is not None else view.demand.jobs
     if avg is None:
         if jobs and pending == 0:

@@ -52,7 +52,7 @@ def decide(view: DomainView, params: QueueDemandParams, now: float) -> Decision:
 def _by_shapes(view: DomainView, params: QueueDemandParams, cycle: lc.Cycle) -> Decision:
     """The cheapest typed instances that let every satisfiable pending job start (``shaped``);
     an idle worker is offlined when the pending jobs would all still fit without it."""
-    sd = shaped.demand(view, view.catalogue, cycle.pending, cycle.active)
+    sd = shaped.of_cycle(cycle)
     cycle.launch(len(sd.launches) + len(sd.reclaim), "queue demand by shapes", typed=sd.launches,
                  filler=sd.filler, reclaim=sd.reclaim)
     drain = sd.drainable(view.idle(params.idle_seconds))

@@ -59,7 +59,7 @@ def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # ty
 def _by_shapes(view: DomainView, params: SpareParams, cycle: lc.Cycle, now: float) -> Decision:
     """The packer's launches for the queue, plus spares of the filler type; the spares now are
     the idle nodes and pending instances the packer leaves unused."""
-    sd = shaped.demand(view, view.catalogue, cycle.pending, cycle.active)
+    sd = shaped.of_cycle(cycle)
     unused = sd.plan.unused_supply
     spare_now = (sum(1 for n in view.free_workers() if is_idle(n) and n.name in unused)
                  + sum(1 for i in cycle.pending if i.instance_id in unused))

@@ -31,7 +31,7 @@ def decide(view: DomainView, params: ThresholdParams, now: float) -> Decision:  
     memory = dict(view.memory)
     waiting = view.demand.jobs
     pending = len(cycle.pending)
-    sd = shaped.demand(view, view.catalogue, cycle.pending, cycle.active) if view.catalogue is not None else None
+    sd = shaped.of_cycle(cycle) if view.catalogue is not None else None
     if sd is not None:
         waiting = sd.satisfiable_jobs  # unsatisfiable jobs are no reason to launch
         notes += sd.notes
