@@ -298,8 +298,9 @@ MIXED_TYPES = {
 }
 MIXED_PARTITIONS = {"cpu": ["c4", "m4"], "bigmem": ["r16"], "gpu": ["g8"]}
 BLOCKED = "QOSMaxJobsPerUserLimit"
-MIXED_WAVES = [(10, 3, 2), (6, 1, 3), (13, 2, 1)]
-"""Per wave: 1-core cpu jobs, 4-core 200 GB bigmem jobs, 2-core 1-GPU jobs (40 min apart)."""
+MIXED_WAVES = [(10, 3, 2, 1), (6, 1, 3, 0), (13, 2, 1, 2)]
+"""Per wave: 1-core cpu jobs, 4-core 200 GB bigmem jobs, 2-core 1-GPU jobs, 2-node x 4-core cpu
+jobs (launched as gangs), 40 min apart."""
 
 
 def mixed_jobs(sim: Simulation) -> None:
@@ -308,8 +309,10 @@ def mixed_jobs(sim: Simulation) -> None:
     inner = sim.batch.inner
     rng = sim.world.rng("mixed-workload")
 
-    def wave(cpu: int, bigmem: int, gpu: int) -> None:
+    def wave(cpu: int, bigmem: int, gpu: int, multi: int) -> None:
         inner.submit(cores=1, count=cpu, duration=rng.uniform(300, 1500), queue="cpu")
+        for _ in range(multi):
+            inner.submit(cores=4, nodes=2, duration=rng.uniform(300, 1500), queue="cpu")
         inner.submit(cores=4, memory_mb=200_000, features=("bigmem",), count=bigmem,
                      duration=rng.uniform(300, 1500), queue="bigmem")
         inner.submit(cores=2, gpus=1, features=("gpu",), count=gpu, duration=rng.uniform(300, 1500), queue="gpu")

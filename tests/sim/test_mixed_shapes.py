@@ -19,7 +19,8 @@ def test_types_per_partition_nothing_for_blocked_jobs_and_back_to_zero(name: str
     assert not result.violations, [str(v) for v in result.violations[:5]]
     vms = [vm for c in sim.clouds.values() for vm in c.vms.values()]
     sizes = Counter(vm.size for vm in vms)
-    assert set(sizes) <= {"sim.c4", "sim.r16", "sim.g8"}  # never the dearer cpu type, nothing else
+    # the dearer cpu type only as the failover of a capacity error
+    assert set(sizes) <= {"sim.c4", "sim.r16", "sim.g8"} | ({"sim.m4"} if name.endswith("faults") else set())
     assert sizes["sim.c4"] and sizes["sim.r16"] and sizes["sim.g8"]
     assert all(vm.terminated_at is not None for vm in vms)  # back to zero
     inner = sim.batch.inner
@@ -29,6 +30,6 @@ def test_types_per_partition_nothing_for_blocked_jobs_and_back_to_zero(name: str
     if name == "mixed-shapes":
         # fault-free: at most the cheapest fit of each wave (4 x 1c per c4, 2 x 200 GB per r16, one GPU
         # job per g8); one launch for the 4 limit-blocked 1-core jobs would add a c4 to a wave
-        assert sizes["sim.c4"] <= sum(-(-cpu // 4) for cpu, _b, _g in MIXED_WAVES)
-        assert sizes["sim.r16"] <= sum(-(-b // 2) for _c, b, _g in MIXED_WAVES)
-        assert sizes["sim.g8"] <= sum(g for _c, _b, g in MIXED_WAVES)
+        assert sizes["sim.c4"] <= sum(-(-cpu // 4) + 2 * multi for cpu, _b, _g, multi in MIXED_WAVES)
+        assert sizes["sim.r16"] <= sum(-(-b // 2) for _c, b, _g, _m in MIXED_WAVES)
+        assert sizes["sim.g8"] <= sum(g for _c, _b, g, _m in MIXED_WAVES)
