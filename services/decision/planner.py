@@ -230,6 +230,24 @@ def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementIn
                                              instance_type=typ, gang=gang))
             live[site] = live.get(site, 0) + 1
             unproven[site] = unproven.get(site, 0) + 1
+    if gangs:
+        _resize_gangs(out)
+
+
+def _resize_gangs(out: Plan) -> None:
+    """A group some of whose launches were not placed (quotas, probation, names) is the group of
+    those launched: otherwise the next iteration would release it as incomplete, and again."""
+    launched: dict[str, int] = {}
+    for p in out.actions:
+        if p.gang:
+            launched[p.gang] = launched.get(p.gang, 0) + 1
+    for k, p in enumerate(out.actions):
+        if not p.gang or launched[p.gang] == int(p.gang.rpartition(":")[2]):
+            continue
+        n = launched[p.gang]
+        gang = f"{p.gang.rpartition(':')[0]}:{n}" if n > 1 else ""
+        out.actions[k] = replace(p, gang=gang)
+        out.instances[p.instance_id] = replace(out.instances[p.instance_id], gang=gang)
 
 
 def launch_action(domain: str, site: str, cores: int, reason: str, now: float, placement: PlacementInput,

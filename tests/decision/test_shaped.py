@@ -426,3 +426,15 @@ def test_a_complete_gang_is_dissolved_so_a_later_drain_releases_nothing() -> Non
     assert dissolve_complete_gangs([members[0], inst("p", "pending", gang=g)]) is None
     done = dissolve_complete_gangs(members)
     assert done is not None and {i.gang for i in done} == {""}
+
+
+def test_a_gang_only_partly_placed_is_the_group_of_what_was_launched() -> None:
+    # a 3-node job; the site is on probation (one unproven launch at a time): one launch goes out
+    from epu.services.decision.placement import SiteHealth
+
+    e, bus, clock = make_engine(cfg=config(DOMAIN, SITES))
+    e.store.save_sites([SiteHealth("ec2", failures=1, backoff_until=0.0)])
+    e.on_snapshot(snap([shape(1, 4, nodes=3)]))
+    (rec,) = e.iterate()
+    assert [(a.kind, a.gang) for a in rec.actions] == [("launch", "")]  # a group of one is no group
+    assert [i.gang for i in e.store.instances("d")] == [""]
