@@ -31,6 +31,9 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 HOSTNAME_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 Hostname = Annotated[str, StringConstraints(max_length=253, pattern=HOSTNAME_PATTERN)]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+#: An instance type name of a site's catalogue (provider size ids are often dotted); "" = the site's
+#: single (legacy) type.
+TypeName = Annotated[str, StringConstraints(max_length=63, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,62})?$")]
 #: Ids that appear as a word of a routing key (no dots).
 KeyId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -416,6 +419,9 @@ class LaunchRequest(Message):
     """Cores wanted (the site's size should offer them)."""
     attributes: dict[str, str] = Field(default_factory=dict)
     """Extra values for the userdata template (e.g. context URI)."""
+    instance_type: TypeName = ""
+    """Which type of the site's catalogue to launch (its size and image); "" = the site's single
+    type (``size``/``image`` of a site without a ``types`` table), as before catalogues existed."""
 
     def routing_key(self) -> str:
         return "provisioner.launch"
@@ -464,6 +470,8 @@ class InstanceEvent(Message):
     cores: NonNegInt = 0
     reason: str = ""
     """Why it moved (failure text from the cloud, vanished, terminated by request...)."""
+    instance_type: TypeName = ""
+    """The catalogue type it was launched as ("" = the site's single type)."""
     error_kind: ErrorKind | None = None
     """For failed launches: transient, capacity (fail over to another site) or permanent."""
     at: float
@@ -540,6 +548,19 @@ class ProvisionerAlert(Message):
 # --------------------------------------------------------------------------- decision engine
 
 
+class UnsatisfiableShape(Model):
+    """Pending jobs of one shape that no instance type of the domain can ever serve."""
+
+    count: NonNegInt
+    """How many jobs."""
+    shape: str
+    """The request per node, e.g. ``2x64c 512000MB bigmem @bigmem``."""
+    constraint: str
+    """What rules every type out: partition, feature, gpus, memory, cores or combination."""
+    reason: str
+    """The numbers, in words."""
+
+
 class ViewSummary(Model):
     queued_jobs: NonNegInt = 0
     queued_cores: NonNegInt = 0
@@ -547,6 +568,10 @@ class ViewSummary(Model):
     instances_by_state: dict[str, int] = Field(default_factory=dict)
     instances_by_site: dict[str, int] = Field(default_factory=dict)
     sensor_available: bool = True
+    instances_by_type: dict[str, int] = Field(default_factory=dict)
+    """Live instances per catalogue type ("" = a site's single type)."""
+    unsatisfiable: list[UnsatisfiableShape] = Field(default_factory=list)
+    """Pending jobs no type can serve (never launched for, never holding a node)."""
 
 
 class ActionRecord(Model):
@@ -560,6 +585,11 @@ class ActionRecord(Model):
     """Why, in words an operator can check against the numbers."""
     action_id: str = ""
     """Id of the command sent (launch_id, command_id, request_id)."""
+    instance_type: str = ""
+    """For launches: the catalogue type chosen ("" = the site's single type)."""
+    gang: str = ""
+    """For launches: ``ID:SIZE`` when the instance is one of a group launched together for
+    multi-node jobs (released and re-placed together if it cannot complete)."""
 
 
 @register

@@ -62,6 +62,9 @@ class DemoSettings:
     """The demo runs on the in-memory transport; tests point it at RabbitMQ (one URL, or the
     nodes of a cluster)."""
     prefix: str | None = None
+    workload: str = "simple"
+    """``simple`` (1-core jobs, one instance size) or ``mixed`` (shapes on a typed catalogue,
+    ``demo_mixed``)."""
 
 
 @dataclass
@@ -73,6 +76,9 @@ class Observed:
     instance_site: dict[str, str] = field(default_factory=dict)
     instance_seq: dict[str, int] = field(default_factory=dict)
     instance_node: dict[str, str] = field(default_factory=dict)
+    instance_type: dict[str, str] = field(default_factory=dict)
+    unsatisfiable: list[str] = field(default_factory=list)
+    """What the newest decision record says no type can serve."""
     failed: int = 0
     peak: int = 0
     seconds_to_peak: float = 0.0
@@ -115,6 +121,8 @@ class Observed:
                 self.instance_site[msg.instance_id] = msg.site
                 if msg.node_name:
                     self.instance_node[msg.instance_id] = msg.node_name
+                if msg.instance_type:
+                    self.instance_type[msg.instance_id] = msg.instance_type
                 if msg.state == "failed":
                     self.failed += 1
                 live = len(self.live())
@@ -122,6 +130,7 @@ class Observed:
                     self.peak, self.seconds_to_peak = live, round(self.elapsed(), 1)
             elif isinstance(msg, DecisionRecord):
                 self.decision_count += 1
+                self.unsatisfiable = [f"{u.count} x {u.shape} ({u.constraint})" for u in msg.saw.unsatisfiable]
                 for a in msg.actions:
                     where = f"@{a.site}" if a.site else ""
                     self.decisions.append(f"{self.elapsed():5.1f}s {a.kind:<9} {a.target}{where}  {a.reason}")
@@ -150,6 +159,10 @@ def build_config(s: DemoSettings, workdir: Path, prefix: str, context: dict[str,
     credential into its userdata."""
     from epu.common.config import parse_config
 
+    site_base = {"driver": "epu-sim", "image": "sim-base",
+                 "driver_args": {"api_latency": 0.05, "boot_time_min": s.boot_seconds * 0.75,
+                                 "boot_time_max": s.boot_seconds * 1.25, "boot_failure_rate": s.fail_rate,
+                                 "api_error_rate": s.api_error_rate}}
     data = {
         "broker": {"url": s.broker_url, "prefix": prefix,
                    "quorum": not (s.broker_url if isinstance(s.broker_url, str) else s.broker_url[0]).startswith("memory")},
@@ -168,14 +181,16 @@ def build_config(s: DemoSettings, workdir: Path, prefix: str, context: dict[str,
             "params": {"idle_seconds": s.idle_seconds, "stall_seconds": s.stall_seconds},
         }},
         "sites": {
-            name: {"driver": "epu-sim", "quota": quota, "cores": s.cores_per_node, "price_per_hour": price,
-                   "image": "sim-base", "size": f"sim.{s.cores_per_node}core",
-                   "driver_args": {"api_latency": 0.05, "boot_time_min": s.boot_seconds * 0.75,
-                                   "boot_time_max": s.boot_seconds * 1.25, "boot_failure_rate": s.fail_rate,
-                                   "api_error_rate": s.api_error_rate}}
+            name: {**site_base, "quota": quota, "cores": s.cores_per_node, "price_per_hour": price,
+                   "size": f"sim.{s.cores_per_node}core"}
             for name, quota, price in (("cloud-a", s.quota_a, 0.05), ("cloud-b", s.max_nodes, 0.12))
         },
     }
+    if s.workload == "mixed":
+        from epu import demo_mixed
+
+        data["sites"] = demo_mixed.sites(site_base)
+        data["domains"]["demo"].update(demo_mixed.domain_keys())
     if context is not None:
         data["workers"] = {"demo": {"head_node": "demo-head", "context_uri": context["uri"],
                                     "context_secret_file": context["secret_file"],
@@ -193,9 +208,12 @@ class Demo:
         self.obs = Observed()
         self.threads: list[threading.Thread] = []
         self.services: list[Any] = []
+        from epu.demo_mixed import TypedBatch
         from epu.services.sensor.simulated import SimulatedBatch
 
-        self.batch = SimulatedBatch()
+        self.batch = TypedBatch() if s.workload == "mixed" else SimulatedBatch()
+        self.stuck = 0
+        """Jobs submitted to stay pending (limit-blocked, unsatisfiable): never run."""
         self.rng = random.Random(s.seed)
         self.context: dict[str, Any] | None = None
         self._ctx_cert: str | None = None
@@ -293,6 +311,11 @@ class Demo:
             self._agents.submit(self._agent_join, msg)
 
     def submit_burst(self) -> None:
+        if self.s.workload == "mixed":
+            from epu import demo_mixed
+
+            self.stuck = demo_mixed.submit(self.batch, self.s.jobs, self.s.job_seconds, self.rng)
+            return
         for _ in range(self.s.jobs):
             duration = self.s.job_seconds * self.rng.uniform(0.5, 1.5)
             self.batch.submit(cores=1, duration=duration)
@@ -302,7 +325,7 @@ class Demo:
         from the context: a leave follows its instance's termination by a moment."""
         with self.obs.lock:
             left = not self.obs.context_members
-        return (self.batch.completed >= self.s.jobs and not self.obs.live()
+        return (self.batch.completed >= self.batch.submitted - self.stuck and not self.obs.live()
                 and not self.batch.node_names() and self.obs.instance_state != {} and left)
 
     def stop(self) -> None:
@@ -336,6 +359,9 @@ class Demo:
         return {
             "jobs_submitted": self.batch.submitted,
             "jobs_completed": self.batch.completed,
+            "jobs_stuck": self.stuck,
+            "instances_by_type": dict(sorted(Counter(o.instance_type.values()).items())),
+            "unsatisfiable": list(o.unsatisfiable),
             "instances_launched": len(o.instance_state),
             "instances_failed": o.failed,
             "instances_by_site": dict(sorted(sites.items())),
@@ -363,6 +389,8 @@ def render(demo: Demo) -> Any:
         live = o.display_states()
         states = Counter(live.values())
         by_site = Counter(o.instance_site[i] for i in live)
+        by_type = Counter(o.instance_type.get(i, "") for i in live)
+        unsatisfiable = list(o.unsatisfiable)
         snap = o.last_snapshot
         decisions = list(o.decisions)
     q = Table.grid(padding=(0, 2))
@@ -381,7 +409,11 @@ def render(demo: Demo) -> Any:
     s = Table.grid(padding=(0, 2))
     for site in ("cloud-a", "cloud-b"):
         s.add_row(site, str(by_site.get(site, 0)))
+    for kind in sorted(k for k in by_type if k):
+        s.add_row(f"type {kind}", str(by_type[kind]))
     s.add_row("failed", str(o.failed))
+    for line in unsatisfiable[:3]:
+        s.add_row("[red]unsatisfiable[/]", line)
     if demo.context is not None:
         s.add_row("context", f"{len(o.context_members)} nodes")
     top = Columns([Panel(q, title="batch queue"), Panel(n, title="nodes (sensor)"),
@@ -446,7 +478,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                      max_nodes=args.max_nodes, boot_seconds=args.boot_seconds, fail_rate=args.fail_rate,
                      api_error_rate=args.api_error_rate, stall_seconds=args.stall_seconds,
                      idle_seconds=args.idle_seconds, timeout=args.timeout, seed=args.seed,
-                     with_ctxbroker=not args.no_ctxbroker)
+                     with_ctxbroker=not args.no_ctxbroker, workload=args.workload)
     live = not args.json and not args.no_live and sys.stderr.isatty()
     summary = run_demo(s, live_display=live, out=None if args.json else sys.stderr)
     if args.json:
@@ -455,7 +487,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("\nSummary")
         for k, v in summary.items():
             print(f"  {k:<30} {v}")
-    ok = (not summary["timed_out"] and summary["jobs_completed"] == summary["jobs_submitted"]
+    ok = (not summary["timed_out"] and summary["jobs_completed"] == summary["jobs_submitted"] - summary["jobs_stuck"]
           and summary["final_instances"] == 0)
     return 0 if ok else 1
 
@@ -493,8 +525,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "  epu demo                               # the default burst, live display\n"
             "  epu demo --jobs 100 --max-nodes 12     # a bigger burst\n"
             "  epu demo --fail-rate 0.3               # 30% of boots fail: watch replacements\n"
+            "  epu demo --workload mixed              # shapes: the right type per partition\n"
             "  epu demo --json | jq .peak_instances   # one JSON summary object for scripts\n\n"
-            "JSON keys: jobs_submitted, jobs_completed, instances_launched, instances_failed,\n"
+            "JSON keys: jobs_submitted, jobs_completed, jobs_stuck, instances_by_type, unsatisfiable,\n"
+            "instances_launched, instances_failed,\n"
             "instances_by_site, peak_instances, final_instances, final_batch_nodes, seconds_to_peak,\n"
             "seconds_to_first_job_running, seconds_total, decision_records, context_joins,\n"
             "context_members_final, events_seen, timed_out."))
@@ -519,6 +553,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=_positive(float), default=d.timeout,
                    help=f"give up after this many seconds (default {d.timeout})")
     p.add_argument("--seed", type=int, default=None, help="random seed for job lengths")
+    p.add_argument("--workload", choices=("simple", "mixed"), default=d.workload,
+                   help="simple: 1-core jobs on one instance size; mixed: cpu, bigmem and GPU jobs on a typed "
+                        "catalogue, plus limit-blocked and unsatisfiable jobs that stay pending (default simple)")
     p.add_argument("--no-ctxbroker", action="store_true", help="leave the context broker out")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")
     p.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")

@@ -349,3 +349,37 @@ def domain_type_errors(domain_name: str, domain: Any,
                            f"instance type {name!r} is offered by none of the domain's sites (offered: {listing()})",
                            name))
     return errors
+
+
+@dataclass(frozen=True)
+class LaunchType:
+    """What the provisioner creates for a launch of one type: the provider's size and image, and
+    the type's quota at the site (``None``: only the site's quota applies)."""
+
+    name: str
+    size: str
+    image: str
+    quota: int | None = None
+
+
+def launch_type(site_name: str, site: Any, instance_type: str) -> LaunchType:
+    """The size and image a launch of ``instance_type`` at ``site`` (a ``SiteConfig``) creates.
+    "" is the site's single type (its ``size`` and ``image``, as before catalogues). A site that
+    discovers sizes also launches a size id matching its patterns with the site's image (what the
+    engine was told by ``list_sizes()``). Raises ``ValueError`` naming the offered types for a
+    type the site does not offer: a permanent error, never a guess."""
+    if not instance_type:
+        return LaunchType("", site.size, site.image)
+    t = site.types.get(instance_type)
+    if t is not None:
+        return LaunchType(instance_type, t.size or instance_type, t.image or site.image, t.quota)
+    by_size = {(cfg.size or name): name for name, cfg in site.types.items()}
+    if instance_type in by_size:
+        return launch_type(site_name, site, by_size[instance_type])
+    if any(fnmatch.fnmatchcase(instance_type, p) for p in site.discover):
+        return LaunchType(instance_type, instance_type, site.image)
+    if not site.types and not site.discover and instance_type == (_type_name(site.size) if site.size else "default"):
+        return LaunchType(instance_type, site.size, site.image)
+    offered = sorted(declared_type_names(site) or ()) + [f"sizes matching {p}" for p in site.discover]
+    raise ValueError(f"site {site_name} offers no instance type {instance_type!r} "
+                     f"(offered: {', '.join(offered) or 'none'})")

@@ -38,6 +38,15 @@ class DecisionConfig(ServiceCommon):
     max-total-unready-percentage)."""
     breaker_ok_count: int = Field(3, ge=0)
     """... but this many missing nodes never trip it (cluster-autoscaler's ok-total-unready-count)."""
+    capacity_cooldown_seconds: float = Field(180.0, ge=0)
+    """An instance type at a site that answered a capacity error (stockout, quota) is left out for
+    this long (Karpenter: 3 minutes); the packer fails over at once to the next cheapest offer.
+    Only that offering is out, not the site."""
+    spot_fallback_failures: int = Field(3, ge=1)
+    """After this many capacity errors of spot offerings in a row (no spot instance started in
+    between), a domain launches on-demand types only ..."""
+    spot_fallback_seconds: float = Field(1800.0, ge=0)
+    """... for this long, then tries spot again."""
 
 
     def lease_ttl(self) -> float:

@@ -94,6 +94,9 @@ class SimBatchSystem:
         self._rng = world.rng("batch")
         self.command_context: str | None = None
         """The instance id of the node command being executed (set by the sensor process)."""
+        self.node_types: dict[str, dict] = {}
+        """Provider size → what a node of that size offers beyond cores (memory_mb, gpus, features,
+        partitions): a Slurm CLOUD slot declared per type."""
 
     # ------------------------------------------------------------------ names
     def batch_name(self, vm_name: str) -> str:
@@ -113,6 +116,7 @@ class SimBatchSystem:
             if vm.cloud_id in self.retired:
                 return
             self.inner.add_node(name, self.default_cores, instance_id=vm.launch_id, up=False)
+            self._resources(name, vm)
         node = self.inner.node(name)
         if node is not None:
             if node.instance_id is None:
@@ -120,6 +124,11 @@ class SimBatchSystem:
             self.inner.set_node_up(name, True)
 
     default_cores = 1
+
+    def _resources(self, name: str, vm: VM) -> None:
+        kind = self.node_types.get(vm.size)
+        if kind:
+            self.inner.set_resources(name, **kind)
 
     def vm_gone(self, vm: VM, cause: str) -> None:
         name = self.batch_name(vm.name)
@@ -210,6 +219,7 @@ class SimBatchSystem:
                 return CommandOutcome(True, output=f"node {node} already exists")
             vm = self.serving.get(node)
             if vm is not None:
+                self._resources(node, vm)
                 self.world.after(self._rng.uniform(*self.register_seconds),
                                  lambda: self._register(node, vm), f"batch register {node}")
             return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")

@@ -86,6 +86,8 @@ class VM:
     destroyed_by: str | None = None
     cause: str = ""
     seq: int = 0
+    size: str = ""
+    """The provider size it was created with (an instance type's ``size``)."""
 
     @property
     def launch_id(self) -> str | None:
@@ -204,7 +206,7 @@ class SimCloud:
             self.stats.errors += 1
             raise BaseHTTPError(503, f"ServiceUnavailable: simulated transient error on {call}")
 
-    def create(self, caller: str, name: str, tags: dict[str, str], token: str | None) -> VM:
+    def create(self, caller: str, name: str, tags: dict[str, str], token: str | None, size: str = "") -> VM:
         self._api("create")
         f = self.faults
         if token and token in self.by_token:
@@ -228,7 +230,7 @@ class SimCloud:
         self._ids += 1
         vm = VM(cloud_id=f"{self.name}-{self._ids:05d}", name=name, tags=dict(tags), token=token,
                 created_at=now, boot_at=now + boot, boot_fails=fails, created_by=caller, site=self.name,
-                seq=self._ids)
+                seq=self._ids, size=size)
         if self.enabled and f.listing_lag_seconds > 0:
             vm.listed_from = now + self._rng.random() * f.listing_lag_seconds
         self.vms[vm.cloud_id] = vm
@@ -314,7 +316,7 @@ class SimNodeDriver(NodeDriver):
                     ex_userdata: str | None = None, ex_clienttoken: str | None = None,
                     **_kwargs: Any) -> Node:
         vm = self.cloud.create(self.caller, name, dict(ex_metadata or {}),
-                               ex_clienttoken if self.client_tokens else None)
+                               ex_clienttoken if self.client_tokens else None, size=str(size.id))
         if self.on_created is not None:
             self.on_created()  # the world may kill the caller here: the node exists, the answer is lost
         return self._node(vm)

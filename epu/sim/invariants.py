@@ -288,7 +288,7 @@ class Checker:
         inner = sim.batch.inner
         inner.advance()
         waiting = [j for j in inner._queue
-                   if not j.held and j.cores <= d.cores_per_node and j.nodes <= d.max_nodes]
+                   if not j.held and not j.blocked and j.cores <= max_cores(sim) and j.nodes <= d.max_nodes]
         live = [vm for c in sim.clouds.values() for vm in c.vms.values()
                 if vm.terminated_at is None and vm.domain == d.name
                 and vm.created_by in {p.name for p in sim.provisioners if p.spec.managed}]  # type: ignore[attr-defined]
@@ -337,6 +337,12 @@ class Checker:
 
         store = Store(self.sim.decision_db)
         return {i.instance_id: i.state for i in store.instances(domain)}
+
+
+def max_cores(sim: Any) -> int:
+    """The most cores per node any type of the scenario offers (a bigger job is unsatisfiable)."""
+    typed = [int(t.get("cores", 0)) for s in sim.scenario.sites for t in s.types.values()]
+    return max(typed) if typed else sim.scenario.domain.cores_per_node
 
 
 def rest_nodes(d: Any) -> int:

@@ -31,6 +31,8 @@ class SiteSpec:
     faults: CloudFaults = field(default_factory=CloudFaults)
     api_latency: tuple[float, float] = (0.2, 2.0)
     """Seconds before a queued cloud task runs (the API's latency, in virtual time)."""
+    types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """An instance-type catalogue (``[sites.NAME.types]``); empty: one type of ``cores``."""
 
 
 @dataclass
@@ -47,6 +49,9 @@ class DomainSpec:
     """slurm, torque or htcondor (see ``batch.py``)."""
     report_identity: bool = True
     """The backend reports NodeInfo.instance_id (False: names only)."""
+    partitions: dict[str, list[str]] = field(default_factory=dict)
+    """Partition → instance types (``[domains.NAME.partitions]``)."""
+    default_partition: str = ""
 
 
 @dataclass

@@ -300,6 +300,69 @@ def reclaim() -> Scenario:
                     stresses="issue 11: reclaim and finish_drains act on the same node; a failed online")
 
 
+# ---------------------------------------------------------------------- shapes and catalogues
+
+MIXED_TYPES = {
+    "c4": {"size": "sim.c4", "cores": 4, "memory_mb": 16000, "price_per_hour": 0.17},
+    "m4": {"size": "sim.m4", "cores": 4, "memory_mb": 16000, "price_per_hour": 0.25},
+    "r16": {"size": "sim.r16", "cores": 16, "memory_mb": 512000, "features": ["bigmem"], "price_per_hour": 1.0},
+    "g8": {"size": "sim.g8", "cores": 8, "memory_mb": 61000, "gpus": 1, "features": ["gpu"], "price_per_hour": 3.06},
+}
+MIXED_PARTITIONS = {"cpu": ["c4", "m4"], "bigmem": ["r16"], "gpu": ["g8"]}
+BLOCKED = "QOSMaxJobsPerUserLimit"
+MIXED_WAVES = [(10, 3, 2, 1), (6, 1, 3, 0), (13, 2, 1, 2)]
+"""Per wave: 1-core cpu jobs, 4-core 200 GB bigmem jobs, 2-core 1-GPU jobs, 2-node x 4-core cpu
+jobs (launched as gangs), 40 min apart."""
+
+
+def mixed_jobs(sim: Simulation) -> None:
+    """Waves of cpu, bigmem and gpu jobs, a limit-blocked array and an unsatisfiable job (64 cores
+    per node: no type has them) that stay pending to the end."""
+    inner = sim.batch.inner
+    rng = sim.world.rng("mixed-workload")
+
+    def wave(cpu: int, bigmem: int, gpu: int, multi: int) -> None:
+        inner.submit(cores=1, count=cpu, duration=rng.uniform(300, 1500), queue="cpu")
+        for _ in range(multi):
+            inner.submit(cores=4, nodes=2, duration=rng.uniform(300, 1500), queue="cpu")
+        inner.submit(cores=4, memory_mb=200_000, features=("bigmem",), count=bigmem,
+                     duration=rng.uniform(300, 1500), queue="bigmem")
+        inner.submit(cores=2, gpus=1, features=("gpu",), count=gpu, duration=rng.uniform(300, 1500), queue="gpu")
+
+    def stuck() -> None:
+        inner.submit(cores=1, count=4, duration=600, queue="cpu", blocked=BLOCKED)
+        inner.submit(cores=64, count=1, duration=600, queue="cpu")
+
+    start = sim.world.start
+    sim.world.at(start + 60, stuck, "limit-blocked and unsatisfiable jobs")
+    for k, counts in enumerate(MIXED_WAVES):
+        sim.world.at(start + 120 + k * 2400, lambda c=counts: wave(*c), f"mixed wave {k + 1}")
+
+
+@scenario
+def mixed_shapes() -> Scenario:
+    return Scenario("mixed-shapes", "cpu, bigmem and gpu partitions on a typed catalogue; a limit-blocked "
+                    "array and an unsatisfiable job pending throughout",
+                    hours=2.5,
+                    domain=DomainSpec(partitions=MIXED_PARTITIONS, default_partition="cpu", max_nodes=20),
+                    sites=[SiteSpec("cloud-a", quota=20, types=MIXED_TYPES)],
+                    workload=Workload(arrivals_per_hour=0.0, burst_per_hour=0.0),
+                    setup=mixed_jobs,
+                    stresses="issue 13: the right type per partition, no node for limit-blocked or "
+                             "unsatisfiable jobs, back to zero with them pending")
+
+
+@scenario
+def mixed_shapes_faults() -> Scenario:
+    s = mixed_shapes()
+    return replace(s, name="mixed-shapes-faults",
+                   summary="mixed shapes with capacity errors, lost answers and slow boots",
+                   sites=[SiteSpec("cloud-a", quota=20, types=MIXED_TYPES,
+                                   faults=CloudFaults(capacity_error_rate=0.15, lost_answer_rate=0.05,
+                                                      slow_boot_rate=0.05))],
+                   stresses="issue 13: capacity cooldown and failover between types under faults")
+
+
 # ---------------------------------------------------------------------- our own outages
 
 

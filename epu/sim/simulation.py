@@ -23,7 +23,7 @@ from epu.services.decision.store import Store as DecisionStore
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import SimCloud
-from epu.sim.invariants import Checker, Violation
+from epu.sim.invariants import Checker, Violation, max_cores
 from epu.sim.processes import EngineProc, OperatorProc, Proc, ProvisionerProc, SensorProc, StoreFaults
 from epu.sim.scenario import ProvisionerSpec, Scenario
 from epu.sim.world import World, WorldClock
@@ -108,6 +108,7 @@ class Simulation:
         self.batch = SimBatchSystem(self.world, WorldClock(self.world), flavor=d.flavor,
                                     report_identity=d.report_identity)
         self.batch.default_cores = d.cores_per_node
+        self.batch.node_types = node_types(scenario)
         for cloud in self.clouds.values():
             cloud.on_running.append(self._vm_running)
             cloud.on_gone.append(self._vm_gone)
@@ -141,9 +142,13 @@ class Simulation:
             "domains": {d.name: {"policy": d.policy, "params": params, "min_nodes": d.min_nodes,
                                  "max_nodes": d.max_nodes, "cores_per_node": d.cores_per_node,
                                  "node_names": list(d.node_names),
-                                 "sites": [x.name for x in s.sites]}},
-            "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "price_per_hour": x.price, "cores": x.cores,
-                               "image": "sim-image", "size": f"sim.{x.cores}core"} for x in s.sites},
+                                 "sites": [x.name for x in s.sites],
+                                 **({"partitions": d.partitions} if d.partitions else {}),
+                                 **({"default_partition": d.default_partition} if d.default_partition else {})}},
+            "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "image": "sim-image",
+                               **({"types": x.types} if x.types else
+                                  {"price_per_hour": x.price, "cores": x.cores, "size": f"sim.{x.cores}core"})}
+                      for x in s.sites},
         }, source=f"scenario {s.name}", environ={})
 
     def edit_domain(self, **changes: object) -> EpuConfig:
@@ -309,7 +314,8 @@ class Simulation:
         while self.world.t < self.latest_end:
             self.world.run_until(min(self.world.t + 300.0, self.latest_end))
             inner = self.batch.inner
-            busy = inner.running > 0 or inner.queued > 0
+            cores = max_cores(self)  # a job no type could ever hold is not work left
+            busy = inner.running > 0 or any(not j.held and not j.blocked and j.cores <= cores for j in inner._queue)
             if busy:
                 work_done_at = None
             elif work_done_at is None:
@@ -346,6 +352,22 @@ class _NobodyType:
 
 
 _Nobody: Any = _NobodyType()
+
+
+def node_types(scenario: Scenario) -> dict[str, dict]:
+    """Provider size → a node's memory, GPUs, features and partitions, from the sites' catalogues
+    and the domain's partition map (what the Slurm CLOUD slots of each type would declare)."""
+    serves: dict[str, list[str]] = {}
+    for part, refs in scenario.domain.partitions.items():
+        for ref in refs:
+            serves.setdefault(ref.rpartition("/")[2], []).append(part)
+    out: dict[str, dict] = {}
+    for site in scenario.sites:
+        for name, t in site.types.items():
+            out[str(t.get("size", name))] = {
+                "memory_mb": int(t.get("memory_mb", 0)), "gpus": int(t.get("gpus", 0)),
+                "features": tuple(t.get("features", ())), "partitions": tuple(serves.get(name, ()))}
+    return out
 
 
 def quiet_loggers() -> None:

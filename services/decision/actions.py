@@ -10,16 +10,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from epu.services.decision.packing import Offer
+
 NodeOp = Literal["add", "offline", "online", "remove"]
 
 
 @dataclass(frozen=True)
 class Launch:
-    """Start one instance able to hold ``cores`` cores."""
+    """Start one instance able to hold ``cores`` cores — of one catalogue type when ``offers`` is
+    set (equal offers of that type at one or more sites: placement picks the site among them)."""
 
     cores: int
     reason: str
     kind: Literal["launch"] = "launch"
+    offers: tuple[Offer, ...] = ()
+    """Empty: the domain's single-type launch (any of its sites, the site's size)."""
+    gang: str = ""
+    """``KEY:SIZE`` when this launch is one of SIZE new instances that multi-node jobs need all
+    together (launches of one decision with the same key are one group)."""
+
+    @property
+    def instance_type(self) -> str:
+        return self.offers[0].type if self.offers else ""
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,9 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     breaker = Gauge("epu_decision_circuit_open", "1 while a domain's circuit breaker is open (implausible "
                     "snapshots: scale-down and lost-node handling frozen)", ["domain"], registry=r)
     settings.extra_health["circuit_open"] = engine.breakers
+    unsatisfiable = Gauge("epu_decision_unsatisfiable_jobs", "Pending jobs no instance type of the domain can "
+                          "ever serve (never launched for), by what rules them out", ["domain", "constraint"],
+                          registry=r)
 
     def observe() -> None:
         now = service.clock.now()
@@ -115,6 +118,13 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             demand.labels(d).set(snap.queued_count())
         for name, h in store.site_health().items():
             backoff.labels(name).set(max(0.0, h.backoff_until - now))
+        unsatisfiable.clear()  # a shape that went away leaves no stale series
+        for d, shapes in engine.unsatisfiable.items():
+            by: dict[str, int] = {}
+            for u in shapes:
+                by[u.constraint] = by.get(u.constraint, 0) + u.count
+            for constraint, n in by.items():
+                unsatisfiable.labels(d, constraint).set(n)
         open_ = engine.breakers()
         for d in engine.domains:
             breaker.labels(d).set(1 if d in open_ else 0)

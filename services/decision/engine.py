@@ -38,6 +38,7 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
+from epu.common.config.catalogue import site_types
 from epu.common.messages import (
     INSTANCE_STATE_ORDER,
     TERMINAL_INSTANCE_STATES,
@@ -52,6 +53,7 @@ from epu.common.messages import (
     PolicyOutcome,
     SensorSnapshot,
     TerminateRequest,
+    UnsatisfiableShape,
     ViewSummary,
     new_id,
 )
@@ -60,11 +62,22 @@ from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.lease import Fenced, Leases
 from epu.services.decision.lifecycle import add_started
+from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
 from epu.services.decision.policies import PolicyError, get_policy, validate_params
+from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import Store
-from epu.services.decision.view import DomainView, Instance, JobDigest, NodeIndex, build_view, refresh_parts
+from epu.services.decision.view import (
+    DomainView,
+    Instance,
+    JobDigest,
+    NodeIndex,
+    build_view,
+    dissolve_complete_gangs,
+    partition,
+    refresh_parts,
+)
 
 log = logging.getLogger("epu.decision")
 
@@ -105,6 +118,14 @@ class Engine:
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
+        self.types = {n: site_types(n, s) for n, s in config.sites.items()}
+        """Each site's instance-type catalogue, from config (docs/demand.md)."""
+        self.cooldown: dict[tuple[str, str], float] = {}
+        """(site, type) offerings out until then after a capacity error (``on_instance_event``)."""
+        self.spot_failures: dict[str, tuple[int, float]] = {}
+        """Domain → (capacity errors of spot offerings in a row, when the last one came)."""
+        self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
+        """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
         self._latest: dict[str, _Latest] = {}
         self.leases = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
@@ -263,7 +284,7 @@ class Engine:
                 return
             inst = Instance(evt.instance_id, evt.domain, evt.site, evt.node_name or node_name_for(
                 evt.domain, evt.instance_id), evt.cores or 1, "requested", evt.at, evt.at,
-                reason="adopted: announced by a provisioner")
+                reason="adopted: announced by a provisioner", instance_type=evt.instance_type)
         forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
             evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
         if evt.seq <= inst.seq and not forward:
@@ -279,7 +300,12 @@ class Engine:
         if evt.state in TERMINAL_INSTANCE_STATES:
             answered += ("add", "offline", "online")
         self.store.record_instance_event(new, answered, f"instance {evt.state}")
-        if evt.state == "failed" and not inst.terminate_sent and inst.joined_at is None and not repair:
+        if evt.state == "started" and not repair:
+            self._spot_started(inst)
+        if (evt.state == "failed" and evt.error_kind == "capacity" and inst.instance_type and not repair
+                and not inst.terminate_sent and inst.joined_at is None):
+            self._capacity_error(inst, now, evt.reason)
+        elif evt.state == "failed" and not inst.terminate_sent and inst.joined_at is None and not repair:
             # counted against the site at the next iteration (once per site per iteration);
             # the replacement is the iteration's too: the policy sees the supply gone
             self._failures.setdefault(inst.site, f"launch failed: {evt.error_kind or 'error'}: {evt.reason}"[:300])
@@ -413,7 +439,8 @@ class Engine:
                          unproven: dict[str, int]) -> PlacementInput:
         return PlacementInput(cfg.sites or list(self.site_infos), cfg.placement, self.site_infos, health,
                               live, unproven, self.settings.backoff_initial_seconds,
-                              self.settings.backoff_max_seconds, tuple(cfg.node_names))
+                              self.settings.backoff_max_seconds, tuple(cfg.node_names),
+                              {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()})
 
     def _site_context(self) -> tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]:
         """Site health and live/unproven counts over all domains (quota is per site)."""
@@ -461,6 +488,9 @@ class Engine:
         snap = latest.snapshot
         health_ = self._pipeline(domain, latest, now, before)
         after, parts = refresh_parts(before, latest.nodes, now, snap.available)
+        dissolved = dissolve_complete_gangs(after)
+        if dissolved is not None:
+            after, parts = dissolved, partition(dissolved)
         changed = [a for a, b in zip(after, before, strict=True) if a != b]
         notes_extra = self._breaker(domain, health_, after, latest, now)
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
@@ -468,8 +498,12 @@ class Engine:
                           nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
                           cleanup=self.store.cleanup(domain) if snap.available else [])
-        decision = self.decide(view, cfg)
         health, live, unproven = sites if sites is not None else self._site_context()
+        if uses_catalogue(cfg, self.config.sites):
+            view.catalogue = self.catalogue(domain, cfg, live, now)
+            if snap.available:
+                notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
+        decision = self.decide(view, cfg)
         joined = [a for a, b in zip(after, before, strict=True) if a.state == "joined" and b.state != "joined"]
         successes = {i.site: record_success(health[i.site]) for i in joined
                      if i.site in health and health[i.site].failures}
@@ -491,9 +525,73 @@ class Engine:
                 live[p.site] = live.get(p.site, 0) + 1
                 unproven[p.site] = unproven.get(p.site, 0) + 1
         if notes_extra:
-            out.notes = notes_extra + out.notes
+            out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
         return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version,
                           always=bool(notes_extra))
+
+    def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
+        """The domain's offers now: its sites' types, their rooms, minus offerings cooling down
+        (and spot ones while the domain has fallen back to on-demand)."""
+        names = [n for n in (cfg.sites or list(self.site_infos)) if n in self.site_infos]
+        types = [t for n in names for t in self.types.get(n, [])]
+        excluded = {k for k, until in self.cooldown.items() if until > now}
+        if self._spot_off(domain, now):
+            excluded |= {(t.site, t.name) for t in types if t.spot}
+        return build_catalogue(types, cfg,
+                               {n: self.site_infos[n].quota for n in names}, live, self.store.live_per_type(),
+                               frozenset(excluded))
+
+    def _offer(self, site: str, instance_type: str) -> Any:
+        return next((t for t in self.types.get(site, []) if t.name == instance_type), None)
+
+    def _capacity_error(self, inst: Instance, now: float, reason: str) -> None:
+        """A typed launch met a capacity error: that offering (site, type) is out for the cooldown —
+        the next iteration's packer places the demand on the next cheapest offer — and the site is
+        not backed off (its other types may have room). Spot errors count towards the fallback."""
+        key = (inst.site, inst.instance_type)
+        self.cooldown[key] = now + self.settings.capacity_cooldown_seconds
+        t = self._offer(*key)
+        spot = bool(t is not None and t.spot)
+        if spot:
+            n, _at = self.spot_failures.get(inst.domain, (0, 0.0))
+            self.spot_failures[inst.domain] = (n + 1, now)
+        log.warning("capacity error: offering cooling down, failing over", extra={
+            "domain": inst.domain, "site": inst.site, "type": inst.instance_type, "spot": spot,
+            "until": self.cooldown[key], "reason": reason})
+
+    def _spot_started(self, inst: Instance) -> None:
+        """A spot instance came up: spot has capacity again, the run of errors is over."""
+        t = self._offer(inst.site, inst.instance_type) if inst.instance_type else None
+        if t is not None and t.spot:
+            self.spot_failures.pop(inst.domain, None)
+
+    def _spot_off(self, domain: str, now: float) -> bool:
+        """Spot offers left out for ``domain``: too many capacity errors in a row, recently."""
+        n, at = self.spot_failures.get(domain, (0, 0.0))
+        if n < self.settings.spot_fallback_failures:
+            return False
+        if now - at >= self.settings.spot_fallback_seconds:
+            self.spot_failures.pop(domain, None)  # time to try spot again
+            return False
+        return True
+
+    def _report_unsatisfiable(self, domain: str, shapes: Any, catalogue: Catalogue) -> list[str]:
+        """Pending jobs no type can serve: logged once per shape (again only if it went away and came
+        back), kept for the metric and the decision records; notes for the shapes new this time (the
+        engine then publishes a record even without actions: the report is an event)."""
+        found = [UnsatisfiableShape(count=u.jobs, shape=describe_shape(u.shape), constraint=u.constraint,
+                                    reason=u.reason)
+                 for u in unservable(shapes, catalogue.offers, catalogue.default_partition)]
+        before = {(u.shape, u.constraint) for u in self.unsatisfiable.get(domain, [])}
+        self.unsatisfiable[domain] = found
+        notes = []
+        for u in found:
+            if (u.shape, u.constraint) not in before:
+                log.warning("unsatisfiable jobs: no instance type can serve them; never launched for",
+                            extra={"domain": domain, "jobs": u.count, "shape": u.shape, "constraint": u.constraint,
+                                   "reason": u.reason})
+                notes.append(f"unsatisfiable ({u.constraint}): {u.count} x {u.shape}: {u.reason}")
+        return notes
 
     def _take_failures(self, cfg: Any) -> dict[str, str]:
         """Launch failures since the last iteration, for the sites of this domain (once each)."""
@@ -572,9 +670,10 @@ class Engine:
             policy, version = (current[1].policy, current[0]) if current else ("", 0)
         record = DecisionRecord(
             domain=domain, iteration=iteration, policy=policy, policy_version=version,
-            saw=summarize(view) if view is not None else ViewSummary(),
+            saw=summarize(view, self.unsatisfiable.get(domain, [])) if view is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
-                                  action_id=p.action_id) for p in out.actions],
+                                  action_id=p.action_id, instance_type=p.instance_type, gang=p.gang)
+                     for p in out.actions],
             at=now, notes=notes[:50])
         self.publish(record)
         return record
@@ -594,12 +693,15 @@ class Engine:
         return len(msgs)
 
 
-def summarize(view: DomainView) -> ViewSummary:
+def summarize(view: DomainView, unsatisfiable: list[UnsatisfiableShape] | None = None) -> ViewSummary:
     return ViewSummary(
         queued_jobs=view.demand.jobs, queued_cores=view.demand.cores,
         nodes_by_state=dict(Counter(n.state for n in view.nodes.values())),
         instances_by_state=dict(Counter(i.state for i in view.instances)),
         instances_by_site=dict(Counter(i.site for i in view.instances)),
-        sensor_available=view.available)
+        sensor_available=view.available,
+        instances_by_type=dict(Counter(i.instance_type for i in view.instances)) if view.catalogue is not None
+        else {},
+        unsatisfiable=list(unsatisfiable or []))
 
 

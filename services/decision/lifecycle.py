@@ -27,10 +27,14 @@ One instance, at most one action per iteration (``_claim``). While the circuit b
 
 from __future__ import annotations
 
-from epu.services.decision.actions import Action, Decision, Launch, Node, Terminate
-from epu.services.decision.view import IN_SERVICE, DomainView, Instance, short_name
+from collections.abc import Sequence
+from dataclasses import replace
 
-WHY = {"scale-down": "drained", "stalled": "stalled", "lost": "lost", "operator": "operator's terminate"}
+from epu.services.decision.actions import Action, Decision, Launch, Node, Terminate
+from epu.services.decision.view import IN_SERVICE, DomainView, Instance, gang_size, short_name
+
+WHY = {"scale-down": "drained", "stalled": "stalled", "lost": "lost", "operator": "operator's terminate",
+       "gang": "gang released"}
 
 
 def add_started(view: DomainView) -> list[Action]:
@@ -47,6 +51,29 @@ def stalled(view: DomainView, stall_seconds: float) -> list[Instance]:
     if view.available and not view.breaker:
         out += [i for i in view.joined
                 if i.missing_since is not None and now - max(i.missing_since, healthy) >= stall_seconds]
+    return out
+
+
+def incomplete_gangs(view: DomainView, deadline: float) -> list[tuple[list[Instance], str]]:
+    """Groups launched together for multi-node jobs that will not complete: a member failed or
+    went away before all joined, or not all joined ``deadline`` seconds (of healthy pipeline) after
+    the group's launch. Complete groups were dissolved (``view.dissolve_complete_gangs``)."""
+    groups: dict[str, list[Instance]] = {}
+    for inst in view.instances:
+        if inst.gang and not inst.terminate_sent and not inst.retire:
+            groups.setdefault(inst.gang, []).append(inst)
+    out = []
+    for gang, members in sorted(groups.items()):
+        size = gang_size(gang)
+        joined = sum(1 for m in members if m.state == "joined")
+        started = min(max(m.launched_at, view.healthy_since) for m in members)
+        if len(members) < size:
+            why = f"gang {gang}: {size - len(members)} of {size} instance(s) failed or gone before all joined"
+        elif view.now - started >= deadline:
+            why = f"gang {gang}: {joined} of {size} joined {int(view.now - started)}s after launch (limit {int(deadline)}s)"
+        else:
+            continue
+        out.append((members, why))
     return out
 
 
@@ -69,9 +96,15 @@ class Cycle:
             gone = [i for i in gone if not i.batch_may_know]
         self.gone = gone
         gone_ids = {i.instance_id for i in self.gone}
+        self.released: list[tuple[Instance, str]] = []
+        """Members of groups that cannot complete: all given up, re-placed with the demand."""
+        if not view.breaker:
+            for members, why in incomplete_gangs(view, stall_seconds):
+                self.released += [(m, why) for m in members if m.instance_id not in gone_ids]
+        gone_ids |= {m.instance_id for m, _ in self.released}
         self.pending: list[Instance] = [i for i in view.pending if i.instance_id not in gone_ids]
         """Pending instances that still count as supply."""
-        self.active = len(view.active) - len(self.gone)
+        self.active = len(view.active) - len(self.gone) - len(self.released)
         """Instances counting towards [min_nodes, max_nodes] once the stalled ones are given up."""
         self.notes: list[str] = []
         self._reclaim: list[Instance] = []
@@ -79,13 +112,21 @@ class Cycle:
         self._down: list[tuple[Instance, str]] = []
 
     # ------------------------------------------------------------------ what a policy asks
-    def launch(self, wanted: int, reason: str, cores: int | None = None) -> int:
+    def launch(self, wanted: int, reason: str, cores: int | None = None, *, typed: Sequence[Launch] = (),
+               filler: Launch | None = None, reclaim: Sequence[Instance] | None = None) -> int:
         """``wanted`` more nodes: draining nodes back online first, the rest launched, all within
-        [min_nodes, max_nodes]. Returns how many are launched (not counting reclaimed ones)."""
+        [min_nodes, max_nodes]. Returns how many are launched (not counting reclaimed ones).
+
+        By shapes (``shaped``): the launches are ``typed`` in order, then ``filler`` for any more
+        (the min_nodes floor, a policy's own count), and ``reclaim`` names the drained nodes the
+        packer put pending jobs on (instead of any draining node)."""
         view = self.view
         room = view.max_nodes - self.active
-        back = []
-        if wanted > 0 and room > 0 and not view.breaker:
+        back: list[Instance] = []
+        if reclaim is not None:
+            if not view.breaker:
+                back = list(reclaim)[:max(0, min(wanted, room))]
+        elif wanted > 0 and room > 0 and not view.breaker:
             for inst in view.draining:
                 if len(back) >= min(wanted, room):
                     break
@@ -104,7 +145,8 @@ class Cycle:
         if n > allowed:
             self.notes.append(f"max_nodes={view.max_nodes}: {n} wanted, {allowed} allowed")
             n = allowed
-        self._launches = [Launch(cores or view.cores_per_node, reason) for _ in range(n)]
+        plain = filler or Launch(cores or view.cores_per_node, reason)
+        self._launches = [typed[i] if i < len(typed) else replace(plain, reason=reason) for i in range(n)]
         return n
 
     @property
@@ -153,6 +195,14 @@ class Cycle:
                 claim(inst, Node("remove", inst.instance_id, why, retire="stalled"))
             else:
                 claim(inst, Terminate(inst.instance_id, why, stalled=True, retire="stalled"))
+        # 2b. release incomplete gangs (no failure counted: capacity errors cooled their offering)
+        for inst, why in self.released:
+            if not inst.batch_may_know:
+                claim(inst, Terminate(inst.instance_id, why, retire="gang"))
+            elif inst.state == "joined":
+                claim(inst, Node("offline", inst.instance_id, why, retire="gang"))
+            else:
+                claim(inst, Node("remove", inst.instance_id, why, retire="gang"))
         # 3. reclaim
         for inst in self._reclaim:
             claim(inst, Node("online", inst.instance_id, "draining node needed again"))

@@ -330,6 +330,13 @@ def why_unservable(s: _Shape, offers: Sequence[Offer]) -> tuple[str, str] | None
     return None
 
 
+def can_serve(shape: JobShape, offer: Offer, default_partition: str = "") -> bool:
+    """Could one instance of ``offer`` hold one node of a ``shape`` job (partition, features,
+    cores, memory, GPUs)?"""
+    return all(why_unservable(s, [offer]) is None for s in _requests([shape.model_copy(update={"demand": True})],
+                                                                     default_partition))
+
+
 # ------------------------------------------------------------------------------------------ the fill
 
 
@@ -591,15 +598,7 @@ def pack(shapes: Iterable[JobShape], supply: Sequence[Bin], offers: Sequence[Off
     ``max_new``: new instances the domain may still take; ``default_partition``: the partition of
     a job that names none."""
     site_room = dict(site_room or {})
-    requests = _requests(shapes, default_partition)
-    unsatisfiable: list[Unsatisfiable] = []
-    servable: list[_Shape] = []
-    for s in requests:
-        why = why_unservable(s, offers)
-        if why is None:
-            servable.append(s)
-        else:
-            unsatisfiable.append(Unsatisfiable(s.source, s.jobs, why[0], why[1]))
+    servable, unsatisfiable = _split(_requests(shapes, default_partition), offers)
     bins = sorted(supply, key=lambda b: (b.rank, round(b.price_per_hour * MICRO), b.cores, b.memory_mb or 0, b.gpus,
                                          sorted(b.features), sorted(b.partitions or ()), b.partitions is None,
                                          b.name))
@@ -615,6 +614,24 @@ def pack(shapes: Iterable[JobShape], supply: Sequence[Bin], offers: Sequence[Off
     plan.jobs_on_supply = sum(_complete_jobs(s, placed) for s, placed in zip(best.ordered, on_supply, strict=True))
     _materialize(plan, best.ordered, best.classes, best.counts, list(best.rho), on_supply, site_room)
     return plan
+
+
+def _split(requests: list[_Shape], offers: Sequence[Offer]) -> tuple[list[_Shape], list[Unsatisfiable]]:
+    servable: list[_Shape] = []
+    unsatisfiable: list[Unsatisfiable] = []
+    for s in requests:
+        why = why_unservable(s, offers)
+        if why is None:
+            servable.append(s)
+        else:
+            unsatisfiable.append(Unsatisfiable(s.source, s.jobs, why[0], why[1]))
+    return servable, unsatisfiable
+
+
+def unservable(shapes: Iterable[JobShape], offers: Sequence[Offer], default_partition: str = "") -> list[Unsatisfiable]:
+    """The demand jobs no offer can ever serve, per merged shape, with the constraint (what ``pack``
+    reports as ``unsatisfiable``, without packing anything)."""
+    return _split(_requests(shapes, default_partition), offers)[1]
 
 
 def _solve(ordered: list[_Shape], bins: list[Bin], offers: Sequence[Offer], site_room: Mapping[str, int],
@@ -794,7 +811,7 @@ def drainable(plan: Plan, candidates: Iterable[str]) -> DrainCheck:
     for name in candidates:
         held = plan.supply_holds.get(name)
         if held is not None:
-            jobs = ", ".join(f"{x} x {_describe(plan.shapes[i])}" for i, x in held)
+            jobs = ", ".join(f"{x} x {describe_shape(plan.shapes[i])}" for i, x in held)
             keep[name] = f"pending jobs would run there: {jobs}"
         elif name in plan.unused_supply:
             drain.append(name)
@@ -803,7 +820,7 @@ def drainable(plan: Plan, candidates: Iterable[str]) -> DrainCheck:
     return DrainCheck(drain, keep)
 
 
-def _describe(s: JobShape) -> str:
+def describe_shape(s: JobShape) -> str:
     parts = [f"{s.nodes}x{s.cores}c" if s.nodes > 1 else f"{s.cores}c"]
     if s.memory_mb:
         parts.append(f"{s.memory_mb}MB")

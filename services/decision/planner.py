@@ -36,6 +36,9 @@ class Planned:
     site: str
     reason: str
     message: Message
+    instance_type: str = ""
+    """For launches: the catalogue type ("" = the site's single type)."""
+    gang: str = ""
 
 
 @dataclass
@@ -59,6 +62,8 @@ class PlacementInput:
     backoff_max: float = 1800.0
     node_names: tuple[str, ...] = ()
     """The domain's pool of worker names (empty: generated names)."""
+    type_nodes: dict[str, tuple[tuple[str, ...], str | None]] = field(default_factory=dict)
+    """Instance type → (its pool of worker names, a name pattern) (``type_nodes`` of the domain)."""
 
 
 def node_name_for(domain: str, launch_id: str) -> str:
@@ -153,33 +158,109 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if len(launches) > room:
             out.notes.append(f"max_nodes={view.max_nodes}: {len(launches) - room} launch(es) dropped")
             launches = launches[:room]
+        typed = [a for a in launches if a.offers]
+        launches = [a for a in launches if not a.offers]
+        # a name is free once its instance is over AND its node has left the batch system
+        # (a slot still draining or powering down would be taken for the new worker's node)
+        used = ({i.node_name for i in view.instances if i.state not in ("terminated", "failed")}
+                | {i.node_name for i in view.cleanup} | {short_name(n) for n in view.nodes} | set(view.nodes)) \
+            if placement.node_names or placement.type_nodes else set()
         names: list[str | None] = [None] * len(launches)
-        if placement.node_names:
-            # a name is free once its instance is over AND its node has left the batch system
-            # (a slot still draining or powering down would be taken for the new worker's node)
-            used = ({i.node_name for i in view.instances if i.state not in ("terminated", "failed")}
-                    | {i.node_name for i in view.cleanup} | {short_name(n) for n in view.nodes} | set(view.nodes))
+        if placement.node_names and launches:
             free = [n for n in placement.node_names if n not in used]
             if len(launches) > len(free):
                 out.notes.append(f"node_names: {len(launches) - len(free)} launch(es) wait for a free name")
                 launches = launches[:len(free)]
             names = list(free[:len(launches)])
+            used |= set(names)  # type: ignore[arg-type]
         placed = place(len(launches), placement.order, placement.strategy, placement.infos,
                        {**placement.health, **out.sites}, placement.live, placement.unproven, now)
         out.notes += placed.why if placed.unplaced else []
         for launch, site, name in zip(launches, placed.sites, names, strict=False):
             out.actions.append(launch_action(view.domain, site, launch.cores, launch.reason, now,
                                              placement, out, make_id, name=name))
+        if typed:
+            _plan_typed(view, typed, placement, out, used, make_id)
     return out
 
 
+def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementInput, out: Plan,
+                used: set[str], make_id: Callable[[], str]) -> None:
+    """Launches of catalogue types: per group of equal offers, the domain's placement picks the
+    sites among the offers' (``offers.place_line``: quotas of the site and of the type, backoff,
+    probation); names come from the type's pool or pattern (``type_nodes``), else the domain's."""
+    from epu.services.decision.offers import place_line  # offers imports the planner's neighbours
+    from epu.services.decision.packing import LaunchLine
+
+    groups: dict[tuple, list[Launch]] = {}
+    for a in launches:
+        groups.setdefault(a.offers, []).append(a)
+    live = dict(placement.live)
+    unproven = dict(placement.unproven)
+    health = {**placement.health, **out.sites}
+    gangs: dict[str, str] = {}  # the policy's group key -> a fresh id (with the size)
+    for offers, group in groups.items():
+        kind = offers[0].type
+        pool, pattern = placement.type_nodes.get(kind, ((), None))
+        if not pool and not pattern:
+            pool = placement.node_names
+        names: list[str | None] = [None] * len(group)
+        if pool:
+            free = [n for n in pool if n not in used]
+            if len(group) > len(free):
+                out.notes.append(f"names for {kind}: {len(group) - len(free)} launch(es) wait for a free name")
+                group = group[:len(free)]
+            names = list(free[:len(group)])
+            used.update(free[:len(group)])
+        line = LaunchLine(offers, len(group), ())
+        picks, placed = place_line(line, placement.strategy, placement.infos, health, live, unproven, view.now)
+        if placed.unplaced:
+            out.notes += [f"{kind}: {w}" for w in placed.why]
+        for launch, (site, typ), name in zip(group, picks, names, strict=False):
+            offer = next(o for o in offers if o.site == site and o.type == typ)
+            launch_id = make_id()
+            if name is None and pattern:
+                name = pattern.format(domain=view.domain, type=typ, id=launch_id[:8])
+            gang = ""
+            if launch.gang:
+                key, _, size = launch.gang.rpartition(":")
+                gang = gangs.setdefault(key, f"{make_id()[:12]}:{size}")
+            out.actions.append(launch_action(view.domain, site, offer.cores, launch.reason, view.now, placement,
+                                             out, lambda launch_id=launch_id: launch_id, name=name,
+                                             instance_type=typ, gang=gang))
+            live[site] = live.get(site, 0) + 1
+            unproven[site] = unproven.get(site, 0) + 1
+    if gangs:
+        _resize_gangs(out)
+
+
+def _resize_gangs(out: Plan) -> None:
+    """A group some of whose launches were not placed (quotas, probation, names) is the group of
+    those launched: otherwise the next iteration would release it as incomplete, and again."""
+    launched: dict[str, int] = {}
+    for p in out.actions:
+        if p.gang:
+            launched[p.gang] = launched.get(p.gang, 0) + 1
+    for k, p in enumerate(out.actions):
+        if not p.gang or launched[p.gang] == int(p.gang.rpartition(":")[2]):
+            continue
+        n = launched[p.gang]
+        gang = f"{p.gang.rpartition(':')[0]}:{n}" if n > 1 else ""
+        out.actions[k] = replace(p, gang=gang)
+        out.instances[p.instance_id] = replace(out.instances[p.instance_id], gang=gang)
+
+
 def launch_action(domain: str, site: str, cores: int, reason: str, now: float, placement: PlacementInput,
-                  out: Plan, make_id: Callable[[], str] = new_id, *, name: str | None = None) -> Planned:
+                  out: Plan, make_id: Callable[[], str] = new_id, *, name: str | None = None,
+                  instance_type: str = "", gang: str = "") -> Planned:
+    """One launch, stored as a ``requested`` instance with the action. A catalogue type's cores
+    are the type's; the single-type launch keeps the site's ``cores`` when larger (as always)."""
     launch_id = make_id()
     name = name or node_name_for(domain, launch_id)
     info = placement.infos.get(site)
-    site_cores = max(cores, info.cores if info else cores)
-    msg = LaunchRequest(launch_id=launch_id, domain=domain, site=site, node_name=name, cores=site_cores)
+    site_cores = cores if instance_type else max(cores, info.cores if info else cores)
+    msg = LaunchRequest(launch_id=launch_id, domain=domain, site=site, node_name=name, cores=site_cores,
+                        instance_type=instance_type)
     out.instances[launch_id] = Instance(launch_id, domain, site, name, site_cores, "requested", now, now,
-                                        reason=reason)
-    return Planned(launch_id, "launch", launch_id, site, reason, msg)
+                                        reason=reason, instance_type=instance_type, gang=gang)
+    return Planned(launch_id, "launch", launch_id, site, reason, msg, instance_type, gang)

@@ -121,6 +121,8 @@ class DomainStatus:
             "engine": None if e is None else {
                 "status_at": e.at, "policy": e.policy, "version": e.policy_version, "paused": e.paused,
                 "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker},
+            "instances_by_type": {} if d is None else d.saw.instances_by_type,
+            "unsatisfiable": [] if d is None else [u.model_dump() for u in d.saw.unsatisfiable],
             "last_decision": None if d is None else {
                 "at": d.at, "iteration": d.iteration, "policy": d.policy, "version": d.policy_version,
                 "actions": [a.model_dump() for a in d.actions], "notes": d.notes},
@@ -202,6 +204,12 @@ def render(board: Board) -> Any:
         if len(st.instances) > MAX_ROWS:
             t.add_row("", f"[dim]... {len(st.instances) - MAX_ROWS} more (--json lists them all)[/]")
         d = st.last_decision
+        if d is not None and d.saw.instances_by_type:
+            t.add_row("by type", ", ".join(f"{k or '(site default)'}={v}"
+                                          for k, v in sorted(d.saw.instances_by_type.items())))
+        if d is not None and d.saw.unsatisfiable:
+            t.add_row("[red]unsatisfiable[/]", "; ".join(f"{u.count} x {u.shape} ({u.constraint})"
+                                                       for u in d.saw.unsatisfiable[:5]))
         if d is not None:
             acts = Counter(a.kind for a in d.actions)
             t.add_row("last decision", f"#{d.iteration} {d.policy} v{d.policy_version} "

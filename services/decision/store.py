@@ -102,6 +102,8 @@ instances = Table(
     Column("missing_since", Float),
     Column("seen_at", Float),
     Column("retire", String(16), default=""),
+    Column("instance_type", String(64), default=""),
+    Column("gang", String(64), default=""),
 )
 actions = Table(
     "decision_actions", metadata,
@@ -161,7 +163,9 @@ def _instance(row: Any) -> Instance:
 
 def _fix(inst: Instance) -> Instance:
     """Rows written before a column existed read it as NULL."""
-    return inst if inst.retire is not None else replace(inst, retire="")
+    if inst.retire is None or inst.instance_type is None or inst.gang is None:
+        return replace(inst, retire=inst.retire or "", instance_type=inst.instance_type or "", gang=inst.gang or "")
+    return inst
 
 
 def _upsert(conn: Connection, table: Table, key: dict[str, Any], values: dict[str, Any]) -> None:
@@ -537,6 +541,14 @@ class Store:
             if inst.state in ("requested", "pending", "started"):
                 unproven[inst.site] = unproven.get(inst.site, 0) + 1
         return live, unproven
+
+    def live_per_type(self) -> dict[tuple[str, str], int]:
+        """Live instances per (site, instance type), over every domain (what a type quota counts)."""
+        out: dict[tuple[str, str], int] = {}
+        for inst in self._live().values():
+            key = (inst.site, inst.instance_type)
+            out[key] = out.get(key, 0) + 1
+        return out
 
     # ------------------------------------------------------------------ sites
     def site_health(self) -> dict[str, SiteHealth]:

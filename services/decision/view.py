@@ -54,6 +54,10 @@ class Instance:
     """Why it is being taken out ("" = it is not): scale-down, stalled, lost, operator. Set with
     the first step of the way out (offline, remove, or terminate for a node never in the batch
     system); the way out is always offline → empty → remove confirmed → terminate."""
+    instance_type: str = ""
+    """The catalogue type it was launched as ("" = the site's single type)."""
+    gang: str = ""
+    """``ID:SIZE``: one of SIZE instances launched as a group for multi-node jobs ("" = none)."""
 
     @property
     def pending(self) -> bool:
@@ -168,6 +172,9 @@ class DomainView:
     removed: their node is removed so a pool name is reused."""
     snapshot_at: float = 0.0
     """When the snapshot behind this view was taken (a command sent after it is not visible yet)."""
+    catalogue: Any = None
+    """The domain's instance-type offers (a ``shaped.Catalogue``) when it decides by shapes;
+    ``None``: single-type sites, the cores-only counter (``demand``) as before."""
 
     # ---- derived sets, used by every policy (computed once per view: 10,000 instances add up)
     def node_of(self, inst: Instance) -> NodeInfo | None:
@@ -298,6 +305,30 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIn
             pending.append(inst)
             active.append(inst)
     return out, (active, pending, joined, draining)
+
+
+def dissolve_complete_gangs(instances: list[Instance]) -> list[Instance] | None:
+    """A gang whose members have all joined has done its job: its members become ordinary
+    instances (a later scale-down of one must not look like an incomplete group). Returns the new
+    list, or ``None`` when no gang completed (the common case: nothing to store)."""
+    groups: dict[str, list[int]] = {}
+    for k, inst in enumerate(instances):
+        if inst.gang and not inst.terminate_sent:
+            groups.setdefault(inst.gang, []).append(k)
+    done = [ks for gang, ks in groups.items()
+            if sum(1 for k in ks if instances[k].state == "joined") >= gang_size(gang)]
+    if not done:
+        return None
+    out = list(instances)
+    for ks in done:
+        for k in ks:
+            out[k] = replace(out[k], gang="")
+    return out
+
+
+def gang_size(gang: str) -> int:
+    size = gang.rpartition(":")[2]
+    return int(size) if size.isdigit() else 0
 
 
 def build_view(domain: str, snapshot: SensorSnapshot | None, digest: JobDigest | None,

@@ -194,10 +194,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps(docs, indent=2))
         return 0
     now = time.time()
-    header = ("INSTANCE", "DOMAIN", "SITE", "STATE", "BATCH", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
+    header = ("INSTANCE", "DOMAIN", "SITE", "TYPE", "STATE", "BATCH", "NODE", "IP", "CLOUD_ID", "AGE", "REASON")
     rows = [header] + [
-        (d["instance_id"], d["domain"], d["site"], d["state"], "-" if args.no_engine else _batch(d, engine),
-         d["node_name"], d["ip"] or "-", d["cloud_id"] or "-", _age(now - d["created_at"]), d["reason"][:60])
+        (d["instance_id"], d["domain"], d["site"], d.get("instance_type") or "-", d["state"],
+         "-" if args.no_engine else _batch(d, engine), d["node_name"], d["ip"] or "-", d["cloud_id"] or "-",
+         _age(now - d["created_at"]), d["reason"][:60])
         for d in docs]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     for row in rows:

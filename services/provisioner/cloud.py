@@ -73,6 +73,10 @@ class LaunchSpec:
     domain: str
     userdata: str = ""
     tags: dict[str, str] = field(default_factory=dict)
+    size: str = ""
+    """The provider size id of the launch's instance type ("": the site's ``size``)."""
+    image: str = ""
+    """The image of the launch's instance type ("": the site's ``image``)."""
 
 
 class Site(Protocol):
@@ -249,7 +253,11 @@ class LibcloudSite:
     def create_kwargs(self, spec: LaunchSpec) -> dict[str, Any]:
         p = self._create_params
         tags = self.tags_for(spec)
-        kw: dict[str, Any] = {"name": spec.node_name, "size": self._size, "image": self._image}
+        size = self._size if spec.size in ("", self.config.size) else NodeSize(
+            id=spec.size, name=spec.size, ram=0, disk=0, bandwidth=None, price=None, driver=self.driver)
+        image = self._image if spec.image in ("", self.config.image) else NodeImage(
+            id=spec.image, name=spec.image, driver=self.driver)
+        kw: dict[str, Any] = {"name": spec.node_name, "size": size, "image": image}
         if self._location is not None:
             kw["location"] = self._location
         if "ex_clienttoken" in p:

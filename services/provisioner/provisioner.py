@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
+from epu.common.config.catalogue import launch_type
 from epu.common.messages import InstanceEvent, LaunchRequest, ProvisionerAlert, TerminateRequest
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
@@ -175,10 +176,20 @@ class Provisioner:
                 self._advance(rec.instance_id, "failed", reason=f"unknown site {req.site!r}",
                               error_kind="permanent")
                 return rec
-            quota = self.sites[req.site].config.quota
+            config = self.sites[req.site].config
+            try:
+                kind = launch_type(req.site, config, req.instance_type)
+            except ValueError as exc:
+                self._advance(rec.instance_id, "failed", reason=str(exc), error_kind="permanent")
+                return rec
+            quota = config.quota
             if self.store.active_count(req.site) > quota:  # this launch is already counted
                 self._advance(rec.instance_id, "failed", error_kind="capacity",
                               reason=f"site quota reached: {req.site} allows {quota} instances")
+                return rec
+            if kind.quota is not None and self.store.active_count(req.site, kind.name) > kind.quota:
+                self._advance(rec.instance_id, "failed", error_kind="capacity",
+                              reason=f"type quota reached: {req.site} allows {kind.quota} {kind.name} instances")
                 return rec
             self._schedule_launch(rec.instance_id, req.site)
             return rec
@@ -295,7 +306,8 @@ class Provisioner:
             return ""
         values: dict[str, object] = dict(attributes)
         values.update(instance_id=rec.instance_id, launch_id=rec.instance_id, node_name=rec.node_name,
-                      domain=rec.domain, site=rec.site, deployment=self.identity.deployment, cores=rec.cores)
+                      domain=rec.domain, site=rec.site, deployment=self.identity.deployment, cores=rec.cores,
+                      instance_type=rec.instance_type)
         return renderer.render(values)
 
     def _do_launch(self, instance_id: str, site_name: str) -> None:
@@ -315,8 +327,9 @@ class Provisioner:
                     self._land(instance_id, site_name, found, "adopted after an interrupted launch")
                     return
             userdata = self._userdata(rec, launch.attributes)
+            kind = launch_type(site_name, site.config, rec.instance_type)
             spec = LaunchSpec(launch_id=instance_id, node_name=rec.node_name, domain=rec.domain,
-                              userdata=userdata)
+                              userdata=userdata, size=kind.size, image=kind.image)
             idempotent = getattr(site, "idempotent_create", True)
 
             def create() -> CloudNode:

@@ -94,6 +94,7 @@ instances = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("presumed_gone_at", Float),
+    Column("instance_type", String(64)),
 )
 
 transitions = Table(
@@ -137,7 +138,7 @@ sightings = Table(
 )
 
 #: Columns added after the first release: ``Store`` adds them to an older database (all nullable).
-LATER_COLUMNS = {"prov_instances": ("presumed_gone_at",), "prov_transitions": ("presumed_gone",)}
+LATER_COLUMNS = {"prov_instances": ("presumed_gone_at", "instance_type"), "prov_transitions": ("presumed_gone",)}
 
 
 # Prebuilt statements for the launch path: building a statement per call costs more Python
@@ -180,6 +181,9 @@ class InstanceRecord:
     presumed_gone_at: float | None = None
     """Set while the cloud has stopped listing the node (see ``reconcile``): a presumption,
     never a reason to destroy or close the record."""
+    instance_type: str = ""
+    """The catalogue type it was launched as ("" = the site's single type; NULL in rows written
+    before the column existed)."""
 
     @property
     def terminal(self) -> bool:
@@ -217,7 +221,7 @@ class Transition:
             instance_id=r.instance_id, domain=r.domain, site=r.site or "unknown", state=r.state,  # type: ignore[arg-type]
             previous=self.previous, seq=r.seq, node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id,  # type: ignore[arg-type]
             cores=r.cores, reason=r.reason, error_kind=r.error_kind, at=self.at,  # type: ignore[arg-type]
-            presumed_gone=r.presumed_gone,
+            presumed_gone=r.presumed_gone, instance_type=r.instance_type,
         )
 
 
@@ -269,7 +273,9 @@ def new_identity_value() -> str:
 
 def _instance(row: Any) -> InstanceRecord:
     m = row._mapping
-    return InstanceRecord(**{k: m[k] for k in InstanceRecord.__dataclass_fields__})
+    rec = {k: m[k] for k in InstanceRecord.__dataclass_fields__}
+    rec["instance_type"] = rec["instance_type"] or ""
+    return InstanceRecord(**rec)
 
 
 def _launch(row: Any) -> LaunchRecord:
@@ -337,7 +343,7 @@ class Store:
                 conn.execute(_INS_INSTANCE, dict(
                     instance_id=req.launch_id, domain=req.domain, site=req.site, node_name=req.node_name,
                     cores=req.cores, state="requested", seq=1, cloud_id=None, ip=None, reason="",
-                    error_kind=None, created_at=now, updated_at=now))
+                    error_kind=None, created_at=now, updated_at=now, instance_type=req.instance_type))
                 tid = conn.execute(_INS_TRANSITION, dict(
                     instance_id=req.launch_id, seq=1, from_state=None, to_state="requested", at=now,
                     reason="launch requested", error_kind=None, published=False)).inserted_primary_key[0]
@@ -348,7 +354,7 @@ class Store:
             return existing, None
         rec = InstanceRecord(instance_id=req.launch_id, domain=req.domain, site=req.site, node_name=req.node_name,
                              cores=req.cores, state="requested", seq=1, cloud_id=None, ip=None, reason="",
-                             error_kind=None, created_at=now, updated_at=now)
+                             error_kind=None, created_at=now, updated_at=now, instance_type=req.instance_type)
         return rec, Transition(tid, rec, None, now)
 
     @staticmethod
@@ -686,10 +692,14 @@ class Store:
                 out.append(Transition(m["id"], rec, m["from_state"], m["at"]))
         return out
 
-    def active_count(self, site: str) -> int:
-        """Instances at ``site`` that are not terminal (what a site quota counts)."""
+    def active_count(self, site: str, instance_type: str | None = None) -> int:
+        """Instances at ``site`` that are not terminal (what a site quota counts); of one catalogue
+        type only when ``instance_type`` is given (what a type quota counts)."""
         with self._read() as conn:
-            return int(conn.execute(_COUNT_ACTIVE, {"site": site}).scalar_one())
+            if instance_type is None:
+                return int(conn.execute(_COUNT_ACTIVE, {"site": site}).scalar_one())
+            q = _COUNT_ACTIVE.where(func.coalesce(instances.c.instance_type, "") == instance_type)
+            return int(conn.execute(q, {"site": site}).scalar_one())
 
     def counts(self) -> dict[str, int]:
         with self._read() as conn:

@@ -51,6 +51,12 @@ class SimNode:
     state_since: float = 0.0
     last_state: str = "free"
     instance_id: str | None = None
+    memory_mb: int = 0
+    """0 = unknown (not checked), as for a real node."""
+    gpus: int = 0
+    features: frozenset[str] = frozenset()
+    partitions: frozenset[str] = frozenset()
+    """Partitions it serves (empty: every one)."""
 
     @property
     def used(self) -> int:
@@ -87,6 +93,13 @@ class SimJob:
     time_limit: float = 0.0
     """Requested wall time, seconds (0 = none): reported in shapes and as the running job's
     expected end (``NodeInfo.job_ends``); the job still runs ``duration``."""
+    memory_mb: int = 0
+    """Per node (0 = not requested)."""
+    gpus: int = 0
+    """Per node."""
+    features: frozenset[str] = frozenset()
+    blocked: str = ""
+    """A limit no node can lift (``QOSMaxJobsPerUserLimit``...): never started, not demand."""
 
 
 class SimulatedBatch:
@@ -123,7 +136,8 @@ class SimulatedBatch:
     # ------------------------------------------------------------------ demo-facing API
     def submit(self, cores: int = 1, nodes: int = 1, duration: float = 60.0, count: int = 1,
                queue: str | None = None, hold: bool = False, time_limit: float = 0.0,
-               job_id: str | None = None) -> list[str]:
+               job_id: str | None = None, memory_mb: int = 0, gpus: int = 0, features: tuple[str, ...] = (),
+               blocked: str = "") -> list[str]:
         """Queue ``count`` jobs, each needing ``nodes`` nodes with ``cores`` free cores for
         ``duration`` seconds of clock time. ``count`` > 1 makes an array (ids ``N[i]``).
         ``job_id`` names a single job (a trace's job number); ``time_limit`` is its requested
@@ -139,7 +153,8 @@ class SimulatedBatch:
                 self._queue.append(SimJob(name, cores, nodes, duration, self._now,
                                           queue or self.queue_name, held=hold,
                                           array_id=str(base) if count > 1 else None,
-                                          time_limit=max(0.0, time_limit)))
+                                          time_limit=max(0.0, time_limit), memory_mb=memory_mb, gpus=gpus,
+                                          features=frozenset(features), blocked=blocked))
                 ids.append(name)
             self.submitted += count
             self._schedule()
@@ -168,7 +183,7 @@ class SimulatedBatch:
     def queued(self) -> int:
         with self._lock:
             self._advance()
-            return sum(1 for j in self._queue if not j.held)
+            return sum(1 for j in self._queue if not j.held and not j.blocked)
 
     def node_names(self) -> list[str]:
         with self._lock:
@@ -187,6 +202,16 @@ class SimulatedBatch:
             self._requeue_jobs_of(node, "node failed")
             node.down = True
             self._touch(node)
+
+    def set_resources(self, name: str, *, memory_mb: int = 0, gpus: int = 0, features: tuple[str, ...] = (),
+                      partitions: tuple[str, ...] = ()) -> None:
+        """What a node offers beyond cores (a Slurm CLOUD slot's RealMemory, Gres, Features, partitions)."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is not None:
+                node.memory_mb, node.gpus = memory_mb, gpus
+                node.features, node.partitions = frozenset(features), frozenset(partitions)
+                self._schedule()
 
     def add_node(self, name: str, cores: int, *, instance_id: str | None = None, up: bool = True) -> bool:
         """Create a node (``up=False``: known to the batch system, its daemon not registered
@@ -249,9 +274,13 @@ class SimulatedBatch:
                 jobs.append(self._queued(first[key], f"{key[0]}[]", n))
             nodes = [NodeInfo(name=n.name, state=n.state(), cores=n.cores, cores_used=n.used,  # type: ignore[arg-type]
                               jobs=sorted(n.jobs), state_since=n.state_since, native_state=n.state(),
-                              instance_id=n.instance_id, job_ends=self._job_ends(n))
+                              instance_id=n.instance_id, job_ends=self._job_ends(n), memory_mb=n.memory_mb,
+                              memory_used_mb=self._used(n, "memory_mb"), gpus=n.gpus,
+                              gpus_used=self._used(n, "gpus"), features=sorted(n.features),
+                              partitions=sorted(n.partitions))
                      for n in sorted(self._nodes.values(), key=lambda n: n.name)]
-            shapes = self._shapes() if any(j.time_limit for j in self._queue) else []
+            shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
+                                           for j in self._queue) else []
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
 
@@ -269,7 +298,8 @@ class SimulatedBatch:
         sensor core groups ``jobs`` as before)."""
         groups: dict[tuple, list] = {}
         for job in self._queue:
-            key = (job.nodes, job.cores, job.queue, int(job.time_limit), not job.held)
+            key = (job.nodes, job.cores, job.queue, int(job.time_limit), not job.held and not job.blocked,
+                   job.memory_mb, job.gpus, tuple(sorted(job.features)), job.blocked)
             g = groups.get(key)
             wait = max(0.0, self._now - job.submit_time)
             if g is None:
@@ -278,7 +308,8 @@ class SimulatedBatch:
                 g[0] += 1
                 g[1] = max(g[1], wait)
         return [JobShape(count=c, nodes=k[0], cores=k[1], partition=k[2], time_limit_s=k[3], demand=k[4],
-                         reason="" if k[4] else "held", max_wait_s=w)
+                         reason="" if k[4] else (k[8] or "held"), max_wait_s=w, memory_mb=k[5], gpus=k[6],
+                         features=list(k[7]))
                 for k, (c, w) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
 
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
@@ -387,9 +418,23 @@ class SimulatedBatch:
             self._queue.insert(0, job)
         self._touch(node)
 
+    def _used(self, node: SimNode, what: str) -> int:
+        return sum(getattr(self._running[j], what) for j in node.jobs if j in self._running)
+
+    def _serves(self, job: SimJob, name: str) -> bool:
+        """Partition, features, memory and GPUs (cores are the caller's)."""
+        node = self._nodes[name]
+        if node.partitions and job.queue not in node.partitions:
+            return False
+        if not job.features <= node.features:
+            return False
+        if job.memory_mb and node.memory_mb and node.memory_mb - self._used(node, "memory_mb") < job.memory_mb:
+            return False
+        return not job.gpus or node.gpus - self._used(node, "gpus") >= job.gpus
+
     def _fit(self, job: SimJob, free: dict[str, int]) -> list[str] | None:
         """Nodes for ``job`` given free cores per usable node, fullest first (packing)."""
-        candidates = sorted((c, name) for name, c in free.items() if c >= job.cores)
+        candidates = sorted((c, name) for name, c in free.items() if c >= job.cores and self._serves(job, name))
         if len(candidates) < job.nodes:
             return None
         return [name for _, name in candidates[: job.nodes]]
@@ -412,7 +457,7 @@ class SimulatedBatch:
         shadow: float | None = None
         remaining: list[SimJob] = []
         for job in self._queue:
-            if job.held:
+            if job.held or job.blocked:
                 remaining.append(job)
                 continue
             placement = self._fit(job, free)

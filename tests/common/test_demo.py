@@ -54,3 +54,15 @@ def test_one_job_runs_end_with_an_empty_context() -> None:
         assert not summary["timed_out"], summary
         assert summary["final_instances"] == 0 and summary["context_members_final"] == 0, summary
         assert summary["context_joins"] >= 1
+
+
+def test_the_mixed_workload_launches_a_type_per_partition_and_nothing_for_stuck_jobs() -> None:
+    s = DemoSettings(jobs=12, job_seconds=2.0, boot_seconds=0.5, idle_seconds=0.5, stall_seconds=20, timeout=120,
+                     seed=1, workload="mixed", with_ctxbroker=False)
+    summary = run_demo(s, live_display=False, out=None)
+    assert not summary["timed_out"], summary
+    # 10 x 1c cpu -> 3 c4; 1 x 200 GB bigmem -> 1 r16; 1 GPU job -> 1 g8; nothing for the 2 limit-blocked
+    # jobs (a 4th c4) or the 64-core one
+    assert summary["instances_by_type"] == {"c4": 3, "g8": 1, "r16": 1}, summary
+    assert summary["jobs_completed"] == summary["jobs_submitted"] - summary["jobs_stuck"] == 12
+    assert summary["final_instances"] == 0 and summary["unsatisfiable"] == ["1 x 64c @cpu (cores)"]

@@ -143,3 +143,42 @@ def test_upgrading_removes_the_old_snapshot_binding_of_the_input_queue(broker) -
     wait_for(lambda: queue_depth(broker, topo.n(topo.decision_snapshot_spec("d").name)) == 1, 10,
              message="the snapshot in its latest-value queue")
     assert queue_depth(broker, topo.n(DECISION_INPUT_QUEUE)) == 0, "the old binding is gone"
+
+
+def test_the_unsatisfiable_jobs_gauge(broker, tmp_path) -> None:
+    """``epu_decision_unsatisfiable_jobs{domain,constraint}``: the jobs no type of a catalogue
+    domain can serve, by what rules them out; the series goes when the jobs do."""
+    import urllib.request
+
+    from epu.common.messages import JobShape, SensorSnapshot
+
+    cfg = parse_config({
+        "broker": {"url": broker.url, "prefix": broker.topology.prefix},
+        "decision": {"store_url": f"sqlite:///{tmp_path / 'decision.db'}", "iteration_seconds": 0.2,
+                     "active_window_seconds": 30.0, "metrics_port": 0},
+        "domains": {"d": {"max_nodes": 20, "sites": ["s1"]}},
+        "sites": {"s1": {"driver": "epu-sim", "quota": 50, "types": {"c4": {"cores": 4, "memory_mb": 8000}}}},
+    }, environ={})
+    service = build_service(cfg)
+    t = run_in_thread(service)
+    pub = Publisher(broker, "sensor")
+
+    def metrics() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{service._health_server.port}/metrics",
+                                      timeout=5).read().decode()
+
+    def publish(*shapes: JobShape) -> None:
+        pub.publish(SensorSnapshot(domain="d", backend="test", taken_at=time.time(), shapes=list(shapes)))
+
+    try:
+        assert service.wait_ready(15)
+        publish(JobShape(count=3, cores=64), JobShape(count=2, memory_mb=100_000))
+        wait_for(lambda: 'epu_decision_unsatisfiable_jobs{constraint="cores",domain="d"} 3.0' in metrics(), 30,
+                 message="unsatisfiable gauge")
+        assert 'epu_decision_unsatisfiable_jobs{constraint="memory",domain="d"} 2.0' in metrics()
+        publish(JobShape(count=1))
+        wait_for(lambda: "epu_decision_unsatisfiable_jobs{" not in metrics(), 30, message="the series gone")
+    finally:
+        service.stop()
+        t.join(15)
+        pub.close()

@@ -25,8 +25,9 @@ def write_config(tmp_path, store_url: str, broker: Broker | None = None) -> str:
 
 def seed(url: str) -> None:
     store = Store(url)
-    for i, domain in ((1, "alpha"), (2, "beta")):
-        store.record_launch(LaunchRequest(launch_id=f"i{i}", domain=domain, site="sim", node_name=f"w{i}"), 100.0)
+    for i, domain, kind in ((1, "alpha", "r5-4xlarge"), (2, "beta", "")):
+        store.record_launch(LaunchRequest(launch_id=f"i{i}", domain=domain, site="sim", node_name=f"w{i}",
+                                          instance_type=kind), 100.0)
     store.advance("i1", "started", 101.0, cloud_id="c-1", ip="10.0.0.1", reason="node running")
     store.close()
 
@@ -36,11 +37,12 @@ def test_list_table_and_json(tmp_path, sqlite_url, capsys) -> None:
     cfg = write_config(tmp_path, sqlite_url)
     assert main(["instances", "list", "-c", cfg]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:4] == ["INSTANCE", "DOMAIN", "SITE", "STATE"]
-    assert "10.0.0.1" in out[1] and "started" in out[1]
+    assert out[0].split()[:5] == ["INSTANCE", "DOMAIN", "SITE", "TYPE", "STATE"]
+    assert "10.0.0.1" in out[1] and "started" in out[1] and out[1].split()[3] == "r5-4xlarge"
+    assert out[2].split()[3] == "-"  # the site's single type
     assert main(["instances", "list", "-c", cfg, "--domain", "beta", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [(d["instance_id"], d["state"]) for d in doc] == [("i2", "requested")]
+    assert [(d["instance_id"], d["state"], d["instance_type"]) for d in doc] == [("i2", "requested", "")]
 
 
 def test_list_merges_the_engines_view_joined_and_in_batch(sqlite_url) -> None:

@@ -6,6 +6,7 @@ drain lets their jobs finish: nothing running is killed)."""
 from __future__ import annotations
 
 from epu.services.decision import lifecycle as lc
+from epu.services.decision import shaped
 from epu.services.decision.actions import Decision
 from epu.services.decision.policies.base import Params, Policy
 from epu.services.decision.view import DomainView
@@ -21,7 +22,10 @@ def decide(view: DomainView, params: FixedParams, now: float) -> Decision:  # ty
     target = min(max(params.nodes, view.min_nodes), view.max_nodes)
     active = cycle.active
     notes = [f"target {target} (nodes={params.nodes} within [{view.min_nodes}, {view.max_nodes}]), active {active}"]
-    cycle.launch(target - active, f"fixed size {target}")
+    filler = None
+    if view.catalogue is not None:  # the cheapest type that fits the pending jobs
+        filler = shaped.of_cycle(cycle).filler
+    cycle.launch(target - active, f"fixed size {target}", filler=filler)
     if active > target:
         idle = view.idle(0)
         idle_ids = {i.instance_id for i in idle}

@@ -11,6 +11,7 @@ Samples are policy memory, stored by the engine.
 from __future__ import annotations
 
 from epu.services.decision import lifecycle as lc
+from epu.services.decision import shaped
 from epu.services.decision.actions import Decision
 from epu.services.decision.policies.base import Params, Policy
 from epu.services.decision.view import DomainView
@@ -46,17 +47,21 @@ def decide(view: DomainView, params: LoadParams, now: float) -> Decision:  # typ
         samples.append((now, util))
     avg = sum(u for _, u in samples) / len(samples) if samples else None
     want = 0
+    sd = shaped.of_cycle(cycle) if view.catalogue is not None else None
+    jobs = sd.satisfiable_jobs if sd is not None else view.demand.jobs
     if avg is None:
-        if view.demand.jobs and pending == 0:
+        if jobs and pending == 0:
             want = params.step
             notes.append("no node to measure yet and jobs queued: bootstrap launch")
     elif avg > params.upper and pending == 0:
         want = params.step
         notes.append(f"moving average {avg:.2f} over {len(samples)} samples > upper {params.upper}")
-    launched = cycle.launch(want, "utilisation above upper threshold")
+    why = "utilisation above upper threshold"
+    launched = cycle.launch(want, why, typed=sd.take(want, why) if sd else ())
     if avg is not None and avg < params.lower and not launched:
         notes.append(f"moving average {avg:.2f} over {len(samples)} samples < lower {params.lower}")
-        cycle.scale_down(view.idle(0), params.step, "utilisation below lower threshold")
+        idle = sd.drainable(view.idle(0)) if sd is not None else view.idle(0)
+        cycle.scale_down(idle, params.step, "utilisation below lower threshold")
     return cycle.decision({"samples": [list(s) for s in samples]}, notes)
 
 

@@ -13,6 +13,7 @@ add newly running instances, offline, move drained workers on to removal and ter
 from __future__ import annotations
 
 from epu.services.decision import lifecycle as lc
+from epu.services.decision import shaped
 from epu.services.decision.actions import Decision
 from epu.services.decision.demand import nodes_needed
 from epu.services.decision.policies.base import Params, Policy
@@ -27,6 +28,8 @@ class QueueDemandParams(Params):
 
 def decide(view: DomainView, params: QueueDemandParams, now: float) -> Decision:  # type: ignore[override]
     cycle = lc.Cycle(view, params.stall_seconds)
+    if view.catalogue is not None:
+        return _by_shapes(view, params, cycle)
     notes: list[str] = []
     free = view.free_workers()
     supply = [n.cores - n.cores_used for n in free] + [i.cores for i in cycle.pending]
@@ -44,6 +47,17 @@ def decide(view: DomainView, params: QueueDemandParams, now: float) -> Decision:
         idle = view.idle(params.idle_seconds)
         cycle.scale_down(idle, len(idle), "idle worker, empty queue")
     return cycle.decision(None, notes)
+
+
+def _by_shapes(view: DomainView, params: QueueDemandParams, cycle: lc.Cycle) -> Decision:
+    """The cheapest typed instances that let every satisfiable pending job start (``shaped``);
+    an idle worker is offlined when the pending jobs would all still fit without it."""
+    sd = shaped.of_cycle(cycle)
+    cycle.launch(len(sd.launches) + len(sd.reclaim), "queue demand by shapes", typed=sd.launches,
+                 filler=sd.filler, reclaim=sd.reclaim)
+    drain = sd.drainable(view.idle(params.idle_seconds))
+    cycle.scale_down(drain, len(drain), "idle: the pending jobs fit without it")
+    return cycle.decision(None, sd.notes)
 
 
 def _runnable_waiting(view: DomainView, supply: list[int]) -> bool:

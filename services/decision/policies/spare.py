@@ -9,10 +9,11 @@ to the end, where a new job may still use it for free).
 from __future__ import annotations
 
 from epu.services.decision import lifecycle as lc
+from epu.services.decision import shaped
 from epu.services.decision.actions import Decision
 from epu.services.decision.demand import nodes_needed
 from epu.services.decision.policies.base import Params, Policy
-from epu.services.decision.view import DomainView, Instance
+from epu.services.decision.view import DomainView, Instance, is_idle
 from pydantic import Field
 
 
@@ -33,6 +34,8 @@ def near_period_end(inst: Instance, now: float, period: float, margin: float) ->
 
 def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # type: ignore[override]
     cycle = lc.Cycle(view, params.stall_seconds)
+    if view.catalogue is not None:
+        return _by_shapes(view, params, cycle, now)
     notes: list[str] = []
     free = view.free_workers()
     supply = [n.cores - n.cores_used for n in free] + [i.cores for i in cycle.pending]
@@ -50,6 +53,30 @@ def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # ty
         if kept:
             notes.append(f"{kept} idle node(s) kept until near the end of their paid period")
         cycle.scale_down(idle, excess, "idle beyond the spare count, paid period ending")
+    return cycle.decision(None, notes)
+
+
+def _by_shapes(view: DomainView, params: SpareParams, cycle: lc.Cycle, now: float) -> Decision:
+    """The packer's launches for the queue, plus spares of the filler type; the spares now are
+    the idle nodes and pending instances the packer leaves unused."""
+    sd = shaped.of_cycle(cycle)
+    unused = sd.plan.unused_supply
+    spare_now = (sum(1 for n in view.free_workers() if is_idle(n) and n.name in unused)
+                 + sum(1 for i in cycle.pending if i.instance_id in unused))
+    extra = max(0, params.spare_nodes - spare_now)
+    typed = sd.launches + sd.take(len(sd.launches) + extra, "spare node")[len(sd.launches):]
+    notes = [*sd.notes, f"queue needs {len(sd.launches)} new instance(s); {spare_now} spare of "
+             f"{params.spare_nodes} wanted"]
+    cycle.launch(len(typed) + len(sd.reclaim), "queue demand plus spare nodes", typed=typed, filler=sd.filler,
+                 reclaim=sd.reclaim)
+    excess = spare_now - params.spare_nodes
+    if not sd.launches and excess > 0:
+        idle = sd.drainable(view.idle(params.idle_seconds))
+        paid_out = [i for i in idle
+                    if near_period_end(i, now, params.billing_period_seconds, params.billing_margin_seconds)]
+        if len(idle) > len(paid_out):
+            notes.append(f"{len(idle) - len(paid_out)} idle node(s) kept until near the end of their paid period")
+        cycle.scale_down(paid_out, excess, "idle beyond the spare count, paid period ending")
     return cycle.decision(None, notes)
 
 
