@@ -1,10 +1,10 @@
 """Pure parsers for Torque's XML (functional core; no process is started here).
 
-``qstat -f -x [-t]`` and ``pbsnodes -x`` print one XML document each. Jobs are streamed with
-``iterparse`` and each ``<Job>`` element is cleared once read, so memory stays flat on a
-100,000-job queue (see bench/bench_sensor.py for the DOM baseline). Records are flat dicts
-(``Resource_List.nodes`` style keys), the same shape pbs_python's ``pbs_statjob`` gives, so
-both read paths share the normalization below.
+``qstat -f -x [-t]`` and ``pbsnodes -x`` print one XML document each. Neither is parsed into
+elements: ``scan_qstat`` finds the few attributes it needs in each job's text and groups pending
+jobs by their raw request as it goes (bench/bench_sensor.py measures it beside expat); nodes are
+picked out by one regular expression each. pbs_python's ``pbs_statjob`` gives flat records
+(``Resource_List.nodes`` style keys), normalized by the same ``TorqueJobReader``.
 
 Resource requests (``Resource_List``):
 
@@ -202,11 +202,10 @@ class TorqueJobReader:
             req = self._requests[resources] = _request(*resources)
         nodes, cores, memory, gpus, props, limit = req
         wait = max(0.0, self.now - first_submit) if first_submit else 0.0
-        add = self.out.grouper.add
-        for i, job_id in enumerate(job_ids):  # the first counts every job; the rest only add a sample id
-            add(nodes=nodes, cores=cores, memory_mb=memory, gpus=gpus, features=props, partition=queue,
-                time_limit_s=limit, demand=verdict.demand, reason=verdict.reason, reason_class=verdict.reason_class,
-                wait_s=wait, count=jobs * elements if i == 0 else 0, job_id=job_id)
+        self.out.grouper.add_group(nodes=nodes, cores=cores, memory_mb=memory, gpus=gpus, features=props,
+                                   partition=queue, time_limit_s=limit, demand=verdict.demand, reason=verdict.reason,
+                                   reason_class=verdict.reason_class, wait_s=wait, count=jobs * elements,
+                                   job_ids=job_ids)
         state_word = "queued" if verdict.demand else ("held" if verdict.reason_class == "held" else "blocked")
         return nodes, cores, memory, queue, state_word
 
