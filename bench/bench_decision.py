@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchjson import Results, json_mode  # noqa: E402
 from epu.common.messages import NodeInfo, QueuedJob, SensorSnapshot  # noqa: E402
 from epu.services.decision.placement import SiteInfo  # noqa: E402
 from epu.services.decision.planner import PlacementInput, plan  # noqa: E402
@@ -135,13 +136,19 @@ def naive_iteration(snap: SensorSnapshot, insts: list[Instance], max_nodes: int)
     return actions + min(new, max(0, max_nodes - active))
 
 
-def timed(fn, repeat: int) -> tuple[float, float]:
+RESULTS = Results("decision")
+
+
+def timed(fn, repeat: int, name: str, baseline: str | None = None) -> tuple[float, float]:
+    """(median, best) wall ms over ``repeat`` calls; recorded, with CPU time, as figure ``name``."""
     gc.collect()
-    times = []
+    times, cpus = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    RESULTS.add(name, unit="ms", wall=times, cpu=cpus, scale=1000, baseline=baseline)
     return statistics.median(times) * 1000, min(times) * 1000
 
 
@@ -162,15 +169,18 @@ def scenario_big(repeat: int) -> None:
         digest = digest_of(snap)
         digest_ms = (time.perf_counter() - t) * 1000
         n_actions = iteration(snap, digest, insts, max_nodes)
-        med, best = timed(lambda: iteration(snap, digest, insts, max_nodes), repeat)  # noqa: B023
+        med, best = timed(lambda: iteration(snap, digest, insts, max_nodes), repeat,  # noqa: B023
+                          f"{label.strip()} engine, 10k nodes", f"{label.strip()} naive, 10k nodes")
         mem = peak_mib(lambda: iteration(snap, digest, insts, max_nodes))  # noqa: B023
         naive_actions = naive_iteration(snap, insts, max_nodes)
-        nmed, nbest = timed(lambda: naive_iteration(snap, insts, max_nodes), 3)  # noqa: B023
+        nmed, nbest = timed(lambda: naive_iteration(snap, insts, max_nodes), 3,  # noqa: B023
+                            f"{label.strip()} naive, 10k nodes")
         nmem = peak_mib(lambda: naive_iteration(snap, insts, max_nodes))  # noqa: B023
         print(f"{label} engine   : median {med:7.2f} ms  best {best:7.2f} ms  peak {mem:6.1f} MiB  "
               f"({n_actions} actions)  goal <= 20 ms: {'MET' if med <= 20 else 'MISSED'}")
         print(f"{label} naive    : median {nmed:7.2f} ms  best {nbest:7.2f} ms  peak {nmem:6.1f} MiB  "
               f"({naive_actions} actions; no placement, no guard rails)  engine x{nmed / med:.1f} faster")
+        RESULTS.add(f"{label.strip()} digest, 10k nodes", unit="ms", wall=[digest_ms / 1000], scale=1000)
         print(f"{label} digest   : {digest_ms:7.2f} ms once per snapshot arrival "
               f"({len(digest[0].shapes)} job shapes, {len(digest[1])} nodes indexed)")
 
@@ -186,9 +196,9 @@ def scenario_many(repeat: int, store: bool) -> None:
         return sum(naive_iteration(s, insts, 103) for s, insts in doms)
 
     all_domains()
-    med, best = timed(all_domains, repeat)
+    med, best = timed(all_domains, repeat, "engine, 100 domains x 100 nodes", "naive, 100 domains x 100 nodes")
     mem = peak_mib(all_domains)
-    nmed, nbest = timed(all_naive, repeat)
+    nmed, nbest = timed(all_naive, repeat, "naive, 100 domains x 100 nodes")
     nmem = peak_mib(all_naive)
     print("## 100 domains x 100 nodes (1,000 queued jobs each)")
     print(f"engine iteration : median {med:7.2f} ms  best {best:7.2f} ms  peak {mem:6.1f} MiB  "
@@ -222,12 +232,15 @@ def full_engine(doms) -> None:
         for s, _ in doms:
             engine.on_snapshot(s)
         engine.iterate()  # first: launches everything the queue asks for
-        times = []
+        times, cpus = [], []
         for _ in range(5):
             clock.advance(5)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             engine.iterate()
             times.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c)
+        RESULTS.add("full Engine.iterate, 100 domains x 100 nodes (SQLite)", unit="ms", wall=times, cpu=cpus,
+                    scale=1000)
         print(f"full engine      : median {statistics.median(times) * 1000:7.1f} ms per iteration over 100 "
               f"domains incl. SQLite reads/writes (steady state)")
         store_writes(store, [i for _, insts in doms for i in insts])
@@ -253,6 +266,9 @@ def store_writes(store, rows) -> None:
     t = time.perf_counter()
     per_row()
     baseline = time.perf_counter() - t
+    RESULTS.add(f"store writes, {len(rows):,} rows batched", unit="ms", wall=[batched], scale=1000,
+                baseline=f"store writes, {len(rows):,} rows per-row upsert")
+    RESULTS.add(f"store writes, {len(rows):,} rows per-row upsert", unit="ms", wall=[baseline], scale=1000)
     print(f"store writes     : {len(rows):,} instance rows saved in {batched * 1000:7.1f} ms batched; "
           f"per-row upsert baseline {baseline * 1000:7.1f} ms (x{baseline / batched:.1f})")
 
@@ -265,6 +281,7 @@ def snapshot_memory() -> None:
     digest_of(snap)
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    RESULTS.doc["state_held_mib"] = round(current / 2**20, 1)
     print(f"state held       : {current / 2**20:6.1f} MiB for the 10,000-node / 100,000-job snapshot, "
           f"its digest and 10,300 instance rows (peak while building {peak / 2**20:.1f} MiB)")
 
@@ -273,13 +290,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--store", action="store_true", help="also time the full engine iteration with SQLite")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
-    print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    scenario_big(args.repeat)
-    snapshot_memory()
-    scenario_many(args.repeat, args.store)
-    print(f"# process max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    with json_mode(args.json):
+        print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        scenario_big(args.repeat)
+        snapshot_memory()
+        scenario_many(args.repeat, args.store)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        RESULTS.doc["max_rss_mib"] = round(rss)
+        print(f"# process max RSS {rss:.0f} MiB")
+    if args.json:
+        RESULTS.emit()
 
 
 if __name__ == "__main__":
