@@ -56,10 +56,12 @@ lint: $(STAMP)
 # Every benchmark with --json into bench/results/<name>.json, then docs/performance.md's tables
 # rewritten from them (bench/report.py). Arguments sized so the whole run stays under 10 minutes
 # on the 2-core project machine; `make bench BENCHES="sensor packing"` runs a subset.
-BENCHES ?= sensor packing decision reconcile provisioner messaging sim simulate ctxbroker
+BENCHES ?= sensor packing decision decision_scale reconcile provisioner messaging sim simulate ctxbroker
 BENCH_ARGS_sensor = --repeats 3
 BENCH_ARGS_packing = --repeat 5 --optimality 2000
 BENCH_ARGS_decision = --repeat 30 --store
+BENCH_SCRIPT_decision_scale = decision
+BENCH_ARGS_decision_scale = --scale-only
 BENCH_ARGS_reconcile = --nodes 50 500 --repeat 30
 BENCH_ARGS_provisioner = --launches 1000
 BENCH_ARGS_messaging = --rounds 3
@@ -67,8 +69,8 @@ BENCH_ARGS_sim = --seeds 2
 BENCH_ARGS_simulate = 0.5 1
 BENCH_ARGS_ctxbroker =
 define run_bench
-echo "== bench/bench_$(1).py $(BENCH_ARGS_$(1)) --json"; start=$$(date +%s); \
-$(BIN)/python bench/bench_$(1).py $(BENCH_ARGS_$(1)) --json > bench/results/$(1).json.tmp \
+echo "== bench/bench_$(or $(BENCH_SCRIPT_$(1)),$(1)).py $(BENCH_ARGS_$(1)) --json"; start=$$(date +%s); \
+$(BIN)/python bench/bench_$(or $(BENCH_SCRIPT_$(1)),$(1)).py $(BENCH_ARGS_$(1)) --json > bench/results/$(1).json.tmp \
   && mv bench/results/$(1).json.tmp bench/results/$(1).json \
   && echo "   $$(( $$(date +%s) - start )) s" || exit 1;
 endef
