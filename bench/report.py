@@ -27,10 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 APPENDIX = "## Measured by `make bench`"
 
 
-def _mmm(d: dict[str, float] | None, fmt: str = "{:.3g}") -> str:
+def _num(v: float) -> str:
+    """Three significant digits, never in exponent form."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _mmm(d: dict[str, float] | None, fmt: str | None = None) -> str:
     if not d:
         return "—"
-    return " / ".join(fmt.format(d[k]) for k in ("min", "median", "max"))
+    return " / ".join(fmt.format(d[k]) if fmt else _num(d[k]) for k in ("min", "median", "max"))
 
 
 def _ms(d: dict[str, float]) -> str:
@@ -54,7 +59,7 @@ def generic(doc: dict[str, Any]) -> str:
     lines += ["| figure | wall | CPU | unit | compared with | other |", "|---|---|---|---|---|---|"]
     for name, fig in doc["figures"].items():
         other = ", ".join(f"{k} {_other(v)}" for k, v in fig.items()
-                          if k not in ("unit", "wall", "cpu", "baseline"))
+                          if k not in ("unit", "wall", "cpu", "baseline") and v is not None)
         lines.append(f"| {name} | {_mmm(fig.get('wall'))} | {_mmm(fig.get('cpu'))} | {fig['unit']} | "
                      f"{fig.get('baseline', '—')} | {other or '—'} |")
     extra = {k: v for k, v in doc.items() if k not in ("bench", "command", "machine", "figures")}
