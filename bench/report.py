@@ -111,8 +111,13 @@ def packing(doc: dict[str, Any]) -> str:
     lines += ["| figure | wall ms | CPU ms |", "|---|---|---|"]
     for key, r in doc["scale"].items():
         if isinstance(r, dict) and "wall_median_ms" in r:
-            lines.append(f"| {key} | {r['wall_min_ms']} / {r['wall_median_ms']} / {r['wall_max_ms']} | "
-                         f"{r['cpu_min_ms']} / {r['cpu_median_ms']} / {r['cpu_max_ms']} |")
+            lines.append(f"| {key} | {_num(r['wall_min_ms'])} / {_num(r['wall_median_ms'])} / "
+                         f"{_num(r['wall_max_ms'])} | {_num(r['cpu_min_ms'])} / {_num(r['cpu_median_ms'])} / "
+                         f"{_num(r['cpu_max_ms'])} |")
+    o = doc.get("optimality")
+    if o:
+        lines += ["", f"Optimality over {o['cases']} random small cases against the exhaustive optimum: price ratio "
+                      f"mean {o['mean_ratio']:.4f}, max {o['max_ratio']:.3f}, optimal in {o['optimal_share']:.1%}."]
     return "\n".join(lines)
 
 
