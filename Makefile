@@ -53,8 +53,32 @@ test: $(STAMP) services
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Every benchmark with --json into bench/results/<name>.json, then docs/performance.md's tables
+# rewritten from them (bench/report.py). Arguments sized so the whole run stays under 10 minutes
+# on the 2-core project machine; `make bench BENCHES="sensor packing"` runs a subset.
+BENCHES ?= sensor packing decision decision_scale reconcile provisioner messaging sim simulate ctxbroker
+BENCH_ARGS_sensor = --repeats 3
+BENCH_ARGS_packing = --repeat 5 --optimality 2000
+BENCH_ARGS_decision = --repeat 30 --store
+BENCH_SCRIPT_decision_scale = decision
+BENCH_ARGS_decision_scale = --scale-only
+BENCH_ARGS_reconcile = --nodes 50 500 --repeat 30
+BENCH_ARGS_provisioner = --launches 1000
+BENCH_ARGS_messaging = --no-cluster
+BENCH_ARGS_sim = --seeds 1
+BENCH_ARGS_simulate = 0.25 1
+BENCH_ARGS_ctxbroker =
+define run_bench
+echo "== bench/bench_$(or $(BENCH_SCRIPT_$(1)),$(1)).py $(BENCH_ARGS_$(1)) --json"; start=$$(date +%s); \
+$(BIN)/python bench/bench_$(or $(BENCH_SCRIPT_$(1)),$(1)).py $(BENCH_ARGS_$(1)) --json > bench/results/$(1).json.tmp \
+  && mv bench/results/$(1).json.tmp bench/results/$(1).json \
+  && echo "   $$(( $$(date +%s) - start )) s" || exit 1;
+endef
+
 bench: $(STAMP) services
-	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+	@mkdir -p bench/results
+	@$(foreach b,$(BENCHES),$(call run_bench,$(b)))
+	$(BIN)/python bench/report.py
 
 e2e: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi

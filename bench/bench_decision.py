@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from epu.common.messages import NodeInfo, QueuedJob, SensorSnapshot  # noqa: E402
+from benchjson import Results, json_mode  # noqa: E402
+from epu.common.messages import JobShape, NodeInfo, QueuedJob, SensorSnapshot  # noqa: E402
 from epu.services.decision.placement import SiteInfo  # noqa: E402
 from epu.services.decision.planner import PlacementInput, plan  # noqa: E402
 from epu.services.decision.policies import POLICIES, validate_params  # noqa: E402
@@ -135,13 +136,19 @@ def naive_iteration(snap: SensorSnapshot, insts: list[Instance], max_nodes: int)
     return actions + min(new, max(0, max_nodes - active))
 
 
-def timed(fn, repeat: int) -> tuple[float, float]:
+RESULTS = Results("decision")
+
+
+def timed(fn, repeat: int, name: str, baseline: str | None = None) -> tuple[float, float]:
+    """(median, best) wall ms over ``repeat`` calls; recorded, with CPU time, as figure ``name``."""
     gc.collect()
-    times = []
+    times, cpus = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    RESULTS.add(name, unit="ms", wall=times, cpu=cpus, scale=1000, baseline=baseline)
     return statistics.median(times) * 1000, min(times) * 1000
 
 
@@ -162,15 +169,18 @@ def scenario_big(repeat: int) -> None:
         digest = digest_of(snap)
         digest_ms = (time.perf_counter() - t) * 1000
         n_actions = iteration(snap, digest, insts, max_nodes)
-        med, best = timed(lambda: iteration(snap, digest, insts, max_nodes), repeat)  # noqa: B023
+        med, best = timed(lambda: iteration(snap, digest, insts, max_nodes), repeat,  # noqa: B023
+                          f"{label.strip()} engine, 10k nodes", f"{label.strip()} naive, 10k nodes")
         mem = peak_mib(lambda: iteration(snap, digest, insts, max_nodes))  # noqa: B023
         naive_actions = naive_iteration(snap, insts, max_nodes)
-        nmed, nbest = timed(lambda: naive_iteration(snap, insts, max_nodes), 3)  # noqa: B023
+        nmed, nbest = timed(lambda: naive_iteration(snap, insts, max_nodes), 3,  # noqa: B023
+                            f"{label.strip()} naive, 10k nodes")
         nmem = peak_mib(lambda: naive_iteration(snap, insts, max_nodes))  # noqa: B023
         print(f"{label} engine   : median {med:7.2f} ms  best {best:7.2f} ms  peak {mem:6.1f} MiB  "
               f"({n_actions} actions)  goal <= 20 ms: {'MET' if med <= 20 else 'MISSED'}")
         print(f"{label} naive    : median {nmed:7.2f} ms  best {nbest:7.2f} ms  peak {nmem:6.1f} MiB  "
               f"({naive_actions} actions; no placement, no guard rails)  engine x{nmed / med:.1f} faster")
+        RESULTS.add(f"{label.strip()} digest, 10k nodes", unit="ms", wall=[digest_ms / 1000], scale=1000)
         print(f"{label} digest   : {digest_ms:7.2f} ms once per snapshot arrival "
               f"({len(digest[0].shapes)} job shapes, {len(digest[1])} nodes indexed)")
 
@@ -186,9 +196,9 @@ def scenario_many(repeat: int, store: bool) -> None:
         return sum(naive_iteration(s, insts, 103) for s, insts in doms)
 
     all_domains()
-    med, best = timed(all_domains, repeat)
+    med, best = timed(all_domains, repeat, "engine, 100 domains x 100 nodes", "naive, 100 domains x 100 nodes")
     mem = peak_mib(all_domains)
-    nmed, nbest = timed(all_naive, repeat)
+    nmed, nbest = timed(all_naive, repeat, "naive, 100 domains x 100 nodes")
     nmem = peak_mib(all_naive)
     print("## 100 domains x 100 nodes (1,000 queued jobs each)")
     print(f"engine iteration : median {med:7.2f} ms  best {best:7.2f} ms  peak {mem:6.1f} MiB  "
@@ -198,8 +208,46 @@ def scenario_many(repeat: int, store: bool) -> None:
         full_engine(doms)
 
 
-def full_engine(doms) -> None:
-    """The whole Engine.iterate (SQLite store, fake bus) over 100 domains, steady state."""
+def grouped_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1) -> tuple[SensorSnapshot, list[Instance]]:
+    """``make_domain``'s nodes and instances with the queue as the sensor now sends it: pending
+    jobs grouped into shapes (90 % 1-core, 9 % 4-core, 1 % 4 nodes x 8 cores), not per-job records."""
+    snap, insts = make_domain(name, n_nodes, 0, seed)
+    shapes = [JobShape(count=c, cores=cores, nodes=nn, reason="Resources", reason_class="resources",
+                       max_wait_s=600.0)
+              for c, cores, nn in ((n_jobs * 90 // 100, 1, 1), (n_jobs * 9 // 100, 4, 1), (n_jobs // 100, 8, 4)) if c]
+    return snap.model_copy(update={"shapes": shapes}), insts
+
+
+def rss_mib() -> float:
+    """Resident set size of this process now (not the peak)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def scenario_scale(iterations: int) -> None:
+    """The whole ``Engine.iterate`` with its store, at the issue's scales (item 4): one domain of
+    10,000 nodes / 100,000 jobs, one of 50,000 / 500,000, and 1,000 domains of 100 nodes."""
+    print("## the whole Engine.iterate with its SQLite store (grouped snapshots, steady state)")
+    for label, doms, max_nodes, goal_ms in (
+            ("1 domain, 10k nodes / 100k jobs", lambda: [grouped_domain("big", 10_000, 100_000)], 9_900, 20),
+            ("1 domain, 50k nodes / 500k jobs", lambda: [grouped_domain("huge", 50_000, 500_000)], 49_500, 50),
+            ("1,000 domains x 100 nodes / 1k jobs",
+             lambda: [grouped_domain(f"d{i:04d}", 100, 1_000, seed=i) for i in range(1000)], 103, 1000)):
+        gc.collect()
+        before = rss_mib()
+        built = doms()
+        t = time.process_time()
+        full_engine(built, max_nodes=max_nodes, label=label, iterations=iterations, goal_ms=goal_ms)
+        after = rss_mib()
+        RESULTS.doc.setdefault("scale_rss_mib", {})[label] = [round(before), round(after)]
+        print(f"   (set-up {time.process_time() - t:.1f} s CPU; RSS {before:.0f} -> {after:.0f} MiB with "
+              f"the bench's own copy of the snapshots)")
+        del built
+
+
+def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 nodes", iterations: int = 5,
+                goal_ms: float | None = None) -> None:
+    """The whole Engine.iterate (SQLite store, fake bus) over ``doms``, steady state."""
     import tempfile
 
     from epu.common.clock import ManualClock
@@ -210,7 +258,7 @@ def full_engine(doms) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = parse_config({
             "decision": {"store_url": f"sqlite:///{tmp}/b.db"},
-            "domains": {s.domain: {"max_nodes": 103, "cores_per_node": CORES, "sites": ["s0", "s1", "s2"]}
+            "domains": {s.domain: {"max_nodes": max_nodes, "cores_per_node": CORES, "sites": ["s0", "s1", "s2"]}
                         for s, _ in doms},
             "sites": {f"s{i}": {"driver": "epu-sim", "quota": 100000, "cores": CORES} for i in range(3)},
         }, environ={})
@@ -222,15 +270,21 @@ def full_engine(doms) -> None:
         for s, _ in doms:
             engine.on_snapshot(s)
         engine.iterate()  # first: launches everything the queue asks for
-        times = []
-        for _ in range(5):
+        times, cpus = [], []
+        for _ in range(iterations):
             clock.advance(5)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             engine.iterate()
             times.append(time.perf_counter() - t)
-        print(f"full engine      : median {statistics.median(times) * 1000:7.1f} ms per iteration over 100 "
-              f"domains incl. SQLite reads/writes (steady state)")
-        store_writes(store, [i for _, insts in doms for i in insts])
+            cpus.append(time.process_time() - c)
+        RESULTS.add(f"full Engine.iterate, {label} (SQLite)", unit="ms", wall=times, cpu=cpus, scale=1000,
+                    **({"goal_ms": goal_ms} if goal_ms else {}))
+        med = statistics.median(times) * 1000
+        goal = f"  goal <= {goal_ms:g} ms: {'MET' if med <= goal_ms else 'MISSED'}" if goal_ms else ""
+        print(f"full engine      : median {med:7.1f} ms (CPU {statistics.median(cpus) * 1000:.1f} ms) per iteration, "
+              f"{label}, incl. SQLite reads/writes (steady state){goal}")
+        if goal_ms is None:
+            store_writes(store, [i for _, insts in doms for i in insts])
 
 
 def store_writes(store, rows) -> None:
@@ -253,6 +307,9 @@ def store_writes(store, rows) -> None:
     t = time.perf_counter()
     per_row()
     baseline = time.perf_counter() - t
+    RESULTS.add(f"store writes, {len(rows):,} rows batched", unit="ms", wall=[batched], scale=1000,
+                baseline=f"store writes, {len(rows):,} rows per-row upsert")
+    RESULTS.add(f"store writes, {len(rows):,} rows per-row upsert", unit="ms", wall=[baseline], scale=1000)
     print(f"store writes     : {len(rows):,} instance rows saved in {batched * 1000:7.1f} ms batched; "
           f"per-row upsert baseline {baseline * 1000:7.1f} ms (x{baseline / batched:.1f})")
 
@@ -265,6 +322,7 @@ def snapshot_memory() -> None:
     digest_of(snap)
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    RESULTS.doc["state_held_mib"] = round(current / 2**20, 1)
     print(f"state held       : {current / 2**20:6.1f} MiB for the 10,000-node / 100,000-job snapshot, "
           f"its digest and 10,300 instance rows (peak while building {peak / 2**20:.1f} MiB)")
 
@@ -273,13 +331,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--store", action="store_true", help="also time the full engine iteration with SQLite")
+    ap.add_argument("--scale", action="store_true", help="also the whole Engine.iterate at 10k / 50k nodes "
+                    "and 1,000 domains (about a minute more)")
+    ap.add_argument("--scale-only", action="store_true", help="only --scale (its RSS figures then start from a "
+                    "fresh process)")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
-    print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    scenario_big(args.repeat)
-    snapshot_memory()
-    scenario_many(args.repeat, args.store)
-    print(f"# process max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    if args.scale_only:
+        with json_mode(args.json):
+            scenario_scale(5)
+        if args.json:
+            RESULTS.emit()
+        return
+    with json_mode(args.json):
+        print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        scenario_big(args.repeat)
+        snapshot_memory()
+        scenario_many(args.repeat, args.store)
+        if args.scale:
+            scenario_scale(5)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        RESULTS.doc["max_rss_mib"] = round(rss)
+        print(f"# process max RSS {rss:.0f} MiB")
+    if args.json:
+        RESULTS.emit()
 
 
 if __name__ == "__main__":

@@ -22,15 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchjson import Results, json_mode  # noqa: E402
 from epu.common.broker import Broker, Publisher  # noqa: E402
 from epu.common.codec import decode, encode  # noqa: E402
 from epu.common.messages import Envelope, NodeInfo, PolicyChange, QueuedJob, SensorSnapshot, open_envelope  # noqa: E402
@@ -48,18 +52,38 @@ def snapshot(n: int = 1000) -> SensorSnapshot:
                         jobs=[str(i)] if i % 3 else [], state_since=1e9, native_state="ALLOCATED") for i in range(n)])
 
 
+RESULTS = Results("messaging")
+
+
+def _rounds(fn: Callable[[], Any], rounds: int) -> tuple[list[float], list[float], Any]:
+    walls, cpus, out = [], [], None
+    for _ in range(rounds):
+        w, c = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return walls, cpus, out
+
+
 def bench_codec(rounds: int = 30) -> None:
     env = Envelope.wrap(snapshot(), "bench")
-    t0 = time.perf_counter()
-    for _ in range(rounds):
+
+    def ours_once() -> bytes:
         raw = encode(env)
         decode(raw)
-    ours = (time.perf_counter() - t0) / rounds
-    t0 = time.perf_counter()
-    for _ in range(rounds):
+        return raw
+
+    def json_once() -> bytes:
         text = json.dumps(env.model_dump(mode="json")).encode()
         open_envelope(Envelope.model_validate(json.loads(text)))
-    base = (time.perf_counter() - t0) / rounds
+        return text
+
+    walls, cpus, raw = _rounds(ours_once, rounds)
+    bwalls, bcpus, text = _rounds(json_once, rounds)
+    ours, base = statistics.median(walls), statistics.median(bwalls)
+    RESULTS.add("codec round trip, 1,000 nodes + 1,000 jobs, msgpack", unit="ms", wall=walls, cpu=cpus, scale=1000,
+                bytes=len(raw), baseline="codec round trip, JSON")
+    RESULTS.add("codec round trip, JSON", unit="ms", wall=bwalls, cpu=bcpus, scale=1000, bytes=len(text))
     print(f"codec  snapshot 1000 nodes + 1000 jobs: msgpack {ours * 1000:6.1f} ms/round-trip, {len(raw) / 1024:6.1f} KiB"
           f" | JSON baseline {base * 1000:6.1f} ms, {len(text) / 1024:6.1f} KiB")
 
@@ -96,6 +120,9 @@ def bench_broker(url: str, n: int = 2000) -> None:
         for m in msgs:
             pub2.publish(m)
         unconfirmed = n / (time.perf_counter() - t0)
+        RESULTS.add(f"publish {n}, one at a time, confirmed", unit="msg/s", rate=round(confirmed),
+                    baseline=f"publish {n}, unconfirmed")
+        RESULTS.add(f"publish {n}, unconfirmed", unit="msg/s", rate=round(unconfirmed))
         print(f"publish {n} msgs to a quorum queue: with confirms {confirmed:7.0f} msg/s"
               f" | baseline without confirms {unconfirmed:7.0f} msg/s")
         batched = {}
@@ -104,6 +131,9 @@ def bench_broker(url: str, n: int = 2000) -> None:
             for i in range(0, n, size):
                 pub.publish_many(msgs[i:i + size])
             batched[size] = n / (time.perf_counter() - t0)
+        RESULTS.add("publish_many, batches of 100", unit="msg/s", rate=round(batched[100]),
+                    baseline=f"publish {n}, one at a time, confirmed")
+        RESULTS.add(f"publish_many, one batch of {n}", unit="msg/s", rate=round(batched[n]))
         print(f"publish_many, confirmed per batch: batches of 100 {batched[100]:7.0f} msg/s | one batch of {n} "
               f"{batched[n]:7.0f} msg/s | x{batched[100] / confirmed:.0f} the one-by-one rate")
 
@@ -117,6 +147,7 @@ def bench_broker(url: str, n: int = 2000) -> None:
         t.join(10)
         pub.close()
         pub2.close()
+        RESULTS.add(f"consume {4 * n} through the runtime", unit="msg/s", rate=round(rate))
         print(f"consume {4 * n} msgs through the runtime (decode, validate, handle, ack): {rate:7.0f} msg/s")
     finally:
         if vhost:
@@ -202,6 +233,13 @@ def bench_failover(rounds: int = 5) -> None:
         def mmm(xs: list[float]) -> str:
             return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f} s"
 
+        RESULTS.add("3 nodes started and clustered", unit="s", wall=[started])
+        RESULTS.add("kill -9 -> serving again", unit="s", wall=results["kill"], baseline="fresh connect+declare+consume")
+        RESULTS.add("graceful stop -> serving again", unit="s", wall=results["stop"])
+        RESULTS.add("fresh connect+declare+consume", unit="s", wall=fresh)
+        RESULTS.add("kill -9, the service's own measure", unit="s", wall=own["kill"])
+        RESULTS.add("longest gap between confirmed publishes", unit="s", wall=gaps,
+                    confirmed=len(confirmed), consumed=len(got), publish_errors=len(errors))
         print(f"cluster  3 nodes started and clustered in {started:.1f} s")
         print(f"failover kill -9 of the connected node, {rounds}x: serving again after (min/median/max) "
               f"{mmm(results['kill'])} | graceful stop: {mmm(results['stop'])} "
@@ -224,15 +262,22 @@ def main() -> None:
     parser.add_argument("--no-cluster", action="store_true", help="skip the three-node failover figures")
     parser.add_argument("--only-cluster", action="store_true", help="only the three-node failover figures")
     parser.add_argument("--rounds", type=int, default=5, help="node losses in the failover figures (default 5)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = parser.parse_args()
-    if not args.only_cluster:
-        bench_codec()
-        bench_broker(args.url)
-    if not args.no_cluster:
-        t0 = time.process_time()
-        bench_failover(args.rounds)
-        print(f"failover CPU seconds of the benchmark process: {time.process_time() - t0:.1f}")
-    print(f"peak RSS of the benchmark process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    with json_mode(args.json):
+        if not args.only_cluster:
+            bench_codec()
+            bench_broker(args.url)
+        if not args.no_cluster:
+            t0 = time.process_time()
+            bench_failover(args.rounds)
+            RESULTS.doc["failover_cpu_s"] = round(time.process_time() - t0, 1)
+            print(f"failover CPU seconds of the benchmark process: {time.process_time() - t0:.1f}")
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        RESULTS.doc["max_rss_mib"] = round(rss)
+        print(f"peak RSS of the benchmark process: {rss:.0f} MiB")
+    if args.json:
+        RESULTS.emit()
 
 
 if __name__ == "__main__":

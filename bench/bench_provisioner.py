@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchjson import Results, json_mode  # noqa: E402
 from epu.common.config.provisioner import SiteConfig  # noqa: E402
 from epu.common.messages import LaunchRequest  # noqa: E402
 from epu.services.provisioner.cloud import LibcloudSite  # noqa: E402
@@ -69,7 +70,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0, help="site rate limit, calls/s")
     ap.add_argument("--trace-memory", action="store_true",
                     help="also measure the Python heap peak with tracemalloc (slows the run ~2x)")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
+    with json_mode(args.json):
+        results = report(args)
+    if args.json:
+        results.emit()
+
+
+def report(args: argparse.Namespace) -> Results:
     with tempfile.TemporaryDirectory(prefix="epu-bench-") as tmp:
         work = Path(tmp)
         serial = run(args.serial, args.latency, 1, args.rate, work, "serial")
@@ -89,6 +98,13 @@ def main() -> None:
     print(f"speed-up: {rate / serial_rate:.1f}x; goal >= 100 launches/s: {'met' if rate >= 100 else 'NOT met'}")
     heap = f"python heap peak {peak / 2**20:.1f} MiB (tracemalloc), " if peak is not None else ""
     print(f"peak memory: {heap}max RSS {rss_mb:.0f} MiB (whole process)")
+    results = Results("provisioner")
+    results.add(f"{args.launches} launches, {args.in_flight} in flight", unit="launches/s", rate=round(rate, 1),
+                wall_s=round(concurrent, 2), baseline="serial")
+    results.add("serial", unit="launches/s", rate=round(serial_rate, 2), launches=args.serial,
+                wall_s=round(serial, 2))
+    results.doc.update(api_latency_ms=args.latency * 1000, max_rss_mib=round(rss_mb))
+    return results
 
 
 if __name__ == "__main__":

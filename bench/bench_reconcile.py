@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchjson import Results, json_mode  # noqa: E402
 from epu.common.clock import ManualClock  # noqa: E402
 from epu.common.config.provisioner import SiteConfig  # noqa: E402
 from epu.common.messages import LaunchRequest  # noqa: E402
@@ -46,7 +47,13 @@ def measure(fn: Callable[[], object], repeat: int) -> tuple[list[float], list[fl
     return wall, cpu
 
 
-def fmt(name: str, wall: list[float], cpu: list[float]) -> str:
+RESULTS = Results("reconcile")
+
+
+def fmt(name: str, wall: list[float], cpu: list[float], n: int = 0, baseline: str | None = "listing alone") -> str:
+    """One line of the table; the figure is recorded as ``name (n nodes)`` for ``--json``."""
+    RESULTS.add(f"{name} ({n} nodes)", unit="ms", wall=wall, cpu=cpu, scale=1000,
+                baseline=f"{baseline} ({n} nodes)" if baseline and not name.startswith(baseline) else None)
     ms = [x * 1000 for x in wall]
     return (f"  {name:<28} wall ms min/med/max {min(ms):7.2f} {statistics.median(ms):7.2f} {max(ms):7.2f}"
             f"   cpu ms median {statistics.median(cpu) * 1000:7.2f}")
@@ -66,13 +73,13 @@ def bench(n: int, repeat: int, work: Path) -> None:
     prov.poll("sim")
     site = prov.sites["sim"]
     print(f"nodes={n} repeat={repeat}")
-    print(fmt("listing alone (baseline)", *measure(site.nodes, repeat)))
-    print(fmt("poll, steady", *measure(lambda: prov.poll("sim"), repeat)))
-    print(fmt("reconcile, steady", *measure(lambda: prov.reconcile("sim"), repeat)))
+    print(fmt("listing alone", *measure(site.nodes, repeat), n))
+    print(fmt("poll, steady", *measure(lambda: prov.poll("sim"), repeat), n))
+    print(fmt("reconcile, steady", *measure(lambda: prov.reconcile("sim"), repeat), n))
     listed = site.nodes()
     world = prov._world("sim", listed, clock.now(), sightings=True)
     rules = prov.rules()
-    print(fmt("reconcile decision alone", *measure(lambda: core.reconcile(world, rules), repeat)))
+    print(fmt("reconcile decision alone", *measure(lambda: core.reconcile(world, rules), repeat), n))
     real = site.nodes
     site.nodes = lambda: [x for x in real() if int(x.launch_id[1:]) % 3]  # type: ignore[method-assign]
 
@@ -80,7 +87,7 @@ def bench(n: int, repeat: int, work: Path) -> None:
         clock.advance(15)
         prov.poll("sim")
 
-    print(fmt("poll, a third missing", *measure(poll_with_gaps, repeat)))
+    print(fmt("poll, a third missing", *measure(poll_with_gaps, repeat), n))
     presumed = sum(1 for r in prov.store.list(active_only=True) if r.presumed_gone)
     print(f"  presumed gone after {repeat} gappy polls: {presumed} of {n}")
     prov.shutdown()
@@ -91,11 +98,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[50, 500])
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
     logging.getLogger("epu").setLevel(logging.ERROR)  # the gappy polls warn once per presumed node
-    with tempfile.TemporaryDirectory(prefix="epu-bench-") as tmp:
+    with json_mode(args.json), tempfile.TemporaryDirectory(prefix="epu-bench-") as tmp:
         for n in args.nodes:
             bench(n, args.repeat, Path(tmp))
+    if args.json:
+        RESULTS.emit()
 
 
 if __name__ == "__main__":

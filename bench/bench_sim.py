@@ -26,9 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchjson import Results, json_mode, stats  # noqa: E402
+
 from epu.sim.scenario import Scenario, Workload  # noqa: E402
 from epu.sim.scenarios import get_scenario  # noqa: E402
 from epu.sim.simulation import Simulation  # noqa: E402
+
+RESULTS = Results("sim")
 
 
 def domain_50() -> Scenario:
@@ -49,6 +53,8 @@ def measure(make: object, seeds: list[int]) -> None:
         rates.append(h / r.cpu_seconds * 60.0)
         hours += h
         cpu += r.cpu_seconds
+    RESULTS.add(name, unit="simulated h per CPU minute", rate=stats(rates, digits=1), runs=len(seeds),
+                simulated_hours=round(hours, 1), cpu_s=round(cpu, 1))
     print(f"{name:10s}: {len(seeds)} runs, {hours:7.1f} simulated h in {cpu:6.1f} s CPU = "
           f"{hours / cpu * 60:6.0f} h per CPU minute (per run min {min(rates):.0f} / median "
           f"{statistics.median(rates):.0f} / max {max(rates):.0f})")
@@ -57,12 +63,16 @@ def measure(make: object, seeds: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
-    print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    seeds = list(range(1, args.seeds + 1))
-    measure("baseline", seeds)
-    measure(domain_50, seeds)
+    with json_mode(args.json):
+        print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        seeds = list(range(1, args.seeds + 1))
+        measure("baseline", seeds)
+        measure(domain_50, seeds)
+    if args.json:
+        RESULTS.emit()
 
 
 if __name__ == "__main__":

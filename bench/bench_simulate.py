@@ -1,6 +1,6 @@
 """Speed of ``epu simulate``: CPU per simulated job, per engine iteration, per simulated hour.
 
-    .venv/bin/python bench/bench_simulate.py [DAYS] [REPEATS]     (default 0.5 day of NASA, 1 repeat)
+    .venv/bin/python bench/bench_simulate.py [DAYS] [REPEATS] [--json]   (default 0.5 day of NASA, 1 repeat)
 
 Runs a window of the NASA iPSC/860 trace (128 1-core nodes, queue-demand) through the real
 cores twice in this process — with the engine's idle iterations skipped (the default) and with
@@ -18,6 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchjson import Results, json_mode  # noqa: E402
+
 from epu.simulate.plan import run_plan  # noqa: E402
 from epu.simulate.scenarios import nasa  # noqa: E402
 from epu.simulate.static import static_summary  # noqa: E402
@@ -25,8 +27,18 @@ from epu.workloads.transform import window  # noqa: E402
 
 
 def main() -> None:
-    days = float(sys.argv[1]) if len(sys.argv) > 1 else 0.5
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    as_json = "--json" in sys.argv
+    argv = [a for a in sys.argv[1:] if a != "--json"]
+    days = float(argv[0]) if argv else 0.5
+    repeats = int(argv[1]) if len(argv) > 1 else 1
+    results = Results("simulate")
+    with json_mode(as_json):
+        run(days, repeats, results)
+    if as_json:
+        results.emit()
+
+
+def run(days: float, repeats: int, results: Results) -> None:
     plan = nasa(None)(1)
     plan.workload = window(plan.workload, 0.0, days)
     jobs = len(plan.workload.jobs)
@@ -39,6 +51,10 @@ def main() -> None:
             wall.append(s["wall_seconds"])
             last = s
         med = statistics.median(cpu)
+        results.add(label, unit="s", wall=wall, cpu=cpu, jobs=jobs, launches=last["launches"],
+                    simulated_hours=round(last["simulated_hours"], 1),
+                    engine_ms_per_iteration=last.get("engine_ms_per_iteration"),
+                    baseline="every iteration (baseline)" if skip else None)
         print(f"{label}: CPU s min/median/max {min(cpu):.1f}/{med:.1f}/{max(cpu):.1f}, wall median "
               f"{statistics.median(wall):.1f}; {last['simulated_hours']:.1f} h simulated, "
               f"{last['launches']} launches, {last['engine_iterations']} engine iterations run, "
@@ -49,7 +65,9 @@ def main() -> None:
               + f" {last['simulated_hours'] / med * 60:.0f} simulated hours per CPU minute")
     t = time.process_time()
     static_summary(plan.workload, 128, 1, 0.1)
-    print(f"static baseline of the same window: {time.process_time() - t:.2f} s CPU")
+    static = time.process_time() - t
+    results.add("static baseline", unit="s", cpu=[static])
+    print(f"static baseline of the same window: {static:.2f} s CPU")
 
 
 if __name__ == "__main__":

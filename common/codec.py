@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 CONTENT_TYPE = "application/x-msgpack"
 SERIALIZER = "epu-msgpack"
+ENVELOPE_FIELDS = tuple(Envelope.model_fields)
 
 
 def packb(obj: Any) -> bytes:
@@ -29,7 +30,10 @@ def unpackb(data: bytes) -> Any:
 
 
 def encode(envelope: Envelope) -> bytes:
-    return packb(envelope.model_dump(mode="python"))
+    """The envelope's fields as a msgpack map. Its body is already plain data (each message's
+    ``to_wire``), so it is packed as is: ``model_dump`` would copy every nested list and map
+    first (a third of encoding a 10,000-node snapshot)."""
+    return packb({name: getattr(envelope, name) for name in ENVELOPE_FIELDS})
 
 
 def decode_envelope(data: bytes) -> Envelope:

@@ -22,9 +22,12 @@ the field. Fields a newer sender added are ignored, as in the verbose form.
 from __future__ import annotations
 
 import gc
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
+from itertools import repeat
+from operator import itemgetter, methodcaller
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -66,15 +69,15 @@ def encode_columns(records: Sequence[BaseModel], cls: type[BaseModel], intern: f
     defaults = _defaults(cls)
     dicts = [r.__dict__ for r in records]
     for name in cls.model_fields:
-        values = [d[name] for d in dicts]
+        values = list(map(itemgetter(name), dicts))
         if name in defaults and values.count(defaults[name]) == n:
             continue
         if name in intern:
-            keys = [tuple(v) for v in values] if isinstance(values[0], list) else values
+            keys = list(map(tuple, values)) if isinstance(values[0], list) else values
             table = {k: i for i, k in enumerate(dict.fromkeys(keys))}
             if len(table) * 2 < n:
                 out[name] = {"t": [list(k) if isinstance(k, tuple) else k for k in table],
-                             "i": [table[k] for k in keys]}
+                             "i": list(map(table.__getitem__, keys))}
                 continue
         out[name] = values
     return out
@@ -104,9 +107,9 @@ def _column(cls: type[BaseModel], name: str, col: Any, n: int, what: str) -> lis
             if index and max(index) >= len(table):
                 raise ValueError(f"{what}.{name}: index outside its table")
             if table and isinstance(table[0], list):
-                col = [list(table[i]) for i in index]  # every record its own list
+                col = list(map(list, map(table.__getitem__, index)))  # every record its own list
             else:
-                col = [table[i] for i in index]
+                col = list(map(table.__getitem__, index))
         elif isinstance(col, list):
             col = adapter.validate_python(col)
         else:
@@ -150,30 +153,57 @@ def decode_columns(doc: Any, cls: type[BaseModel], what: str) -> list[Any]:
             else:
                 columns.append([defaults[name]] * n)
             names.append(name)
-        fields_set = set(names)
-        new = cls.__new__
+        # Every step below is a C-level map over the records: no bytecode runs per record
+        # (the records are the bulk of a big snapshot's decode).
+        out = list(map(cls.__new__, repeat(cls, n)))
         slots = BaseModel.__dict__
-        set_dict = slots["__dict__"].__set__
-        set_fields = slots["__pydantic_fields_set__"].__set__
-        set_extra = slots["__pydantic_extra__"].__set__
-        set_private = slots["__pydantic_private__"].__set__
-        out = []
-        for values in zip(*columns, strict=True):
-            record = new(cls)
-            set_dict(record, dict(zip(names, values, strict=True)))
-            set_fields(record, fields_set)
-            set_extra(record, None)
-            set_private(record, None)
-            out.append(record)
+        _drain(map(slots["__dict__"].__set__, out, map(dict, map(zip, repeat(names, n), zip(*columns, strict=True)))))
+        _drain(map(slots["__pydantic_fields_set__"].__set__, out, repeat(set(names), n)))
+        _drain(map(slots["__pydantic_extra__"].__set__, out, repeat(None, n)))
+        _drain(map(slots["__pydantic_private__"].__set__, out, repeat(None, n)))
         return out
 
 
+def _drain(calls: Iterator[Any]) -> None:
+    """Run a lazy ``map`` of calls for their effect, in C (``deque`` with no room keeps nothing)."""
+    deque(calls, maxlen=0)
+
+
+_ABSENT = object()
+
+
 def validate_nodes(rows: list[dict[str, Any]]) -> list[Any]:
-    """Many ``NodeInfo`` maps validated in one call (a parser builds plain maps, not models)."""
+    """Many ``NodeInfo`` maps (a parser builds plain maps, not models) → models, validated
+    column by column like a decoded snapshot (``decode_columns``): one strict validation call
+    per field over all rows, then records assembled without validating them again — half the
+    time of validating 10,000 maps as models one by one. A field a row leaves out takes its
+    default; keys that are not fields are ignored (as ``extra="ignore"`` does); a bad value is a
+    ``ValueError`` naming the field and the row."""
     from epu.common.messages import NodeInfo
 
-    with gc_paused():
-        return _adapter(NodeInfo).validate_python(rows)
+    return validate_records(rows, NodeInfo, "nodes")
+
+
+def validate_records(rows: list[dict[str, Any]], cls: type[BaseModel], what: str) -> list[Any]:
+    """``rows`` (maps) → ``cls`` records, validated column-wise (see ``validate_nodes``)."""
+    n = len(rows)
+    doc: dict[str, Any] = {"n": n}
+    if not n:
+        return []
+    key_orders = set(map(tuple, rows))
+    if len(key_orders) == 1 and "n" not in rows[0]:  # the usual case (one dict literal per parser): transpose in C
+        doc.update(zip(next(iter(key_orders)), map(list, zip(*map(dict.values, rows), strict=True)), strict=True))
+        return decode_columns(doc, cls, what)
+    for name, f in cls.model_fields.items():
+        col = list(map(methodcaller("get", name, _ABSENT), rows))
+        if col.count(_ABSENT) == n:
+            continue  # absent everywhere: decode_columns fills the default (or says it is required)
+        if _ABSENT in col:
+            if f.is_required():
+                raise ValueError(f"{what}[{col.index(_ABSENT)}].{name}: field required")
+            col = [f.get_default(call_default_factory=True) if v is _ABSENT else v for v in col]
+        doc[name] = col
+    return decode_columns(doc, cls, what)
 
 
 def replace_fields(record: BaseModel, **update: Any) -> Any:

@@ -491,7 +491,7 @@ class Engine:
         dissolved = dissolve_complete_gangs(after)
         if dissolved is not None:
             after, parts = dissolved, partition(dissolved)
-        changed = [a for a, b in zip(after, before, strict=True) if a != b]
+        changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]  # refresh keeps unchanged ones
         notes_extra = self._breaker(domain, health_, after, latest, now)
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import msgpack
 from epu.common.clock import Clock
 from epu.common.codec import packb
-from epu.common.columns import replace_fields
+from epu.common.columns import gc_paused, replace_fields
 from epu.common.messages import (
     Message,
     NodeCommand,
@@ -188,7 +188,14 @@ class SensorCore:
         return self._unavailable(snap.taken_at, error)
 
     def read(self) -> SensorSnapshot:
+        """One read of the batch system. The cyclic garbage collector is paused for it: a big
+        site's read allocates hundreds of thousands of short-lived containers (and none that
+        form cycles), which made the collector run over and over (20–25 % of the read)."""
         self.reads += 1
+        with gc_paused():
+            return self._read()
+
+    def _read(self) -> SensorSnapshot:
         now = self.clock.now()
         try:
             obs: Observation = self.backend.snapshot()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,16 @@ class ShapeGrouper:
             g[1] = wait_s
         if job_id and len(g[3]) < self.sample_per_shape:
             g[3].append(job_id)
+
+    def add_group(self, *, nodes: int, cores: int, memory_mb: int, gpus: int, features: tuple[str, ...],
+                  partition: str, time_limit_s: int, demand: bool, reason: str, reason_class: str,
+                  wait_s: float, count: int, job_ids: Sequence[str]) -> None:
+        """``count`` jobs of one shape at once (a parser that grouped them itself); ``job_ids``
+        are the first few of them, in the order read, for the shape's sample."""
+        for i, job_id in enumerate(job_ids or ("",)):  # the first counts them all; the rest add a sample id
+            self.add(nodes=nodes, cores=cores, memory_mb=memory_mb, gpus=gpus, features=features, partition=partition,
+                     time_limit_s=time_limit_s, demand=demand, reason=reason, reason_class=reason_class,
+                     wait_s=wait_s, count=count if i == 0 else 0, job_id=job_id)
 
     def add_job(self, job: QueuedJob, *, demand: bool, reason: str, reason_class: str, gpus: int = 0,
                 features: Iterable[str] = (), time_limit_s: int = 0) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from epu.common.codec import decode, encode
-from epu.common.columns import decode_columns, encode_columns
+from epu.common.columns import decode_columns, encode_columns, validate_nodes
 from epu.common.messages import DecodeError, Envelope, JobShape, NodeInfo, SensorSnapshot
 
 
@@ -62,3 +62,19 @@ def test_verbose_snapshots_are_still_accepted() -> None:
                           shapes=[JobShape(count=2)])
     body = snap.model_dump(mode="python")  # lists of maps, as a 1.0 sender writes them
     assert SensorSnapshot.from_wire(body) == snap
+
+
+def test_node_maps_validated_column_wise_equal_model_validation() -> None:
+    """``validate_nodes`` (what the sensor's parsers call) gives what ``model_validate`` gives
+    per map, fills the defaults of left-out fields, ignores extra keys, and names a bad field."""
+    same = [{"name": f"w{i}", "state": "busy", "cores": 4, "cores_used": 4, "jobs": [str(i)], "features": ["a"]}
+            for i in range(3)]
+    mixed = [{"name": "x", "state": "free"}, {"state": "down", "name": "y", "cores": 2, "unknown_key": 1}]
+    for rows in (same, mixed):
+        got = validate_nodes(rows)
+        assert got == [NodeInfo.model_validate(r) for r in rows]
+    assert validate_nodes(mixed)[0].jobs == [] and validate_nodes(mixed)[1].cores == 2
+    with pytest.raises(ValueError, match="cores"):
+        validate_nodes([{"name": "x", "state": "free", "cores": -1}])
+    with pytest.raises(ValueError, match="name"):
+        validate_nodes([{"name": "x", "state": "free"}, {"state": "free"}])

@@ -124,8 +124,8 @@ def test_status_and_instances_list_show_the_whole_state_at_once(world: tuple[Loa
     listed = {r["instance_id"]: r for r in json.loads(ok(epu(cfg, "instances", "list", "--json")))}
     assert [(listed[i]["engine_state"], listed[i]["in_batch"]) for i in ids] == [("started", False)] * 3
     table = ok(epu(cfg, "instances", "list"))
-    assert table.splitlines()[0].split()[:5] == ["INSTANCE", "DOMAIN", "SITE", "STATE", "BATCH"]
-    assert all(line.split()[4] == "no" for line in table.splitlines() if line.startswith("s-"))
+    assert table.splitlines()[0].split()[:6] == ["INSTANCE", "DOMAIN", "SITE", "TYPE", "STATE", "BATCH"]
+    assert all(line.split()[5] == "no" for line in table.splitlines() if line.startswith("s-"))
 
 
 def test_policy_set_pause_resume_and_show(world: tuple[Loaded, Path]) -> None:

@@ -1,10 +1,10 @@
 """Pure parsers for Torque's XML (functional core; no process is started here).
 
-``qstat -f -x [-t]`` and ``pbsnodes -x`` print one XML document each. Jobs are streamed with
-``iterparse`` and each ``<Job>`` element is cleared once read, so memory stays flat on a
-100,000-job queue (see bench/bench_sensor.py for the DOM baseline). Records are flat dicts
-(``Resource_List.nodes`` style keys), the same shape pbs_python's ``pbs_statjob`` gives, so
-both read paths share the normalization below.
+``qstat -f -x [-t]`` and ``pbsnodes -x`` print one XML document each. Neither is parsed into
+elements: ``scan_qstat`` finds the few attributes it needs in each job's text and groups pending
+jobs by their raw request as it goes (bench/bench_sensor.py measures it beside expat); nodes are
+picked out by one regular expression each. pbs_python's ``pbs_statjob`` gives flat records
+(``Resource_List.nodes`` style keys), normalized by the same ``TorqueJobReader``.
 
 Resource requests (``Resource_List``):
 
@@ -183,22 +183,40 @@ class TorqueJobReader:
         if disposition == "finished":
             out.finished += 1
             return
+        count = _array_count(array_request) if "[]" in job_id and array_request else 1
+        submit = float(qtime) if qtime.isdigit() else 0.0
+        seen = self.pending(state, queue, hold_types, depend, resources, jobs=1, elements=count,
+                            first_submit=submit, job_ids=(job_id,))
+        self.sample(seen, job_id, submit, count)
+
+    def pending(self, state: str, queue: str, hold_types: str, depend: str,
+                resources: tuple[str, str, str, str, str, str], *, jobs: int, elements: int, first_submit: float,
+                job_ids: tuple[str, ...]) -> tuple[int, int, int, str, str]:
+        """Counts ``jobs`` pending jobs that share a state, queue, hold, dependency and request
+        (each ``elements`` array elements; ``first_submit`` the earliest submit time, 0 when
+        unknown; ``job_ids`` the first few, for the shape's sample). Returns what ``sample``
+        needs: (nodes, cores, memory MB, queue, state word)."""
         verdict = self.reasons(torque_reason(state, hold_types, depend))
         req = self._requests.get(resources)
         if req is None:
             req = self._requests[resources] = _request(*resources)
         nodes, cores, memory, gpus, props, limit = req
-        count = _array_count(array_request) if "[]" in job_id and array_request else 1
-        submit = float(qtime) if qtime.isdigit() else 0.0
-        wait = max(0.0, self.now - submit) if submit else 0.0
-        out.grouper.add(nodes=nodes, cores=cores, memory_mb=memory, gpus=gpus, features=props, partition=queue,
-                        time_limit_s=limit, demand=verdict.demand, reason=verdict.reason,
-                        reason_class=verdict.reason_class, wait_s=wait, count=count, job_id=job_id)
+        wait = max(0.0, self.now - first_submit) if first_submit else 0.0
+        self.out.grouper.add_group(nodes=nodes, cores=cores, memory_mb=memory, gpus=gpus, features=props,
+                                   partition=queue, time_limit_s=limit, demand=verdict.demand, reason=verdict.reason,
+                                   reason_class=verdict.reason_class, wait_s=wait, count=jobs * elements,
+                                   job_ids=job_ids)
+        state_word = "queued" if verdict.demand else ("held" if verdict.reason_class == "held" else "blocked")
+        return nodes, cores, memory, queue, state_word
+
+    def sample(self, seen: tuple[int, int, int, str, str], job_id: str, submit: float, elements: int) -> None:
+        """One job of the bounded per-job sample shown to operators."""
+        out = self.out
         if len(out.sample) < out.sample_size:
-            state_word = "queued" if verdict.demand else ("held" if verdict.reason_class == "held" else "blocked")
+            nodes, cores, memory, queue, state_word = seen
             out.sample.append(QueuedJob(job_id=job_id, cores=cores, nodes=nodes, memory_mb=memory, queue=queue,
-                                        submit_time=submit, wait_seconds=wait, state=state_word,  # type: ignore[arg-type]
-                                        count=count))
+                                        submit_time=submit, wait_seconds=max(0.0, self.now - submit) if submit else 0.0,
+                                        state=state_word, count=elements))  # type: ignore[arg-type]
 
 
 def normalize_jobs(records: Iterable[Record], now: float, warnings: list[str] | None = None,
@@ -217,60 +235,103 @@ def normalize_jobs(records: Iterable[Record], now: float, warnings: list[str] | 
 #: server-side projection) and what the XML scan picks out of ``qstat -f -x``.
 JOB_ATTRIBUTES = ("job_state", "queue", "qtime", "Hold_Types", "depend", "job_array_request", "Resource_List")
 RESOURCE_KEYS = ("nodes", "procs", "ncpus", "mem", "pmem", "walltime")
-_JOB_SCAN = re.compile(rb"<(Job_Id|job_state|queue|qtime|Hold_Types|depend|job_array_request)>([^<]*)</"
-                       rb"|<Resource_List>(.*?)</Resource_List>", re.S)
-_RESOURCE_SCAN = re.compile(rb"<(nodes|procs|ncpus|mem|pmem|walltime)>([^<]*)</")
+_RESOURCE_SCAN = re.compile(r"<(nodes|procs|ncpus|mem|pmem|walltime)>([^<]*)</")
+_SAMPLE_IDS = 3  # job ids kept per group of identical pending jobs (ShapeGrouper keeps 3 per shape)
 
 
-def _text(value: bytes) -> str:
-    text = value.decode("utf-8", "replace")
-    return html.unescape(text) if "&" in text else text
+def _text(value: str) -> str:
+    return html.unescape(value) if "&" in value else value
+
+
+def _resources(block: str) -> tuple[str, ...]:
+    found = dict(_RESOURCE_SCAN.findall(block))
+    return tuple(_text(found.get(k, "")) for k in RESOURCE_KEYS)
 
 
 def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
                grouper: ShapeGrouper | None = None) -> TorqueJobs:
-    """``qstat -f -x [-t]`` → shapes in one pass: a single regular-expression scan picks the
-    needed top-level attributes and each job's ``Resource_List`` out of the document (no
-    element tree, no per-attribute callbacks; a real record is ~1.6 KB of which ~150 bytes
-    are needed). Distinct ``Resource_List`` blocks are interpreted once. Output that does not
-    end its ``<Data>`` document (cut short) raises ``ValueError``: a truncated queue is
-    unreadable, never a shorter one."""
-    data = xml.encode() if isinstance(xml, str) else xml
-    data = data.strip()
+    """``qstat -f -x [-t]`` → shapes in one pass over the document, with no element tree and no
+    per-element work: a real record is ~1.6 KB of ~45 elements of which the sensor needs a
+    handful, so each job is located by its ``<Job_Id>`` and only the needed attributes are
+    looked up in it (``str.find``, which skips through the text in C), and only for the jobs
+    that need them: a running or finished job costs its ``job_state``; ``Hold_Types`` and
+    ``depend`` are read only for held jobs, ``job_array_request`` only for an array's ``[]``
+    summary. Pending jobs are counted under their raw text (state, queue, hold, dependency,
+    array request, ``Resource_List`` block), so each distinct request is interpreted once,
+    after the scan. Output that does not end its ``<Data>`` document (cut short) raises
+    ``ValueError``: a truncated queue is unreadable, never a shorter one."""
+    text = xml.decode("utf-8", "replace") if isinstance(xml, bytes) else xml
     reader = TorqueJobReader(now, warnings, grouper)
-    if not data:
-        return reader.out
-    if not data.endswith(b"</Data>"):
+    out = reader.out
+    text = text.strip()
+    if not text:
+        return out
+    if not text.endswith("</Data>"):
         raise ValueError("qstat XML is not a complete <Data> document (output cut short?)")
-    resources_seen: dict[bytes, tuple[str, ...]] = {}
-    rec: dict[bytes, bytes] = {}
-    resources: tuple[str, ...] = ("",) * 6
-    empty = resources
-
-    def flush() -> None:
-        reader.job(_text(rec.get(b"Job_Id", b"")), _text(rec.get(b"job_state", b"")), _text(rec.get(b"queue", b"")),
-                   _text(rec.get(b"qtime", b"")), _text(rec.get(b"Hold_Types", b"")), _text(rec.get(b"depend", b"")),
-                   _text(rec.get(b"job_array_request", b"")), resources)  # type: ignore[arg-type]
-
-    started = False
-    for tag, value, block in _JOB_SCAN.findall(data):
-        if tag == b"Job_Id":
-            if started:
-                flush()
-            started = True
-            rec = {b"Job_Id": value}
-            resources = empty
-        elif tag:
-            rec[tag] = value
+    dispositions = TORQUE_JOB_STATES
+    groups: dict[tuple, list] = {}  # raw key → [jobs, earliest submit, first job ids]
+    samples: list[tuple[tuple, str, int]] = []  # the first pending jobs in document order
+    sample_size = out.sample_size
+    find = text.find
+    end_of_text = len(text)
+    nxt = find("<Job_Id>")
+    while nxt >= 0:
+        start = nxt + 8
+        nxt = find("<Job_Id>", start)
+        end = nxt if nxt >= 0 else end_of_text
+        i = find("<job_state>", start, end)
+        state = text[i + 11:find("<", i + 11)] if i >= 0 else ""
+        disposition = dispositions.get(state)
+        if disposition == "running":
+            out.running += 1
+            continue
+        if disposition == "finished":
+            out.finished += 1
+            continue
+        if disposition is None:
+            out.unknown_states.append(_text(state))
+            continue
+        job_id = text[start:find("<", start)]
+        i = find("<queue>", start, end)
+        queue = text[i + 7:find("<", i + 7)] if i >= 0 else ""
+        i = find("<qtime>", start, end)
+        qtime = text[i + 7:find("<", i + 7)] if i >= 0 else ""
+        i = find("<Resource_List>", start, end)
+        j = find("</Resource_List>", i, end) if i >= 0 else -1
+        block = text[i + 15:j] if j >= 0 else ""
+        hold = depend = array = ""
+        if state == "H":
+            i = find("<Hold_Types>", start, end)
+            hold = text[i + 12:find("<", i + 12)] if i >= 0 else ""
+            i = find("<depend>", start, end)
+            depend = text[i + 8:find("<", i + 8)] if i >= 0 else ""
+        if "[]" in job_id:
+            i = find("<job_array_request>", start, end)
+            array = text[i + 19:find("<", i + 19)] if i >= 0 else ""
+        submit = int(qtime) if qtime.isdigit() else 0
+        key = (state, queue, hold, depend, array, block)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [1, submit, [job_id]]
         else:
-            got = resources_seen.get(block)
-            if got is None:
-                found = dict(_RESOURCE_SCAN.findall(block))
-                got = resources_seen[block] = tuple(_text(found.get(k.encode(), b"")) for k in RESOURCE_KEYS)
-            resources = got
-    if started:
-        flush()
-    return reader.out
+            g[0] += 1
+            if submit and (submit < g[1] or not g[1]):
+                g[1] = submit
+            if len(g[2]) < _SAMPLE_IDS:
+                g[2].append(job_id)
+        if len(samples) < sample_size:
+            samples.append((key, job_id, submit))
+    seen: dict[tuple, tuple] = {}
+    for key, (jobs, first, ids) in groups.items():
+        state, queue, hold, depend, array, block = key
+        elements = _array_count(_text(array)) if array else 1
+        seen[key] = (reader.pending(state, _text(queue), _text(hold), depend, _resources(block), jobs=jobs,
+                                    elements=elements, first_submit=float(first),
+                                    job_ids=tuple(_text(j) for j in ids)), elements)
+    for key, job_id, submit in samples:
+        info, elements = seen[key]
+        reader.sample(info, _text(job_id), float(submit), elements)
+    return out
 
 
 def parse_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None) -> TorqueJobs:
@@ -350,20 +411,20 @@ def normalize_nodes(records: Iterable[Record], warnings: list[str] | None = None
     return validate_nodes(out)
 
 
-_NODE_SCAN = re.compile(rb"<Node>(.*?)</Node>", re.S)
-_NODE_FIELDS = re.compile(rb"<(name|state|np|jobs|properties|note|gpus|status)>([^<]*)</")
+_NODE_SCAN = re.compile(r"<Node>(.*?)</Node>", re.S)
+_NODE_FIELDS = re.compile(r"<(name|state|np|jobs|properties|note|gpus|status)>([^<]*)</")
 
 
 def scan_node_records(xml: str | bytes) -> list[Record]:
     """``pbsnodes -x`` → flat records of the fields the sensor uses, by one regular-expression
     pass per node (no element tree). Output that does not end its ``<Data>`` document raises
     ``ValueError`` (cut short)."""
-    data = (xml.encode() if isinstance(xml, str) else xml).strip()
+    data = (xml.decode("utf-8", "replace") if isinstance(xml, bytes) else xml).strip()
     if not data:
         return []
-    if not data.endswith(b"</Data>"):
+    if not data.endswith("</Data>"):
         raise ValueError("pbsnodes XML is not a complete <Data> document (output cut short?)")
-    return [{k.decode(): _text(v) for k, v in _NODE_FIELDS.findall(node)} for node in _NODE_SCAN.findall(data)]
+    return [{k: _text(v) for k, v in _NODE_FIELDS.findall(node)} for node in _NODE_SCAN.findall(data)]
 
 
 def parse_pbsnodes(xml: str | bytes, warnings: list[str] | None = None) -> list[NodeInfo]:

@@ -245,3 +245,27 @@ def test_commands_find_a_machine_by_its_short_name(condor: FakeCondor) -> None:
     out = b.execute("offline", "exec02", reason="epu: idle")
     assert out.ok and out.changed and condor.log[-1][:2] == ("drain", "exec02.example.org")
     assert not b.execute("offline", "exec0").ok  # a prefix of another name matches nothing
+
+
+def test_jobs_grouped_by_text_keep_per_job_ids_waits_and_distinct_requirements() -> None:
+    """Jobs are grouped by their ad's text without ClusterId/ProcId/QDate: identical requests
+    collapse (count, earliest QDate, first ids in order), but a different Requirements, an
+    expression-valued QDate or a plain mapping never merges wrongly."""
+    req = '(TARGET.Memory >= RequestMemory) && (TARGET.Arch == "{}")'
+    jobs = []
+    for i, (arch, qdate) in enumerate([("X86_64", 1795322000), ("X86_64", 1795321000), ("ARM64", 1795322500),
+                                       ("X86_64", 1795322900), ("X86_64", 1795322950)]):
+        ad = classad2.ClassAd({"ClusterId": 300 + i, "ProcId": 0, "JobStatus": 1, "RequestCpus": 2,
+                               "RequestMemory": 1024, "QDate": qdate})
+        ad["Requirements"] = classad2.ExprTree(req.format(arch))
+        jobs.append(ad)
+    jobs[4]["QDate"] = classad2.ExprTree("1795322000 + 950")  # an expression: read from the ad
+    jobs.append({"ClusterId": 310, "ProcId": 0, "JobStatus": 1, "RequestCpus": 2, "RequestMemory": 1024,
+                 "QDate": 1795320000})  # a plain mapping: its own group, same shape
+    out = normalize_jobs(jobs, NOW, template=TEMPLATE)
+    by_reason = {s.reason: s for s in out.shapes()}
+    idle, unmatched = by_reason["Idle"], by_reason["RequirementsUnmatched"]
+    assert (idle.count, idle.sample_job_ids, idle.max_wait_s) == (5, ["300.0", "301.0", "303.0"], NOW - 1795320000)
+    assert (unmatched.count, unmatched.sample_job_ids) == (1, ["302.0"])
+    assert [j.job_id for j in out.queued] == ["300.0", "301.0", "302.0", "303.0", "304.0", "310.0"]
+    assert out.queued[4].submit_time == 1795322950.0 and out.queued[1].wait_seconds == NOW - 1795321000

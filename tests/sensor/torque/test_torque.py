@@ -438,3 +438,29 @@ def test_snapshot_cli_for_torque(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "qstat").write_text("#!/bin/sh\necho 'cannot connect to server head' >&2\nexit 111\n")
     assert main(["sensor", "snapshot", "--backend", "torque", "--option", f"bin_dir={tmp_path}"]) == 1
     assert "cannot connect" in capsys.readouterr().err
+
+
+def test_scan_groups_identical_jobs_but_not_different_holds_or_requests() -> None:
+    """The scan counts pending jobs under their raw text: identical ones collapse (count,
+    earliest qtime, first ids in document order), a dependency, a hold type, an array request
+    or an entity-escaped queue name each stay their own."""
+    def job(jid: str, state: str, qtime: int, extra: str = "", res: str = "<nodes>1:ppn=2</nodes>") -> str:
+        return (f"<Job><Job_Id>{jid}</Job_Id><job_state>{state}</job_state><queue>q&amp;a</queue>{extra}"
+                f"<qtime>{qtime}</qtime><Resource_List>{res}</Resource_List></Job>")
+    xml = "<Data>" + "".join([
+        job("1.vm", "Q", 150), job("2.vm", "Q", 120), job("3.vm", "R", 100), job("4.vm", "Q", 190),
+        job("5.vm", "Q", 110),
+        job("6.vm", "H", 100, "<Hold_Types>u</Hold_Types>"),
+        job("7.vm", "H", 100, "<Hold_Types>s</Hold_Types><depend>afterok:1.vm</depend>"),
+        job("8[].vm", "Q", 100, "<job_array_request>1-4</job_array_request>", "<nodes>1:ppn=4</nodes>"),
+        job("9.vm", "Q", 100, res="<nodes>2:ppn=2</nodes>")]) + "</Data>"
+    out = parse_qstat(xml, 200.0)
+    shapes = {s.sample_job_ids[0]: s for s in out.shapes()}
+    assert (shapes["1.vm"].count, shapes["1.vm"].sample_job_ids, shapes["1.vm"].max_wait_s) == \
+        (4, ["1.vm", "2.vm", "4.vm"], 90.0)
+    assert shapes["1.vm"].partition == "q&a"
+    assert (shapes["6.vm"].demand, shapes["6.vm"].reason_class) == (False, "held")
+    assert shapes["7.vm"].reason != shapes["6.vm"].reason and not shapes["7.vm"].demand
+    assert shapes["8[].vm"].count == 4 and shapes["9.vm"].nodes == 2
+    assert [j.job_id for j in out.queued] == ["1.vm", "2.vm", "4.vm", "5.vm", "6.vm", "7.vm", "8[].vm", "9.vm"]
+    assert out.running == 1
