@@ -27,6 +27,9 @@ class DecisionConfig(ServiceCommon):
     """First pause of a failing site (doubles per consecutive failure)."""
     backoff_max_seconds: float = Field(1800.0, ge=0)
     """Longest pause of a failing site."""
+    wake_min_seconds: float = Field(0.2, ge=0)
+    """A snapshot whose queued demand changed runs an iteration at once instead of at the next
+    tick, but never sooner than this after the last iteration (the rate limit of reacting early)."""
     pipeline_gap_seconds: float = Field(150.0, gt=0)
     """No fresh available snapshot, or a launch/terminate unanswered by the provisioner, for this
     long means our own pipeline is down: stall and loss clocks restart when it is back, so a site

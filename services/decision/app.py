@@ -58,7 +58,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             stale.labels(msg.domain).inc()
             service.log.info("stale snapshot not acted on", extra={"domain": msg.domain, "age_seconds": round(age)})
             return
-        engine.on_snapshot(msg)
+        if engine.on_snapshot(msg) and config.decision.wake_min_seconds < config.decision.iteration_seconds:
+            service.wake("iteration", config.decision.wake_min_seconds)  # new demand: answer it now
 
     def on_input(msg: Any, env: Envelope) -> None:
         if isinstance(msg, SensorSnapshot):

@@ -163,15 +163,18 @@ class Engine:
         elif isinstance(msg, InstanceReport):
             self.on_instance_report(msg)
 
-    def on_snapshot(self, snap: SensorSnapshot) -> None:
+    def on_snapshot(self, snap: SensorSnapshot) -> bool:
+        """Keep the newest snapshot of a domain; True when its queued demand differs from the
+        one before (the caller may then iterate at once rather than at the next tick)."""
         if snap.domain not in self.config.domains:
-            return
+            return False
         prev = self._latest.get(snap.domain)
         if prev is not None and prev.snapshot.taken_at > snap.taken_at:
-            return  # an older snapshot arriving late says nothing new
+            return False  # an older snapshot arriving late says nothing new
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [])
         self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now())
+        return prev is None or prev.digest.shapes != digest.shapes
 
     def is_active(self, domain: str) -> bool:
         latest = self._latest.get(domain)
