@@ -96,7 +96,8 @@ class RunResult:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None) -> None:
+    def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None, *,
+                 sqlite_provisioner_stores: bool = False) -> None:
         self.scenario = scenario
         self.seed = seed
         self.world = World(seed)
@@ -129,10 +130,12 @@ class Simulation:
         self.engines = [EngineProc(self.world, self.bus, f"engine-{i + 1}", self.config, self.decision_db,
                                    self.decision_faults) for i in range(scenario.engines)]
         self.provisioner_faults: dict[str, StoreFaults] = {}
-        self.databases: dict[str, MemoryDatabase] | None = {} if scenario.setup is None else None
+        in_memory = scenario.setup is None and not sqlite_provisioner_stores
+        self.databases: dict[str, MemoryDatabase] | None = {} if in_memory else None
         """The provisioners' stores in memory (``services.provisioner.memstore``, the SQL store's
-        semantics without SQLAlchemy's cost), or, for a scenario whose setup may reach into the
-        store files (backups, restores), SQLite files."""
+        semantics without SQLAlchemy's cost; the same run, bit for bit — tests/sim/test_replay.py),
+        or SQLite files: on request, and for a scenario whose setup may reach into the store files
+        (backups, restores)."""
         self.provisioners = [self.make_provisioner(p) for p in scenario.provisioners]
         self.sensor = SensorProc(self.world, self.bus, "sensor", d.name, self.batch, scenario.timing.sensor_poll_seconds)
         self.operator = OperatorProc(self.world, self.bus)
