@@ -49,6 +49,7 @@ leases = Table(
 _RENEW = (update(leases).where(leases.c.domain == bindparam("d"), leases.c.holder == bindparam("h"),
                                leases.c.epoch == bindparam("e")).values(expires_at=bindparam("x")))
 _SELECT = select(leases).where(leases.c.domain == bindparam("d"))
+_FENCE = _RENEW.where(leases.c.expires_at >= bindparam("now"))
 
 
 class Fenced(Exception):
@@ -127,9 +128,8 @@ class Leases:
         def check(conn: Connection) -> None:
             if mine is None:
                 raise Fenced(f"no lease held on domain {domain!r}")
-            ok = conn.execute(update(leases).where(
-                leases.c.domain == domain, leases.c.holder == self.holder, leases.c.epoch == mine.epoch,
-                leases.c.expires_at >= now).values(expires_at=now + self.ttl)).rowcount == 1
+            ok = conn.execute(_FENCE, {"d": domain, "h": self.holder, "e": mine.epoch, "now": now,
+                                       "x": now + self.ttl}).rowcount == 1
             if not ok:
                 self.held.pop(domain, None)
                 self.lost.add(domain)

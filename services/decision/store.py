@@ -152,6 +152,10 @@ _SEL_IDS = select(instances.c.instance_id).where(instances.c.instance_id.in_(bin
 _UPD_INSTANCE = (update(instances).where(instances.c.instance_id == bindparam("_id"))
                  .values({f: bindparam(f) for f in _INSTANCE_FIELDS if f != "instance_id"}))
 _INS_INSTANCE = insert(instances)
+_DONE = (update(actions).where(actions.c.action_id.in_(bindparam("ids", expanding=True)), actions.c.done.is_(False))
+         .values(done=True, outcome=bindparam("outcome")))
+_SENT = (update(actions).where(actions.c.action_id.in_(bindparam("ids", expanding=True)))
+         .values(sent_at=bindparam("at"), attempts=actions.c.attempts + 1))
 
 
 def _instance(row: Any) -> Instance:
@@ -647,8 +651,7 @@ class Store:
         if not action_ids:
             return
         with self._write() as conn:
-            conn.execute(update(actions).where(actions.c.action_id.in_(action_ids))
-                         .values(sent_at=now, attempts=actions.c.attempts + 1))
+            conn.execute(_SENT, {"ids": list(action_ids), "at": now})
 
             def apply() -> None:
                 if self._cache.open is not None:
@@ -690,8 +693,7 @@ class Store:
         if not ids:
             return 0  # nothing open: the working set says so, no need to ask the database
         with self._write(conn) as c:
-            n = c.execute(update(actions).where(actions.c.action_id.in_(ids), actions.c.done.is_(False))
-                          .values(done=True, outcome=outcome)).rowcount
+            n = c.execute(_DONE, {"ids": ids, "outcome": outcome}).rowcount
 
             def apply() -> None:
                 if self._cache.open is not None:
