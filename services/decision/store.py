@@ -147,6 +147,7 @@ _INSTANCE_FIELDS = [f.name for f in fields(Instance)]
 _GEN_KEY = "store"
 _SEL_GEN = select(generation.c.value).where(generation.c.name == _GEN_KEY)
 _BUMP_GEN = update(generation).where(generation.c.name == _GEN_KEY).values(value=generation.c.value + 1)
+_BUMP_GEN_RETURNING = _BUMP_GEN.returning(generation.c.value)
 # Prebuilt statements: building one per call costs more Python time than SQLite spends on it.
 _SEL_IDS = select(instances.c.instance_id).where(instances.c.instance_id.in_(bindparam("ids", expanding=True)))
 _UPD_INSTANCE = (update(instances).where(instances.c.instance_id == bindparam("_id"))
@@ -295,6 +296,10 @@ class Store:
             self._after = None
 
     def _bump(self, conn: Connection) -> int:
+        if conn.dialect.update_returning:  # PostgreSQL, SQLite >= 3.35: bump and read in one statement
+            value = conn.execute(_BUMP_GEN_RETURNING).scalar()
+            if value is not None:
+                return int(value)
         if conn.execute(_BUMP_GEN).rowcount == 0:
             try:
                 with conn.begin_nested():
