@@ -2,7 +2,8 @@
 
 What is measured: the CPU time (``time.process_time``, so other load on a shared machine
 matters less than for wall time) of whole runs — the real engine, provisioner and sensor core,
-their SQLite stores, the simulated cloud, batch system and bus, and every invariant check —
+the engine's SQLite store, the provisioner's in-memory one (``memstore``), the simulated cloud,
+batch system and bus, and every invariant check —
 and the virtual time they cover. Two workloads on a domain of up to 50 nodes:
 
 * ``baseline`` — the bursty fault-free scenario (the cluster grows to tens of nodes in bursts and
@@ -11,7 +12,7 @@ and the virtual time they cover. Two workloads on a domain of up to 50 nodes:
 
 Each over ``--seeds`` seeds; min / median / max of the per-run rate and the total. The target
 of issue 11 is 1,000 simulated hours per CPU minute; see docs/performance.md for where the time
-goes (SQL round trips in the cores).
+goes (the decision engine's SQL round trips).
 
     .venv/bin/python bench/bench_sim.py [--seeds 5]
 """

@@ -294,6 +294,9 @@ class SimNodeDriver(NodeDriver):
         self.caller = caller
         self.client_tokens = True
         self.on_created: Callable[[], None] | None = None
+        self._listed: dict[str, tuple[NodeState, Node]] = {}
+        """The Node last listed per VM: handed out again while its state is the same (a VM's
+        name, tags and address never change), so a listing of a quiet site builds nothing."""
 
     def _node(self, vm: VM) -> Node:
         now = self.cloud.world.t
@@ -305,11 +308,19 @@ class SimNodeDriver(NodeDriver):
             state = NodeState.PENDING
         else:
             state = NodeState.RUNNING
+        last = self._listed.get(vm.cloud_id)
+        if last is not None and last[0] is state:
+            return last[1]
         ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"
-        return Node(id=vm.cloud_id, name=vm.name, state=state,
+        node = Node(id=vm.cloud_id, name=vm.name, state=state,
                     public_ips=[ip] if state == NodeState.RUNNING else [],
                     private_ips=[ip] if state != NodeState.TERMINATED else [], driver=self,
                     extra={"tags": dict(vm.tags)}, created_at=datetime.fromtimestamp(vm.created_at, UTC))
+        if state is NodeState.TERMINATED:
+            self._listed.pop(vm.cloud_id, None)
+        else:
+            self._listed[vm.cloud_id] = (state, node)
+        return node
 
     def create_node(self, name: str, size: NodeSize, image: NodeImage, location: NodeLocation | None = None,
                     auth: Any = None, ex_metadata: dict[str, str] | None = None,

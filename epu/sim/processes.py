@@ -38,6 +38,7 @@ from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChang
 from epu.services.decision.engine import Engine
 from epu.services.decision.store import Store as DecisionStore
 from epu.services.provisioner.app import build_provisioner
+from epu.services.provisioner.memstore import MemoryDatabase, MemoryStore
 from epu.services.provisioner.provisioner import Provisioner
 from epu.services.provisioner.runner import InlineRunner
 from epu.services.provisioner.store import Store as ProvisionerStore
@@ -72,14 +73,21 @@ class StoreFaults:
         @event.listens_for(engine, "before_cursor_execute")
         def _check(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
             head = statement.lstrip()[:6].upper()
-            if head not in ("INSERT", "UPDATE", "DELETE"):
-                return
-            if self.crash_next_write and owner.alive:
-                self.crash_next_write = False
-                raise Crash(f"{owner.name} killed before a store write")
-            if world.t < self.failing_until:
-                self.failed_writes += 1
-                raise OperationalError(statement[:60], None, Exception("simulated: database is locked"))
+            if head in ("INSERT", "UPDATE", "DELETE"):
+                self.check_write(world, owner, statement[:60])
+
+    def attach_memory(self, store: MemoryStore, world: World, owner: Proc) -> None:
+        """The same faults for an in-memory store: checked before each write transaction."""
+        store.before_write = lambda: self.check_write(world, owner, "write")
+
+    def check_write(self, world: World, owner: Proc, statement: str) -> None:
+        """A write is about to run: the owner dies here, or the database refuses it, or it runs."""
+        if self.crash_next_write and owner.alive:
+            self.crash_next_write = False
+            raise Crash(f"{owner.name} killed before a store write")
+        if world.t < self.failing_until:
+            self.failed_writes += 1
+            raise OperationalError(statement, None, Exception("simulated: database is locked"))
 
 
 class Proc:
@@ -358,15 +366,26 @@ class EngineProc(Proc):
 # ---------------------------------------------------------------------- provisioner
 
 
+def release_store(store: ProvisionerStore | MemoryStore | None) -> None:
+    """Let a provisioner's store go as a killed process does: its connections close, nothing is
+    flushed (unflushed outbox marks are lost; the outbox sends those events again)."""
+    if isinstance(store, ProvisionerStore):
+        store.engine.dispose()
+
+
 class ProvisionerProc(Proc):
     kind = "provisioner"
 
     def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig, store_url: str,
                  clouds: dict[str, SimCloud], store_faults: StoreFaults,
-                 api_latency: Callable[[], float], queue: str = "provisioner") -> None:
+                 api_latency: Callable[[], float], queue: str = "provisioner",
+                 databases: dict[str, MemoryDatabase] | None = None) -> None:
         super().__init__(world, bus, name)
         self.config = config
         self.store_url = store_url
+        self.databases = databases
+        """In-memory store databases by URL (they outlive a crash, as files do), or ``None``: the
+        store is the SQL one on ``store_url``."""
         self.clouds = clouds
         self.clock = WorldClock(world)
         self.prov: Provisioner | None = None
@@ -380,8 +399,13 @@ class ProvisionerProc(Proc):
         bus.subscribe(queue, "competing", self, self._handle)
 
     def boot(self) -> None:
-        self.store = ProvisionerStore(self.store_url)
-        self.store_faults.attach(self.store.engine, self.world, self)
+        if self.databases is not None:
+            mem = MemoryStore(self.databases.setdefault(self.store_url, MemoryDatabase()), self.store_url)
+            self.store_faults.attach_memory(mem, self.world, self)
+            self.store = mem  # type: ignore[assignment]
+        else:
+            self.store = ProvisionerStore(self.store_url)
+            self.store_faults.attach(self.store.engine, self.world, self)
         drivers = {}
         for name, cloud in self.clouds.items():
             d = cloud.driver(self.name)
@@ -429,8 +453,7 @@ class ProvisionerProc(Proc):
         return schedule
 
     def teardown(self) -> None:
-        if self.store is not None:
-            self.store.engine.dispose()
+        release_store(self.store)
         self.prov = None
         self.store = None
 

@@ -20,11 +20,20 @@ from typing import Any
 from epu.common.config import EpuConfig, parse_config
 from epu.common.db import make_engine
 from epu.services.decision.store import Store as DecisionStore
+from epu.services.provisioner.memstore import MemoryDatabase
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import SimCloud
 from epu.sim.invariants import Checker, Violation, max_cores
-from epu.sim.processes import EngineProc, OperatorProc, Proc, ProvisionerProc, SensorProc, StoreFaults
+from epu.sim.processes import (
+    EngineProc,
+    OperatorProc,
+    Proc,
+    ProvisionerProc,
+    SensorProc,
+    StoreFaults,
+    release_store,
+)
 from epu.sim.scenario import ProvisionerSpec, Scenario
 from epu.sim.world import World, WorldClock
 
@@ -87,7 +96,8 @@ class RunResult:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None) -> None:
+    def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None, *,
+                 sqlite_provisioner_stores: bool = False) -> None:
         self.scenario = scenario
         self.seed = seed
         self.world = World(seed)
@@ -121,6 +131,12 @@ class Simulation:
         self.engines = [EngineProc(self.world, self.bus, f"engine-{i + 1}", self.config, self.decision_db,
                                    self.decision_faults) for i in range(scenario.engines)]
         self.provisioner_faults: dict[str, StoreFaults] = {}
+        in_memory = scenario.setup is None and not sqlite_provisioner_stores
+        self.databases: dict[str, MemoryDatabase] | None = {} if in_memory else None
+        """The provisioners' stores in memory (``services.provisioner.memstore``, the SQL store's
+        semantics without SQLAlchemy's cost; the same run, bit for bit — tests/sim/test_replay.py),
+        or SQLite files: on request, and for a scenario whose setup may reach into the store files
+        (backups, restores)."""
         self.provisioners = [self.make_provisioner(p) for p in scenario.provisioners]
         self.sensor = SensorProc(self.world, self.bus, "sensor", d.name, self.batch, scenario.timing.sensor_poll_seconds)
         self.operator = OperatorProc(self.world, self.bus)
@@ -171,7 +187,8 @@ class Simulation:
 
         p = ProvisionerProc(self.world, self.bus, spec.name, config, self.store_url(spec.store),
                             {n: self.clouds[n] for n in names}, faults, latency,
-                            queue="provisioner" if spec.managed else f"provisioner.{spec.name}")
+                            queue="provisioner" if spec.managed else f"provisioner.{spec.name}",
+                            databases=self.databases)
         p.spec = spec  # type: ignore[attr-defined]
         return p
 
@@ -337,8 +354,7 @@ class Simulation:
 
     def close(self) -> None:
         for p in self.provisioners:
-            if p.store is not None:
-                p.store.engine.dispose()
+            release_store(p.store)
         self.decision_db.dispose()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -38,7 +38,7 @@ from epu.services.decision.store import Store as DecisionStore
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import VM, CloudFaults, SimCloud
-from epu.sim.processes import EngineProc, ProvisionerProc, SensorProc, StoreFaults
+from epu.sim.processes import EngineProc, ProvisionerProc, SensorProc, StoreFaults, release_store
 from epu.sim.simulation import quiet_loggers
 from epu.sim.world import World, WorldClock
 from epu.simulate.cloudmodel import CloudModel, SiteModel
@@ -244,7 +244,8 @@ class Simulate:
         self.engine = engine_cls(self.world, self.bus, "engine", self.config, db, StoreFaults())
         latency = {n: self._latency(n, self.cloud_model.site(n)) for n in self.sites}
         prov = LatencyProvisioner(self.world, self.bus, "provisioner", self.config,
-                                  self.config.provisioner.store_url, self.clouds, StoreFaults(), lambda: 0.0)
+                                  self.config.provisioner.store_url, self.clouds, StoreFaults(), lambda: 0.0,
+                                  databases={})
         prov.site_latency = latency
         self.provisioner = prov
         self.sensor = SensorProc(self.world, self.bus, "sensor", self.domain, self.batch,
@@ -407,8 +408,7 @@ class Simulate:
             cores={n: self.config.sites[n].cores for n in self.sites})
 
     def close(self) -> None:
-        if self.provisioner.store is not None:
-            self.provisioner.store.engine.dispose()
+        release_store(self.provisioner.store)
         self.decision_db.dispose()
         shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from epu.common.db import create_schema
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert, select, update
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, bindparam, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -44,6 +44,12 @@ leases = Table(
     Column("epoch", Integer, nullable=False),
     Column("expires_at", Float, nullable=False),
 )
+
+
+_RENEW = (update(leases).where(leases.c.domain == bindparam("d"), leases.c.holder == bindparam("h"),
+                               leases.c.epoch == bindparam("e")).values(expires_at=bindparam("x")))
+_SELECT = select(leases).where(leases.c.domain == bindparam("d"))
+_FENCE = _RENEW.where(leases.c.expires_at >= bindparam("now"))
 
 
 class Fenced(Exception):
@@ -77,11 +83,12 @@ class Leases:
         self._ensure_row(domain)
         mine = self.held.get(domain)
         with self.engine.begin() as conn:
-            row = conn.execute(select(leases).where(leases.c.domain == domain)).one()
-            if mine is not None and row.holder == self.holder and row.epoch == mine.epoch:
-                conn.execute(update(leases).where(leases.c.domain == domain, leases.c.epoch == mine.epoch)
-                             .values(expires_at=now + self.ttl))
+            # the common case, every iteration of the active engine: renew our own lease in one
+            # prebuilt statement (it runs every few seconds per domain; measured by bench_sim)
+            if mine is not None and conn.execute(_RENEW, {"d": domain, "h": self.holder, "e": mine.epoch,
+                                                          "x": now + self.ttl}).rowcount == 1:
                 return self._won(domain, mine.epoch, now)
+            row = conn.execute(_SELECT, {"d": domain}).one()
             if mine is not None:
                 self.lost.add(domain)  # another engine took it from us (we were away too long)
                 self.held.pop(domain, None)
@@ -121,9 +128,8 @@ class Leases:
         def check(conn: Connection) -> None:
             if mine is None:
                 raise Fenced(f"no lease held on domain {domain!r}")
-            ok = conn.execute(update(leases).where(
-                leases.c.domain == domain, leases.c.holder == self.holder, leases.c.epoch == mine.epoch,
-                leases.c.expires_at >= now).values(expires_at=now + self.ttl)).rowcount == 1
+            ok = conn.execute(_FENCE, {"d": domain, "h": self.holder, "e": mine.epoch, "now": now,
+                                       "x": now + self.ttl}).rowcount == 1
             if not ok:
                 self.held.pop(domain, None)
                 self.lost.add(domain)

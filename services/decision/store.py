@@ -149,11 +149,16 @@ _INSTANCE_FIELDS = [f.name for f in fields(Instance)]
 _GEN_KEY = "store"
 _SEL_GEN = select(generation.c.value).where(generation.c.name == _GEN_KEY)
 _BUMP_GEN = update(generation).where(generation.c.name == _GEN_KEY).values(value=generation.c.value + 1)
+_BUMP_GEN_RETURNING = _BUMP_GEN.returning(generation.c.value)
 # Prebuilt statements: building one per call costs more Python time than SQLite spends on it.
 _SEL_IDS = select(instances.c.instance_id).where(instances.c.instance_id.in_(bindparam("ids", expanding=True)))
 _UPD_INSTANCE = (update(instances).where(instances.c.instance_id == bindparam("_id"))
                  .values({f: bindparam(f) for f in _INSTANCE_FIELDS if f != "instance_id"}))
 _INS_INSTANCE = insert(instances)
+_DONE = (update(actions).where(actions.c.action_id.in_(bindparam("ids", expanding=True)), actions.c.done.is_(False))
+         .values(done=True, outcome=bindparam("outcome")))
+_SENT = (update(actions).where(actions.c.action_id.in_(bindparam("ids", expanding=True)))
+         .values(sent_at=bindparam("at"), attempts=actions.c.attempts + 1))
 
 
 def _instance(row: Any) -> Instance:
@@ -295,6 +300,10 @@ class Store:
             self._after = None
 
     def _bump(self, conn: Connection) -> int:
+        if conn.dialect.update_returning:  # PostgreSQL, SQLite >= 3.35: bump and read in one statement
+            value = conn.execute(_BUMP_GEN_RETURNING).scalar()
+            if value is not None:
+                return int(value)
         if conn.execute(_BUMP_GEN).rowcount == 0:
             try:
                 with conn.begin_nested():
@@ -659,8 +668,7 @@ class Store:
         if not action_ids:
             return
         with self._write() as conn:
-            conn.execute(update(actions).where(actions.c.action_id.in_(action_ids))
-                         .values(sent_at=now, attempts=actions.c.attempts + 1))
+            conn.execute(_SENT, {"ids": list(action_ids), "at": now})
 
             def apply() -> None:
                 if self._cache.open is not None:
@@ -702,8 +710,7 @@ class Store:
         if not ids:
             return 0  # nothing open: the working set says so, no need to ask the database
         with self._write(conn) as c:
-            n = c.execute(update(actions).where(actions.c.action_id.in_(ids), actions.c.done.is_(False))
-                          .values(done=True, outcome=outcome)).rowcount
+            n = c.execute(_DONE, {"ids": ids, "outcome": outcome}).rowcount
 
             def apply() -> None:
                 if self._cache.open is not None:

@@ -218,6 +218,8 @@ class LibcloudSite:
         self.deployment = deployment
         """Set here only by callers that name the deployment explicitly; else by ``bind``."""
         self.store_id: str | None = None
+        self._converted: dict[int, tuple[Node, CloudNode]] = {}
+        """The last listing's nodes and what they converted to (see ``nodes``)."""
         self._create_params, takes_any = keyword_names(driver.create_node)
         self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
@@ -308,8 +310,16 @@ class LibcloudSite:
         """This deployment's nodes (tagged with it); others' are none of our business."""
         deployment, _ = self._identity()
         out = []
+        # A driver that hands back the same Node object for a node that did not change (the
+        # simulators' clouds do; libcloud's real drivers build new ones) is not converted again:
+        # the poll of a large, quiet site was mostly this conversion. Identity-checked, and only
+        # the last listing is kept.
+        seen, converted = self._converted, {}
         for node in self.driver.list_nodes():
-            cn = to_cloud_node(node)
+            hit = seen.get(id(node))
+            cn = hit[1] if hit is not None and hit[0] is node else to_cloud_node(node)
+            converted[id(node)] = (node, cn)
             if cn.tags.get(TAG_DEPLOYMENT) == deployment:
                 out.append(cn)
+        self._converted = converted
         return out

@@ -7,15 +7,27 @@ import threading
 import pytest
 from epu.common.db import make_engine
 from epu.common.messages import LaunchRequest
+from epu.services.provisioner.memstore import MemoryStore
 from epu.services.provisioner.store import IdentityError, Miss, Sighting, Store
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", "memory", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest) -> Store:
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    s = Store(url)
+    """Every store test runs on SQLite, on PostgreSQL and on the simulators' in-memory store
+    (``memstore.MemoryStore``, which must behave exactly as the SQL store does)."""
+    if request.param == "memory":
+        s: Store = MemoryStore()  # type: ignore[assignment]
+    else:
+        s = Store(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url"))
     yield s
     s.close()
+
+
+def reopen(store: Store) -> Store:
+    """A second handle on the same database (another provisioner process on one store)."""
+    if isinstance(store, MemoryStore):
+        return MemoryStore(store.db)  # type: ignore[return-value]
+    return Store(store.url)
 
 
 def req(i: int = 1) -> LaunchRequest:
@@ -178,7 +190,7 @@ def test_an_older_database_is_brought_up_to_date(backend: str, request: pytest.F
 
 def test_two_provisioners_writing_the_same_memory_at_once(store: Store) -> None:
     """Two provisioners on one store count a miss or sight a node at the same moment: neither fails."""
-    other = Store(store.url)
+    other = reopen(store)
     errors: list[BaseException] = []
 
     def writer(s: Store, n: int) -> None:
@@ -237,3 +249,25 @@ def test_list_live_or_recently_updated_leaves_old_ended_records_in_the_database(
     got = [r.instance_id for r in store.list(live_or_updated_since=800.0)]
     assert got == ["r1", "r2", "r3"]
     assert [r.instance_id for r in store.list()] == ["r0", "r1", "r2", "r3"]
+
+
+def test_reads_come_in_one_order_on_every_store(store: Store) -> None:
+    """The simulators' replay digests depend on the order a poll meets records in: the in-memory
+    store returns what SQLite returns — a site's live records in the order they were made, then
+    the other listed ones by id; misses in the order first saved; sightings by cloud id.
+    (PostgreSQL promises no order without ORDER BY: there only the contents are compared.)"""
+    seq = (lambda xs: list(xs)) if not store.url.startswith("postgresql") else (lambda xs: sorted(xs))
+    for i in (5, 3, 9, 1):
+        store.record_launch(req(i), 100.0 + i)
+    store.advance("l3", "terminated", 120.0)
+    store.advance("l9", "failed", 121.0)
+    store.advance("l5", "pending", 122.0)
+    assert seq(store.records_for("sim", ["l9", "l3", "l1"])) == seq(["l5", "l1", "l3", "l9"])
+    assert seq(store.records_for("sim", [])) == seq(["l5", "l1"])
+    store.save_misses([Miss("m2", "sim", 1, 1.0, 1.0), Miss("m1", "sim", 1, 1.0, 1.0)], [])
+    store.save_misses([Miss("m2", "sim", 2, 1.0, 2.0), Miss("m3", "sim", 1, 2.0, 2.0)], [])
+    assert seq(store.misses("sim")) == seq(["m2", "m1", "m3"])
+    store.save_sightings("sim", [Sighting("sim", c, "", "orphan", 1.0, 1.0) for c in ("c-b", "c-c", "c-a")], [])
+    assert seq(store.sightings("sim")) == ["c-a", "c-b", "c-c"]
+    assert store.active_count("sim") == 2 and store.counts() == {"failed": 1, "pending": 1, "requested": 1,
+                                                                  "terminated": 1}

@@ -33,6 +33,18 @@ def test_the_same_seed_replays_the_same_run() -> None:
     assert Simulation(short_chaos(), 4).run().digest != a.digest
 
 
+def test_the_in_memory_provisioner_store_replays_the_sqlite_run() -> None:
+    """The simulator keeps provisioner stores in memory for speed; with every fault of ``chaos``
+    (crashes before store writes, writes refused, duplicate deliveries) the run must be the one
+    the SQLite store gives, event for event."""
+    mem = Simulation(short_chaos(), 6)
+    assert mem.databases is not None
+    sql = Simulation(short_chaos(), 6, sqlite_provisioner_stores=True)
+    assert sql.databases is None
+    a, b = mem.run(), sql.run()
+    assert a.digest == b.digest and a.events == b.events and a.stats == b.stats
+
+
 def test_a_run_does_not_depend_on_the_process_or_its_hash_seed() -> None:
     code = ("from tests.sim.test_replay import short_chaos; from epu.sim.simulation import Simulation; "
             "print(Simulation(short_chaos(), 5).run().digest)")

@@ -1,0 +1,415 @@
+"""The provisioner's store held in process memory, behind the same interface as ``store.Store``.
+
+Why it exists: the simulators (``epu sim``, ``epu simulate``) run the real provisioner core for
+thousands of virtual hours, and profiling showed most of their time in SQLAlchemy building and
+running statements (a poll reads every live record as SQL rows). This store keeps the same
+records, transitions, outbox, miss and sighting memory and identity in dicts, with the same
+semantics — intent first, forward-only transitions with a compare-and-set on ``seq``, marks that
+ride along with the next write, rows returned in the order SQLite returns them — so the core
+cannot tell the difference. ``tests/provisioner/test_store.py`` runs every store test against
+both. Production uses ``Store`` (SQLite or PostgreSQL); nothing configures this one.
+
+Durability is modelled the way a database file is: a ``MemoryDatabase`` holds the data and
+outlives the ``MemoryStore`` handles opened on it (a simulated process that crashes loses its
+handle and its unflushed marks, not the database). ``before_write`` is called before each write
+transaction touches anything, as a database refusing writes would refuse it (the simulator's
+store faults).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from epu.common.messages import LaunchRequest
+from epu.services.provisioner.states import check_transition
+from epu.services.provisioner.store import (
+    Identity,
+    IdentityError,
+    InstanceRecord,
+    LaunchRecord,
+    Miss,
+    Sighting,
+    Transition,
+    new_identity_value,
+)
+from sqlalchemy.exc import IntegrityError
+
+_ENDED = ("terminated", "failed")
+
+
+class _Rollback(Exception):  # noqa: N818 - a signal, not an error
+    """Inside ``_tx``: undo the transaction (nothing was changed yet but the marks)."""
+
+
+@dataclass
+class _Launch:
+    launch_id: str
+    domain: str
+    site: str
+    node_name: str
+    cores: int
+    attributes: str
+    requested_at: float
+    cloud_attempts: int = 0
+    last_attempt_at: float | None = None
+
+    def record(self) -> LaunchRecord:
+        return LaunchRecord(launch_id=self.launch_id, domain=self.domain, site=self.site, node_name=self.node_name,
+                            cores=self.cores, attributes=json.loads(self.attributes or "{}"),
+                            requested_at=self.requested_at, cloud_attempts=self.cloud_attempts)
+
+
+@dataclass
+class MemoryDatabase:
+    """What a database file holds: every table of ``store.metadata``, as dicts in row order."""
+
+    launches: dict[str, _Launch] = field(default_factory=dict)
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
+    """Insertion (rowid) order, as SQLite scans a table or an index on one value."""
+    live: dict[str, dict[str, None]] = field(default_factory=dict)
+    """site → ids of its records not terminated or failed, in insertion order."""
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    """Row ``id`` is its index + 1 (ids are never reused: rows are never deleted)."""
+    unpublished: dict[int, None] = field(default_factory=dict)
+    by_instance: dict[str, list[int]] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+    misses: dict[str, Miss] = field(default_factory=dict)
+    sightings: dict[tuple[str, str], Sighting] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def copy(self) -> MemoryDatabase:
+        """A backup: an independent database with the same rows (records are immutable)."""
+        with self.lock:
+            return MemoryDatabase(
+                launches={k: replace(v) for k, v in self.launches.items()}, instances=dict(self.instances),
+                live={k: dict(v) for k, v in self.live.items()}, transitions=[dict(t) for t in self.transitions],
+                unpublished=dict(self.unpublished), by_instance={k: list(v) for k, v in self.by_instance.items()},
+                meta=dict(self.meta), misses=dict(self.misses), sightings=dict(self.sightings))
+
+
+class MemoryStore:
+    """One process's handle on a ``MemoryDatabase`` — the interface of ``store.Store``."""
+
+    def __init__(self, db: MemoryDatabase | None = None, url: str = "memory://") -> None:
+        self.db = db if db is not None else MemoryDatabase()
+        self.url = url
+        self.is_sqlite = False
+        self.before_write: Callable[[], None] | None = None
+        """Called before a write transaction changes anything; raising refuses the write."""
+        self._marks: list[int] = []
+        self._marks_lock = threading.Lock()
+
+    def close(self) -> None:
+        try:
+            self.flush_marks()
+        except Exception:  # closing anyway; unmarked events are re-sent by the next outbox sweep
+            pass
+
+    # ------------------------------------------------------------------ transactions
+    @contextmanager
+    def _tx(self) -> Iterator[Callable[[], None]]:
+        """A write transaction. The yielded function is called before the first change (it may
+        refuse the write). Pending marks ride along, as in ``Store``: taken at the start, applied
+        only if the transaction commits — a transaction that fails or is rolled back
+        (``_Rollback``: a duplicate key) loses them, and the outbox publishes those events again."""
+        with self.db.lock:
+            with self._marks_lock:
+                ids, self._marks = self._marks, []
+            started = False
+
+            def write() -> None:
+                nonlocal started
+                if not started:
+                    started = True
+                    if self.before_write is not None:
+                        self.before_write()
+
+            if ids:
+                write()
+            try:
+                yield write
+            except _Rollback:
+                return
+            for i in ids:
+                self.db.unpublished.pop(i, None)
+                self.db.transitions[i - 1]["published"] = True
+
+    def _put(self, rec: InstanceRecord) -> None:
+        db = self.db
+        db.instances[rec.instance_id] = rec
+        live = db.live.setdefault(rec.site, {})
+        if rec.state in _ENDED:
+            live.pop(rec.instance_id, None)
+        else:
+            live[rec.instance_id] = None
+
+    def _transition(self, rec: InstanceRecord, previous: str | None, at: float, reason: str,
+                    presumed_gone: bool | None) -> int:
+        db = self.db
+        tid = len(db.transitions) + 1
+        db.transitions.append(dict(id=tid, instance_id=rec.instance_id, seq=rec.seq, from_state=previous,
+                                   to_state=rec.state, at=at, reason=reason, error_kind=rec.error_kind,
+                                   published=False, presumed_gone=presumed_gone))
+        db.unpublished[tid] = None
+        db.by_instance.setdefault(rec.instance_id, []).append(tid)
+        return tid
+
+    # ------------------------------------------------------------------ launches
+    def record_launch(self, req: LaunchRequest, now: float) -> tuple[InstanceRecord, Transition | None]:
+        duplicate = False
+        with self._tx() as write:
+            write()
+            if req.launch_id in self.db.launches or req.launch_id in self.db.instances:
+                duplicate = True
+                raise _Rollback
+            self.db.launches[req.launch_id] = _Launch(
+                launch_id=req.launch_id, domain=req.domain, site=req.site, node_name=req.node_name, cores=req.cores,
+                attributes=json.dumps(dict(req.attributes), sort_keys=True), requested_at=now)
+            rec = InstanceRecord(instance_id=req.launch_id, domain=req.domain, site=req.site,
+                                 node_name=req.node_name, cores=req.cores, state="requested", seq=1, cloud_id=None,
+                                 ip=None, reason="", error_kind=None, created_at=now, updated_at=now)
+            self._put(rec)
+            tid = self._transition(rec, None, now, "launch requested", None)
+        if duplicate:  # a redelivery: the record as stored
+            existing = self.get(req.launch_id)
+            if existing is None:
+                raise IntegrityError("INSERT prov_launches", None, Exception("launch id taken"))
+            return existing, None
+        return rec, Transition(tid, rec, None, now)
+
+    def get_with_launch(self, instance_id: str) -> tuple[InstanceRecord | None, LaunchRecord | None]:
+        with self.db.lock:
+            rec = self.db.instances.get(instance_id)
+            launch = self.db.launches.get(instance_id)
+            return rec, (launch.record() if rec is not None and launch is not None else None)
+
+    def begin_attempt(self, instance_id: str, now: float) -> tuple[InstanceRecord | None, LaunchRecord | None]:
+        with self._tx() as write:
+            rec, launch = self.get_with_launch(instance_id)
+            if rec is not None and launch is not None and rec.state == "requested":
+                write()
+                row = self.db.launches[instance_id]
+                row.cloud_attempts += 1
+                row.last_attempt_at = now
+        return rec, launch
+
+    def get_launch(self, launch_id: str) -> LaunchRecord | None:
+        with self.db.lock:
+            row = self.db.launches.get(launch_id)
+            return row.record() if row is not None else None
+
+    def launch_ids(self, ids: list[str]) -> set[str]:
+        with self.db.lock:
+            return {i for i in ids if i in self.db.launches}
+
+    def note_cloud_attempt(self, launch_id: str, now: float) -> None:
+        with self._tx() as write:
+            write()
+            row = self.db.launches.get(launch_id)
+            if row is not None:
+                row.cloud_attempts += 1
+                row.last_attempt_at = now
+
+    # ------------------------------------------------------------------ instances
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        with self.db.lock:
+            return self.db.instances.get(instance_id)
+
+    def list(self, *, domain: str | None = None, site: str | None = None,
+             states: tuple[str, ...] | list[str] | None = None, active_only: bool = False,
+             live_or_updated_since: float | None = None) -> list[InstanceRecord]:
+        with self.db.lock:
+            out = [r for r in self.db.instances.values()
+                   if (live_or_updated_since is None or r.state not in _ENDED
+                       or r.updated_at >= live_or_updated_since)
+                   and (not domain or r.domain == domain) and (not site or r.site == site)
+                   and (not states or r.state in states) and (not active_only or r.state not in _ENDED)]
+        out.sort(key=lambda r: (r.created_at, r.instance_id))
+        return out
+
+    def advance(self, instance_id: str, new_state: str, now: float, *, reason: str = "",
+                error_kind: str | None = None, cloud_id: str | None = None,
+                ip: str | None = None, expect: InstanceRecord | None = None) -> Transition | None:
+        with self._tx() as write:
+            rec = self.db.instances.get(instance_id)
+            if rec is None:
+                return None
+            if not check_transition(rec.state, new_state).allowed:
+                return None
+            write()
+            presumed = None if new_state == "terminating" else rec.presumed_gone_at
+            new = replace(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
+                          error_kind=error_kind, presumed_gone_at=presumed,
+                          cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip)
+            self._put(new)
+            tid = self._transition(new, rec.state, now, reason, presumed is not None)
+        return Transition(tid, new, rec.state, now)
+
+    def note_presence(self, instance_id: str, presumed_gone: bool, now: float, reason: str) -> Transition | None:
+        with self._tx() as write:
+            rec = self.db.instances.get(instance_id)
+            if rec is None or rec.terminal or rec.presumed_gone == presumed_gone:
+                return None
+            write()
+            new = replace(rec, seq=rec.seq + 1, updated_at=now, reason=reason,
+                          presumed_gone_at=now if presumed_gone else None)
+            self._put(new)
+            tid = self._transition(new, rec.state, now, reason, presumed_gone)
+        return Transition(tid, new, rec.state, now)
+
+    def records_for(self, site: str, launch_ids: Iterable[str]) -> dict[str, InstanceRecord]:
+        """The site's live records in row order, then the other listed ones by id — SQLite's
+        order for the same OR query (one index, then the other)."""
+        with self.db.lock:
+            inst = self.db.instances
+            out = {i: inst[i] for i in self.db.live.get(site, ())}
+            for i in sorted(set(launch_ids)):
+                if i not in out and i in inst:
+                    out[i] = inst[i]
+        return out
+
+    def set_cloud_fields(self, instance_id: str, *, cloud_id: str | None = None, ip: str | None = None,
+                         now: float | None = None) -> None:
+        values: dict[str, Any] = {}
+        if cloud_id is not None:
+            values["cloud_id"] = cloud_id
+        if ip is not None:
+            values["ip"] = ip
+        if not values:
+            return
+        if now is not None:
+            values["updated_at"] = now
+        with self._tx() as write:
+            write()
+            rec = self.db.instances.get(instance_id)
+            if rec is not None:
+                self._put(replace(rec, **values))
+
+    def record_unknown_terminated(self, instance_id: str, domain: str, now: float,
+                                  reason: str) -> tuple[InstanceRecord, Transition | None]:
+        with self._tx() as write:
+            write()
+            existing = self.db.instances.get(instance_id)
+            if existing is not None:
+                raise _Rollback
+            rec = InstanceRecord(instance_id=instance_id, domain=domain, site="", node_name="", cores=0,
+                                 state="terminated", seq=1, cloud_id=None, ip=None, reason=reason, error_kind=None,
+                                 created_at=now, updated_at=now)
+            self._put(rec)
+            tid = self._transition(rec, None, now, reason, None)
+        if existing is not None:
+            return existing, None
+        return rec, Transition(tid, rec, None, now)
+
+    # ------------------------------------------------------------------ identity
+    def claim_identity(self, configured: str | None = None,
+                       new_id: Callable[[], str] = new_identity_value) -> Identity:
+        """As ``Store.claim_identity`` (the same rules, the same messages)."""
+        held = dict(self.db.meta)
+        if "store_id" not in held:
+            self._meta_insert("store_id", new_id()[:16])
+        deployment = held.get("deployment")
+        if deployment is None:
+            if configured:
+                value = configured
+            elif self.db.instances:
+                raise IdentityError(
+                    f"provisioner.deployment: the store {self.url} holds instances launched before "
+                    "deployment identities were stored; set provisioner.deployment to the epu-deployment "
+                    "tag they carry (the old default was 'epu')")
+            else:
+                value = "epu-" + new_id()[:12]
+            self._meta_insert("deployment", value)
+        held = dict(self.db.meta)
+        if configured and held["deployment"] != configured:
+            raise IdentityError(
+                f"provisioner.deployment is {configured!r} but the store {self.url} belongs to "
+                f"deployment {held['deployment']!r}: provisioners sharing a store must share its deployment "
+                "(remove the key to use the store's)")
+        return Identity(held["deployment"], held["store_id"])
+
+    def _meta_insert(self, key: str, value: str) -> None:
+        with self._tx() as write:
+            write()
+            if key in self.db.meta:
+                raise _Rollback  # another process on this store claimed it first: theirs stands
+            self.db.meta[key] = value
+
+    # ------------------------------------------------------------------ observation memory
+    def misses(self, site: str) -> dict[str, Miss]:
+        with self.db.lock:
+            return {k: m for k, m in self.db.misses.items() if m.site == site}
+
+    def save_misses(self, put: list[Miss], clear: list[str]) -> None:
+        if not put and not clear:
+            return
+        with self._tx() as write:
+            write()
+            for i in clear:
+                self.db.misses.pop(i, None)
+            for m in put:
+                self.db.misses[m.instance_id] = m
+
+    def sightings(self, site: str) -> dict[str, Sighting]:
+        """By cloud id, as SQLite reads them through the (site, cloud_id) key."""
+        with self.db.lock:
+            return {c: s for (st, c), s in sorted(self.db.sightings.items()) if st == site}
+
+    def save_sightings(self, site: str, put: list[Sighting], forget: list[str]) -> None:
+        if not put and not forget:
+            return
+        with self._tx() as write:
+            write()
+            for c in forget:
+                self.db.sightings.pop((site, c), None)
+            for s in put:
+                self.db.sightings[(s.site, s.cloud_id)] = s
+
+    # ------------------------------------------------------------------ history and outbox
+    def history(self, instance_id: str) -> list[dict[str, Any]]:
+        with self.db.lock:
+            rows = [dict(self.db.transitions[i - 1]) for i in self.db.by_instance.get(instance_id, ())]
+        return sorted(rows, key=lambda r: r["seq"])
+
+    def mark_published(self, transition_ids: list[int]) -> None:
+        with self._marks_lock:
+            self._marks.extend(transition_ids)
+
+    def flush_marks(self) -> None:
+        with self._marks_lock:
+            if not self._marks:
+                return
+        with self._tx():
+            pass
+
+    def unpublished(self, older_than: float, limit: int = 500) -> list[Transition]:
+        self.flush_marks()
+        out: list[Transition] = []
+        with self.db.lock:
+            for tid in self.db.unpublished:
+                t = self.db.transitions[tid - 1]
+                if t["at"] > older_than:
+                    continue
+                cur = self.db.instances[t["instance_id"]]
+                rec = replace(cur, state=t["to_state"], seq=t["seq"], reason=t["reason"], error_kind=t["error_kind"],
+                              presumed_gone_at=t["at"] if t["presumed_gone"] else None)
+                out.append(Transition(tid, rec, t["from_state"], t["at"]))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def active_count(self, site: str) -> int:
+        with self.db.lock:
+            return len(self.db.live.get(site, ()))
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self.db.lock:
+            for r in self.db.instances.values():
+                out[r.state] = out.get(r.state, 0) + 1
+        return dict(sorted(out.items()))
