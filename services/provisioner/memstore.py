@@ -141,6 +141,9 @@ class MemoryStore:
 
     def _put(self, rec: InstanceRecord) -> None:
         db = self.db
+        old = db.instances.get(rec.instance_id)
+        if old is not None and old.site != rec.site:  # found at another site than first recorded
+            db.live.get(old.site, {}).pop(rec.instance_id, None)
         db.instances[rec.instance_id] = rec
         live = db.live.setdefault(rec.site, {})
         if rec.state in _ENDED:
@@ -172,7 +175,8 @@ class MemoryStore:
                 attributes=json.dumps(dict(req.attributes), sort_keys=True), requested_at=now)
             rec = InstanceRecord(instance_id=req.launch_id, domain=req.domain, site=req.site,
                                  node_name=req.node_name, cores=req.cores, state="requested", seq=1, cloud_id=None,
-                                 ip=None, reason="", error_kind=None, created_at=now, updated_at=now)
+                                 ip=None, reason="", error_kind=None, created_at=now, updated_at=now,
+                                 instance_type=req.instance_type)
             self._put(rec)
             tid = self._transition(rec, None, now, "launch requested", None)
         if duplicate:  # a redelivery: the record as stored
@@ -274,12 +278,14 @@ class MemoryStore:
         return out
 
     def set_cloud_fields(self, instance_id: str, *, cloud_id: str | None = None, ip: str | None = None,
-                         now: float | None = None) -> None:
+                         now: float | None = None, site: str | None = None) -> None:
         values: dict[str, Any] = {}
         if cloud_id is not None:
             values["cloud_id"] = cloud_id
         if ip is not None:
             values["ip"] = ip
+        if site is not None:
+            values["site"] = site
         if not values:
             return
         if now is not None:
@@ -290,15 +296,23 @@ class MemoryStore:
             if rec is not None:
                 self._put(replace(rec, **values))
 
-    def record_unknown_terminated(self, instance_id: str, domain: str, now: float,
-                                  reason: str) -> tuple[InstanceRecord, Transition | None]:
+    def touch(self, instance_id: str, now: float, reason: str) -> None:
+        with self._tx() as write:
+            write()
+            rec = self.db.instances.get(instance_id)
+            if rec is not None:
+                self._put(replace(rec, updated_at=now, reason=reason))
+
+    def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
+                     site: str = "", node_name: str = "", cloud_id: str | None = None,
+                     ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
         with self._tx() as write:
             write()
             existing = self.db.instances.get(instance_id)
             if existing is not None:
                 raise _Rollback
-            rec = InstanceRecord(instance_id=instance_id, domain=domain, site="", node_name="", cores=0,
-                                 state="terminated", seq=1, cloud_id=None, ip=None, reason=reason, error_kind=None,
+            rec = InstanceRecord(instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
+                                 state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
                                  created_at=now, updated_at=now)
             self._put(rec)
             tid = self._transition(rec, None, now, reason, None)
@@ -403,9 +417,12 @@ class MemoryStore:
                     break
         return out
 
-    def active_count(self, site: str) -> int:
+    def active_count(self, site: str, instance_type: str | None = None) -> int:
         with self.db.lock:
-            return len(self.db.live.get(site, ()))
+            live = self.db.live.get(site, {})
+            if instance_type is None:
+                return len(live)
+            return sum(1 for i in live if self.db.instances[i].instance_type == instance_type)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
