@@ -17,8 +17,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from epu.services.provisioner.cloud import TAG_LAUNCH
 from epu.services.provisioner.store import Store as ProvisionerStore
 
 from tests.conftest import fresh_pg_database
+from tests.support.health import health
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -90,16 +89,6 @@ image = "sim-base"
 size = "sim.1core"
 driver_args = {{ path = "{cloud}", quota = {cloud_quota}, api_latency = 0.005, boot_time_min = 0.5, boot_time_max = 2.0 }}
 """
-
-
-def health(port: int) -> dict:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return json.loads(exc.read())
-    except OSError:
-        return {}
 
 
 class Fleet:

@@ -7,14 +7,12 @@ other does, and the scale-up has no duplicate launch."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from epu.common.topology import PROVISIONER_QUEUE
 from tests.conftest import rabbitmqctl
 from tests.decision.busutil import read_queue
 from tests.decision.helpers import jobs, snapshot
+from tests.support.health import health
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.rabbitmq
@@ -57,16 +56,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'decision.db'}"
     return request.getfixturevalue("pg_url")
-
-
-def health(port: int) -> dict:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return json.loads(exc.read())
-    except OSError:
-        return {}
 
 
 def close_connections_of(pid: int, vhost: str) -> int:
