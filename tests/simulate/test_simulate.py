@@ -149,7 +149,7 @@ def test_cloud_model_in_a_run() -> None:
     """Capacity that grows over time, failing boots and API errors, per-hour billing."""
     w = generate("burst:jobs=8,duration=1200", seed=2)
     cloud = load_cloud_model(None, {"sites": {"cloud": {
-        "capacity": [[0, 4], [2400, 8]], "boot_failure_rate": 0.3, "api_error_rate": 0.2,
+        "capacity": [[0, 4], [1000, 8]], "boot_failure_rate": 0.3, "api_error_rate": 0.2,
         "boot": {"dist": "constant", "seconds": 60}, "billing": "hour", "price_per_hour": 1.0}}})
     plan = Plan("t", w, default_config(w, max_nodes=8), cloud, Options(seed=3))
     from epu.simulate.run import Simulate
@@ -159,7 +159,7 @@ def test_cloud_model_in_a_run() -> None:
 
     s = summarize(d)
     assert s["jobs_completed"] == 8
-    early = [r.instances["cloud"][0] for r in d.samples if r.t < 2400]
+    early = [r.instances["cloud"][0] for r in d.samples if r.t < 1000]
     assert max(early) <= 4 and s["peak_nodes"] > 4  # the account's limit, then its raise
     assert s["failures"] > 0 and s["api_errors"] > 0  # and still every job ran
     assert s["cost"] == pytest.approx(sum(max(1, -(-(min(v.terminated_at or d.end, d.end) - v.created_at) // 3600))
