@@ -201,19 +201,16 @@ class Checker:
         acting on old news, which invariants 1 and 2 judge.)"""
         domain = self.sim.domain
         if proc.leases is not None:
-            from sqlalchemy import text
-
-            with self.sim.decision_db.connect() as conn:
-                row = conn.execute(text("SELECT holder, epoch, expires_at FROM decision_leases WHERE domain = :d"),
-                                   {"d": domain}).first()
-            if row is None or row.holder != proc.leases.holder or row.expires_at < self.world.t:
+            row = proc.leases.row(domain)  # the shared store's lease, as every engine sees it
+            if row is None or row[0] != proc.leases.holder or row[2] < self.world.t:
                 self.fail(4, f"{proc.name} {what} without holding the lease of {domain} "
-                             f"(held by {row.holder if row else 'nobody'})")
+                             f"(held by {row[0] if row else 'nobody'})")
                 return
-            if row.epoch < self.max_epoch.get(domain, 0):
-                self.fail(4, f"{proc.name} {what} with lease epoch {row.epoch} after epoch "
+            epoch = row[1]
+            if epoch < self.max_epoch.get(domain, 0):
+                self.fail(4, f"{proc.name} {what} with lease epoch {epoch} after epoch "
                              f"{self.max_epoch[domain]} acted")
-            self.max_epoch[domain] = max(self.max_epoch.get(domain, 0), row.epoch)
+            self.max_epoch[domain] = max(self.max_epoch.get(domain, 0), epoch)
             return
         holder = self.sim.bus.sac_holder(snapshot_queue(domain))
         if holder is not None and holder is not proc:
@@ -333,9 +330,9 @@ class Checker:
             self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
 
     def _engine_live(self, domain: str) -> dict[str, str] | None:
-        from epu.services.decision.store import Store
+        from epu.sim.processes import open_decision_store
 
-        store = Store(self.sim.decision_db)
+        store = open_decision_store(self.sim.decision_db)
         return {i.instance_id: i.state for i in store.instances(domain)}
 
 

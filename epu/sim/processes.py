@@ -36,6 +36,8 @@ from sqlalchemy.exc import OperationalError
 from epu.common.config import EpuConfig
 from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
 from epu.services.decision.engine import Engine
+from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases
+from epu.services.decision.memstore import MemoryStore as MemoryDecisionStore
 from epu.services.decision.store import Store as DecisionStore
 from epu.services.provisioner.app import build_provisioner
 from epu.services.provisioner.memstore import MemoryDatabase, MemoryStore
@@ -76,8 +78,9 @@ class StoreFaults:
             if head in ("INSERT", "UPDATE", "DELETE"):
                 self.check_write(world, owner, statement[:60])
 
-    def attach_memory(self, store: MemoryStore, world: World, owner: Proc) -> None:
-        """The same faults for an in-memory store: checked before each write transaction."""
+    def attach_memory(self, store: MemoryStore | MemoryDecisionDatabase, world: World, owner: Proc) -> None:
+        """The same faults for an in-memory store (provisioner: the store; decision engines: their
+        shared database): checked before each write transaction."""
         store.before_write = lambda: self.check_write(world, owner, "write")
 
     def check_write(self, world: World, owner: Proc, statement: str) -> None:
@@ -258,22 +261,22 @@ class Proc:
 # ---------------------------------------------------------------------- decision engine
 
 
-class ObservedDecisionStore(DecisionStore):
+class _Observed:
     """The engine's real store, telling the world about every plan it commits (one-brain and
     max_nodes checks) — after the commit succeeded, as the intent log would show it."""
 
-    def __init__(self, engine: SqlEngine, owner: EngineProc) -> None:
-        super().__init__(engine)
+    def __init__(self, db: Any, owner: EngineProc) -> None:
+        super().__init__(db)  # type: ignore[call-arg]
         self.owner = owner
 
     def commit_plan(self, domain: str, plan: Any, now: float, memory: Any, iteration: int,
                     refreshed: Any = (), **kw: Any) -> None:
         if plan.sites:
-            plan._health_before = self.site_health()  # for the blame check (invariant 6)
+            plan._health_before = self.site_health()  # type: ignore[attr-defined] # for the blame check (invariant 6)
         if self.owner.crash_at_commit == "before":
             self.owner.crash_at_commit = ""
             raise Crash(f"{self.owner.name} killed before committing a plan")
-        super().commit_plan(domain, plan, now, memory, iteration, refreshed, **kw)
+        super().commit_plan(domain, plan, now, memory, iteration, refreshed, **kw)  # type: ignore[misc]
         for fn in self.owner.on_commit:
             fn(self.owner, domain, plan)
         if self.owner.crash_at_commit == "after":
@@ -281,9 +284,22 @@ class ObservedDecisionStore(DecisionStore):
             raise Crash(f"{self.owner.name} killed after committing a plan, before sending it")
 
     def store_actions(self, domain: str, plan: Any, now: float, **kw: Any) -> None:
-        super().store_actions(domain, plan, now, **kw)
+        super().store_actions(domain, plan, now, **kw)  # type: ignore[misc]
         for fn in self.owner.on_commit:
             fn(self.owner, domain, plan)
+
+
+class ObservedDecisionStore(_Observed, DecisionStore):
+    """The SQL store, observed (``_Observed``)."""
+
+
+class ObservedMemoryDecisionStore(_Observed, MemoryDecisionStore):
+    """The in-memory store (``services.decision.memstore``), observed (``_Observed``)."""
+
+
+def open_decision_store(db: SqlEngine | MemoryDecisionDatabase) -> DecisionStore | MemoryDecisionStore:
+    """A plain handle on the engines' shared store, wherever it lives (for the checks)."""
+    return MemoryDecisionStore(db) if isinstance(db, MemoryDecisionDatabase) else DecisionStore(db)
 
 
 class EngineProc(Proc):
@@ -295,8 +311,8 @@ class EngineProc(Proc):
 
     kind = "decision"
 
-    def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig, db: SqlEngine,
-                 store_faults: StoreFaults) -> None:
+    def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig,
+                 db: SqlEngine | MemoryDecisionDatabase, store_faults: StoreFaults) -> None:
         super().__init__(world, bus, name)
         self.config = config
         self.db = db
@@ -315,8 +331,14 @@ class EngineProc(Proc):
         bus.subscribe("decision.control", "sac", self, self._control)
 
     def boot(self) -> None:
-        store = ObservedDecisionStore(self.db, self)
         kw: dict[str, Any] = {}
+        if isinstance(self.db, MemoryDecisionDatabase):
+            self.leases = MemoryLeases(self.db, f"{self.name}:{self.gen}", self.config.decision.lease_ttl())
+            self.engine = Engine(self.config, ObservedMemoryDecisionStore(self.db, self), self.publish,
+                                 self.clock, publish_many=self.publish_many, leases=self.leases)
+            self._start_iterating()
+            return
+        store = ObservedDecisionStore(self.db, self)
         try:
             from epu.services.decision.lease import Leases
         except ImportError:  # an engine from before fencing (the simulator replays old code too)
@@ -325,6 +347,9 @@ class EngineProc(Proc):
             self.leases = Leases(self.db, f"{self.name}:{self.gen}", self.config.decision.lease_ttl()).create()
             kw["leases"] = self.leases
         self.engine = Engine(self.config, store, self.publish, self.clock, publish_many=self.publish_many, **kw)
+        self._start_iterating()
+
+    def _start_iterating(self) -> None:
         period = self.config.decision.iteration_seconds
         self.every(period, self._iterate, f"iterate {self.name}", phase=period * 0.5)
 

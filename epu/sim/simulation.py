@@ -17,8 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.engine import Engine as SqlEngine
+
 from epu.common.config import EpuConfig, parse_config
 from epu.common.db import make_engine
+from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.store import Store as DecisionStore
 from epu.services.provisioner.memstore import MemoryDatabase
 from epu.sim.batch import SimBatchSystem
@@ -97,7 +100,7 @@ class RunResult:
 
 class Simulation:
     def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None, *,
-                 sqlite_provisioner_stores: bool = False) -> None:
+                 sqlite_provisioner_stores: bool = False, sqlite_decision_store: bool = False) -> None:
         self.scenario = scenario
         self.seed = seed
         self.world = World(seed)
@@ -125,9 +128,17 @@ class Simulation:
         # the deployment
         self.decision_faults = StoreFaults()
         self.config = self.make_config(scenario.provisioners[0])
-        self.decision_db = make_engine(f"sqlite:///{self.workdir}/decision.db")
-        DecisionStore(self.decision_db).create()
-        self.decision_faults.attach(self.decision_db, self.world, _Nobody)
+        self.decision_db: SqlEngine | MemoryDecisionDatabase
+        """The engines' shared store: in memory (``services.decision.memstore``, the SQL store's
+        semantics without SQLAlchemy's cost; no scenario reaches into its file), or an SQLite file
+        on request (tests/sim/test_replay.py compares the two)."""
+        if sqlite_decision_store:
+            self.decision_db = make_engine(f"sqlite:///{self.workdir}/decision.db")
+            DecisionStore(self.decision_db).create()
+            self.decision_faults.attach(self.decision_db, self.world, _Nobody)
+        else:
+            self.decision_db = MemoryDecisionDatabase()
+            self.decision_faults.attach_memory(self.decision_db, self.world, _Nobody)
         self.engines = [EngineProc(self.world, self.bus, f"engine-{i + 1}", self.config, self.decision_db,
                                    self.decision_faults) for i in range(scenario.engines)]
         self.provisioner_faults: dict[str, StoreFaults] = {}
@@ -355,7 +366,8 @@ class Simulation:
     def close(self) -> None:
         for p in self.provisioners:
             release_store(p.store)
-        self.decision_db.dispose()
+        if isinstance(self.decision_db, SqlEngine):
+            self.decision_db.dispose()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

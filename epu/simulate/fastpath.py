@@ -30,10 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from epu.services.decision.policies import validate_params
-from epu.services.decision.store import actions
 from epu.sim.processes import EngineProc
 
 EPSILON = 1e-6
@@ -105,10 +102,8 @@ def next_wake(engine: Any, domain: str, now: float) -> float:
             k = math.floor((now - inst.launched_at + margin) / period) + 1
             best = min(best, inst.launched_at + k * period - margin)
     resend = engine.settings.resend_seconds
-    with store.engine.connect() as conn:
-        for (sent_at,) in conn.execute(select(actions.c.sent_at).where(actions.c.done.is_(False),
-                                                                        actions.c.domain == domain)):
-            best = min(best, now if sent_at is None else sent_at + resend)
+    for sent_at in store.open_sent_at(domain):
+        best = min(best, now if sent_at is None else sent_at + resend)
     for h in store.site_health().values():
         if h.backoff_until > now:
             best = min(best, h.backoff_until)

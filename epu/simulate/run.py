@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.config import EpuConfig, parse_config
-from epu.common.db import make_engine
+from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.policies import POLICIES, PolicyError, validate_params
-from epu.services.decision.store import Store as DecisionStore
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import VM, CloudFaults, SimCloud
@@ -233,8 +232,7 @@ class Simulate:
         self.batch.default_cores = self.dcfg.cores_per_node
         self.batch.inner.on_start.append(self._job_started)
         self.batch.inner.on_finish.append(self._job_finished)
-        db = make_engine(self.config.decision.store_url)
-        DecisionStore(db).create()
+        db = MemoryDecisionDatabase()  # the engine's store in memory (services.decision.memstore)
         self.decision_db = db
         engine_cls = EngineProc
         if self.options.skip_idle:
@@ -409,7 +407,6 @@ class Simulate:
 
     def close(self) -> None:
         release_store(self.provisioner.store)
-        self.decision_db.dispose()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

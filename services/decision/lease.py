@@ -154,6 +154,12 @@ class Leases:
         for d in domains:
             self.held.pop(d, None)
 
+    def row(self, domain: str) -> tuple[str, int, float] | None:
+        """(holder, epoch, expires_at) of the shared lease of ``domain`` (None: never taken)."""
+        with self.engine.connect() as conn:
+            r = conn.execute(_SELECT, {"d": domain}).first()
+        return (r.holder, r.epoch, r.expires_at) if r is not None else None
+
     def state(self, domain: str, active: bool) -> str:
         if domain in self.lost:
             return "fenced"

@@ -412,13 +412,9 @@ class Store:
                                    .where(domain_configs.c.domain == domain)
                                    .order_by(domain_configs.c.version.desc()).limit(1)).first()
             last_file = row.file_config if row is not None else None
-            if current is not None and last_file == text:
+            merged = seed_merge(cfg, text, current.config if current is not None else None, last_file)
+            if merged is None:
                 return int(current.version)
-            if current is None or last_file is None:
-                merged = cfg
-            else:
-                merged = merge_file_config(DomainConfig.model_validate_json(current.config),
-                                           DomainConfig.model_validate_json(last_file), cfg)
             _upsert(conn, domain_state, {"domain": domain}, {"file_config": text})
             if current is not None and merged.model_dump_json() == current.config:
                 return int(current.version)
@@ -543,21 +539,11 @@ class Store:
 
     def live_per_site(self) -> tuple[dict[str, int], dict[str, int]]:
         """(live instances per site, launched-but-not-joined per site), over every domain."""
-        live: dict[str, int] = {}
-        unproven: dict[str, int] = {}
-        for inst in self._live().values():
-            live[inst.site] = live.get(inst.site, 0) + 1
-            if inst.state in ("requested", "pending", "started"):
-                unproven[inst.site] = unproven.get(inst.site, 0) + 1
-        return live, unproven
+        return count_per_site(self._live().values())
 
     def live_per_type(self) -> dict[tuple[str, str], int]:
         """Live instances per (site, instance type), over every domain (what a type quota counts)."""
-        out: dict[tuple[str, str], int] = {}
-        for inst in self._live().values():
-            key = (inst.site, inst.instance_type)
-            out[key] = out.get(key, 0) + 1
-        return out
+        return count_per_type(self._live().values())
 
     # ------------------------------------------------------------------ sites
     def site_health(self) -> dict[str, SiteHealth]:
@@ -697,6 +683,10 @@ class Store:
     def in_flight(self, domain: str) -> set[tuple[str, str]]:
         return {(o.target, o.kind) for o in self._open().values() if o.domain == domain}
 
+    def open_sent_at(self, domain: str) -> list[float | None]:
+        """When each open action of ``domain`` was last sent (None: never)."""
+        return [o.sent_at for o in self._open().values() if o.domain == domain]
+
     def complete(self, *, action_id: str | None = None, target: str | None = None,
                  kinds: tuple[str, ...] = (), outcome: str, conn: Connection | None = None) -> int:
         """Mark open actions done (by id, or by target and kind); returns how many were open."""
@@ -743,6 +733,38 @@ class Store:
             q = q.where(actions.c.kind == kind)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(actions.c.created_at))]
+
+
+def count_per_site(live: Iterable[Instance]) -> tuple[dict[str, int], dict[str, int]]:
+    """(instances per site, launched-but-not-joined per site) of ``live`` (both stores)."""
+    per: dict[str, int] = {}
+    unproven: dict[str, int] = {}
+    for inst in live:
+        per[inst.site] = per.get(inst.site, 0) + 1
+        if inst.state in ("requested", "pending", "started"):
+            unproven[inst.site] = unproven.get(inst.site, 0) + 1
+    return per, unproven
+
+
+def count_per_type(live: Iterable[Instance]) -> dict[tuple[str, str], int]:
+    """Instances per (site, instance type) of ``live`` (both stores)."""
+    out: dict[tuple[str, str], int] = {}
+    for inst in live:
+        key = (inst.site, inst.instance_type)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def seed_merge(cfg: DomainConfig, text: str, current: str | None, last_file: str | None) -> DomainConfig | None:
+    """What seeding the file's ``cfg`` (serialized: ``text``) makes current, given the current
+    config and the last file read (JSON, None if unknown) — None when the file did not change
+    since it was last read (the current version stands). Shared by both stores."""
+    if current is not None and last_file == text:
+        return None
+    if current is None or last_file is None:
+        return cfg
+    return merge_file_config(DomainConfig.model_validate_json(current), DomainConfig.model_validate_json(last_file),
+                             cfg)
 
 
 def merge_file_config(current: DomainConfig, last_file: DomainConfig, new_file: DomainConfig) -> DomainConfig:

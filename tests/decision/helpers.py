@@ -71,15 +71,23 @@ class Bus:
         self.sent.clear()
 
 
-def make_engine(store_url: str = "sqlite://", cfg=None, clock: ManualClock | None = None) -> tuple[Engine, Bus, ManualClock]:
-    from epu.common.db import make_engine as mk
-    from sqlalchemy.pool import StaticPool
-
+def make_engine(store_url: Any = "sqlite://", cfg=None, clock: ManualClock | None = None) -> tuple[Engine, Bus, ManualClock]:
+    """An engine on a store: an SQL URL, or a ``MemoryDecisionDatabase`` (the simulators' store)."""
     clock = clock or ManualClock(T0)
     bus = Bus()
+    return Engine(cfg or config(), open_store(store_url), bus, clock), bus, clock
+
+
+def open_store(store_url: Any) -> Any:
+    """A decision store on ``store_url`` (SQL URL) or on a ``MemoryDecisionDatabase``."""
+    from epu.common.db import make_engine as mk
+    from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryStore
+    from sqlalchemy.pool import StaticPool
+
+    if isinstance(store_url, MemoryDecisionDatabase):
+        return MemoryStore(store_url)
     kw = {"poolclass": StaticPool} if store_url == "sqlite://" else {}
-    store = Store(mk(store_url, **kw)).create()
-    return Engine(cfg or config(), store, bus, clock), bus, clock
+    return Store(mk(store_url, **kw)).create()
 
 
 def snapshot(domain: str = "d", *, queued: list[QueuedJob] = (), nodes: list[NodeInfo] = (), at: float = T0,

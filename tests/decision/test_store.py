@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import pytest
 from epu.common.messages import NodeCommandResult, PolicyChange
+from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.store import Store
 
-from tests.decision.helpers import config, event, jobs, make_engine, node, snapshot
+from tests.decision.helpers import config, event, jobs, make_engine, node, open_store, snapshot
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "memory"])
 def store_url(request):
+    """Where the store lives: an SQL URL, or the simulators' in-memory database (``memstore``)."""
+    if request.param == "memory":
+        return MemoryDecisionDatabase()
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
@@ -35,7 +39,8 @@ def test_state_survives_a_restart(store_url):
     e.iterate()
     idle_since = e.store.instance(a.launch_id).idle_since
     assert idle_since == clock.now()
-    e.store.engine.dispose()
+    if hasattr(e.store, "engine"):
+        e.store.engine.dispose()
 
     # a fresh engine on the same store sees everything the first one knew
     e2, bus2, _ = make_engine(store_url, cfg, clock=clock)
@@ -56,8 +61,8 @@ def test_state_survives_a_restart(store_url):
     assert [h["source"] for h in history] == ["file", "operator"]
 
 
-def test_file_change_seeds_a_new_version(sqlite_url):
-    store = Store(sqlite_url).create()
+def test_file_change_seeds_a_new_version(store_url):
+    store = open_store(store_url)
     from epu.common.config.decision import DomainConfig
 
     assert store.seed_config("d", DomainConfig(max_nodes=3), 1.0) == 1

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from epu.common.messages import PolicyChange, new_id
-from epu.services.decision.store import Store
 
 from epu.sim import faults as F
+from epu.sim.processes import open_decision_store
 from epu.sim.scenario import Scenario, SiteSpec, Timing
 from epu.sim.simulation import Simulation
 
@@ -98,7 +98,7 @@ def test_7_a_pause_undone_behind_the_operators_back() -> None:
         at(sim, 1800, lambda: sim.operator.send(PolicyChange(change_id=new_id(), domain="alpha", paused=True)))
 
         def undo() -> None:  # a store edit that drops the pause (what a file re-seed used to do)
-            store = Store(sim.decision_db)
+            store = open_decision_store(sim.decision_db)
             _, cfg = store.current_config("alpha")
             store.put_config("alpha", cfg.model_copy(update={"paused": False}), source="file", now=sim.world.t)
             for e in sim.engines:

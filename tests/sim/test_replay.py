@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import Engine as SqlEngine
 
 from epu.cli import main
 from epu.sim import scenarios
@@ -43,6 +44,23 @@ def test_the_in_memory_provisioner_store_replays_the_sqlite_run() -> None:
     assert sql.databases is None
     a, b = mem.run(), sql.run()
     assert a.digest == b.digest and a.events == b.events and a.stats == b.stats
+
+
+def test_the_in_memory_decision_store_replays_the_sqlite_run() -> None:
+    """The simulator keeps the engines' store and leases in memory for speed
+    (``services.decision.memstore``); with every fault of ``chaos`` (engine crashes at commits,
+    store writes refused) and with two engines failing over, the run must be the one the SQLite
+    store gives, event for event."""
+    failover = scenarios.get_scenario("engine-failover")
+    failover.hours = 1.5
+    for sc, seed in ((short_chaos(), 6), (failover, 2)):
+        mem = Simulation(sc, seed)
+        assert not isinstance(mem.decision_db, SqlEngine)
+        sql = Simulation(sc, seed, sqlite_decision_store=True)
+        assert isinstance(sql.decision_db, SqlEngine)
+        a, b = mem.run(), sql.run()
+        assert a.ok, a.violations[:1]
+        assert a.digest == b.digest and a.events == b.events and a.stats == b.stats
 
 
 def test_a_run_does_not_depend_on_the_process_or_its_hash_seed() -> None:

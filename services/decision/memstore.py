@@ -1,0 +1,461 @@
+"""The decision engine's store and leases held in process memory, behind the interfaces of
+``store.Store`` and ``lease.Leases``.
+
+Why it exists: the simulators (``epu sim``, ``epu simulate``) run the real engine for thousands
+of virtual hours, and profiling showed the engine's SQL as their largest remaining cost — every
+iteration reads the generation counter (``Store.sync``) and renews the domain's lease
+(``Leases.hold``), and every event, command result and plan is a write transaction. This twin
+keeps the same tables in dicts with the same semantics — writes checked for a fault before they
+touch anything and applied whole, duplicate change ids refused with ``IntegrityError``, leases
+taken with a new epoch only when free or run out, a plan committed only while its lease holds —
+so the engine cannot tell the difference. Even the order of instances launched at the same moment
+is the SQL store's: its working set lists them by last write, reloaded in row order when another
+engine wrote (each handle here keeps that order, ``_order``), so a run replays the one on SQLite
+(tests/sim/test_replay.py). ``tests/decision/test_store.py`` runs the store tests
+against it too. Production uses ``Store`` and ``Leases`` (SQLite or PostgreSQL); nothing
+configures this one.
+
+Durability is modelled the way a database is: a ``MemoryDecisionDatabase`` holds the data and
+outlives the ``MemoryStore`` and ``MemoryLeases`` handles opened on it (a simulated engine that
+crashes loses its handle, not the database); several engines share one. Handles read the shared
+data (no stale cache to drop), but keep the instance order. ``before_write`` is called before each write
+transaction touches anything, as a database refusing writes would refuse it (the simulator's
+store faults).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from epu.common.config.decision import DomainConfig
+from epu.common.messages import Message
+from epu.services.decision.lease import Fenced, Held
+from epu.services.decision.placement import SiteHealth
+from epu.services.decision.planner import Plan
+from epu.services.decision.store import ENDED, count_per_site, count_per_type, message_of, seed_merge
+from epu.services.decision.view import LIVE_STATES, Instance
+from sqlalchemy.exc import IntegrityError
+
+
+@dataclass
+class _Lease:
+    holder: str = ""
+    epoch: int = 0
+    expires_at: float = 0.0
+
+
+@dataclass
+class MemoryDecisionDatabase:
+    """The shared data of the engines' store: what the SQL tables hold (``store.metadata``)."""
+
+    configs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Domain → its config rows, oldest version first."""
+    changes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    """Every instance ever stored, in insertion order (as the table's rows)."""
+    live: dict[str, None] = field(default_factory=dict)
+    """The ids of live instances, in row order (reads need not scan every instance ever)."""
+    unclean: dict[str, None] = field(default_factory=dict)
+    """The ids of ended instances whose batch node still needs a confirmed removal."""
+    actions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The intent log's rows, in insertion order."""
+    messages: dict[str, Message] = field(default_factory=dict)
+    """Open actions' messages (parsed once, as ``store._Open`` keeps them)."""
+    open: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The rows of ``actions`` not done yet."""
+    open_by_target: dict[str, dict[str, None]] = field(default_factory=dict)
+    sites: dict[str, SiteHealth] = field(default_factory=dict)
+    state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Domain → ``memory`` (JSON text), ``iteration``, ``file_config``."""
+    leases: dict[str, _Lease] = field(default_factory=dict)
+    generation: int = 0
+    before_write: Callable[[], None] | None = None
+
+
+def _ended_unclean(inst: Instance) -> bool:
+    return inst.state in ENDED and not inst.removed and (inst.add_sent_at is not None or inst.seen_at is not None)
+
+
+class MemoryStore:
+    """``store.Store``'s interface on a ``MemoryDecisionDatabase``."""
+
+    def __init__(self, db: MemoryDecisionDatabase | None = None) -> None:
+        self.db = db if db is not None else MemoryDecisionDatabase()
+        self._order: dict[str, None] | None = None
+        """Instance ids in the order ``Store``'s working set would list them (None: reload)."""
+        self._gen = -1
+
+    def create(self) -> MemoryStore:
+        return self
+
+    def invalidate(self) -> None:
+        """As ``Store.invalidate``: the instance order is reloaded (row order by launch)."""
+        self._order = None
+
+    def sync(self) -> None:
+        """As ``Store.sync``: another engine wrote since this one looked — reload the order."""
+        if self.db.generation != self._gen:
+            self._order = None
+            self._gen = self.db.generation
+
+    def _live(self) -> Iterable[Instance]:
+        """The live instances, in the order of ``Store``'s working set."""
+        known = self.db.instances
+        if self._order is None or self.db.generation != self._gen:  # (re)load, as Store does
+            self._order = dict.fromkeys(i.instance_id for i in sorted((known[iid] for iid in self.db.live),
+                                                                      key=lambda i: i.launched_at))
+            self._gen = self.db.generation
+        return (known[iid] for iid in self._order)
+
+    @contextmanager
+    def _write(self, conn: Any = None) -> Iterator[Any]:
+        """A write transaction (nested in the caller's when ``conn`` is given): the fault hook
+        runs before anything is touched; the generation counter moves once per transaction."""
+        if conn is not None:
+            yield conn
+            return
+        if self.db.before_write is not None:
+            self.db.before_write()
+        yield self
+        self.db.generation += 1
+        if self.db.generation - 1 != self._gen:
+            self._order = None  # another engine wrote since we last looked, as Store drops its cache
+        self._gen = self.db.generation
+
+    # ------------------------------------------------------------------ configs
+    def current_config(self, domain: str) -> tuple[int, DomainConfig] | None:
+        rows = self.db.configs.get(domain)
+        if not rows:
+            return None
+        top = rows[-1]
+        if "parsed" not in top:
+            top["parsed"] = DomainConfig.model_validate(json.loads(top["config"]))
+        return top["version"], top["parsed"]
+
+    def config_history(self, domain: str) -> list[dict[str, Any]]:
+        return [{**{k: v for k, v in r.items() if k != "parsed"}, "config": json.loads(r["config"])}
+                for r in self.db.configs.get(domain, [])]
+
+    def domains(self) -> list[str]:
+        return list(self.db.configs)
+
+    def put_config(self, domain: str, cfg: DomainConfig, *, source: str, now: float,
+                   change_id: str | None = None, conn: Any = None) -> int:
+        with self._write(conn):
+            rows = self.db.configs.setdefault(domain, [])
+            version = rows[-1]["version"] + 1 if rows else 1
+            rows.append({"domain": domain, "version": version, "config": cfg.model_dump_json(), "source": source,
+                         "change_id": change_id, "created_at": now, "parsed": cfg})
+            return version
+
+    def seed_config(self, domain: str, cfg: DomainConfig, now: float) -> int:
+        """As ``Store.seed_config`` (the file's keys that changed win; see there)."""
+        text = cfg.model_dump_json()
+        with self._write() as conn:
+            st = self.db.state.get(domain)
+            rows = self.db.configs.get(domain)
+            current = rows[-1] if rows else None
+            last_file = st.get("file_config") if st is not None else None
+            merged = seed_merge(cfg, text, current["config"] if current else None, last_file)
+            if merged is None:
+                assert current is not None
+                return int(current["version"])
+            self._state(domain)["file_config"] = text
+            if current is not None and merged.model_dump_json() == current["config"]:
+                return int(current["version"])
+            return self.put_config(domain, merged, source="file", now=now, conn=conn)
+
+    def change_outcome(self, change_id: str) -> dict[str, Any] | None:
+        row = self.db.changes.get(change_id)
+        return dict(row) if row is not None else None
+
+    def record_change(self, change_id: str, domain: str, applied: bool, reason: str, now: float,
+                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = ()) -> int | None:
+        with self._write() as conn:
+            if change_id in self.db.changes:
+                raise IntegrityError("INSERT INTO decision_changes", None, Exception(f"duplicate change {change_id}"))
+            version = self.put_config(domain, cfg, source="operator", now=now, change_id=change_id,
+                                      conn=conn) if applied and cfg is not None else None
+            self.db.changes[change_id] = {"change_id": change_id, "domain": domain, "applied": applied,
+                                          "version": version, "reason": reason, "at": now}
+            if applied:
+                self.save_instances(list(retire), conn)
+            return version
+
+    def _state(self, domain: str) -> dict[str, Any]:
+        return self.db.state.setdefault(domain, {"memory": "{}", "iteration": 0, "file_config": None})
+
+    # ------------------------------------------------------------------ instances
+    def instances(self, domain: str | None = None, live_only: bool = True) -> list[Instance]:
+        if live_only:
+            return sorted((i for i in self._live() if domain is None or i.domain == domain),
+                          key=lambda i: i.launched_at)
+        return sorted((i for i in self.db.instances.values() if domain is None or i.domain == domain),
+                      key=lambda i: (i.launched_at, i.instance_id))
+
+    def cleanup(self, domain: str) -> list[Instance]:
+        known = self.db.instances
+        return sorted((known[iid] for iid in self.db.unclean if known[iid].domain == domain),
+                      key=lambda i: (i.launched_at, i.instance_id))
+
+    def seqs(self, instance_ids: list[str]) -> dict[str, int]:
+        known = self.db.instances
+        return {iid: known[iid].seq for iid in instance_ids if iid in known}
+
+    def instance(self, instance_id: str) -> Instance | None:
+        return self.db.instances.get(instance_id)
+
+    def save_instances(self, items: Iterable[Instance], conn: Any = None) -> None:
+        items = list(items)
+        if not items:
+            return
+        with self._write(conn):
+            order, live = self._order, self.db.live
+            for inst in items:
+                iid = inst.instance_id
+                self.db.instances[iid] = inst
+                if order is not None:  # Store's working set moves a written instance last
+                    order.pop(iid, None)
+                if inst.state in LIVE_STATES:
+                    live[iid] = None
+                    if order is not None:
+                        order[iid] = None
+                else:
+                    live.pop(iid, None)
+                if _ended_unclean(inst):
+                    self.db.unclean[iid] = None
+                else:
+                    self.db.unclean.pop(iid, None)
+
+    def live_per_site(self) -> tuple[dict[str, int], dict[str, int]]:
+        return count_per_site(self._live())
+
+    def live_per_type(self) -> dict[tuple[str, str], int]:
+        return count_per_type(self._live())
+
+    # ------------------------------------------------------------------ sites
+    def site_health(self) -> dict[str, SiteHealth]:
+        return dict(self.db.sites)
+
+    def save_sites(self, items: Iterable[SiteHealth], conn: Any = None) -> None:
+        items = list(items)
+        if not items:
+            return
+        with self._write(conn):
+            self.db.sites.update({h.name: h for h in items})
+
+    # ------------------------------------------------------------------ policy memory
+    def memory(self, domain: str) -> tuple[dict[str, Any], int]:
+        st = self.db.state.get(domain)
+        if st is None:
+            return {}, 0
+        return json.loads(st["memory"] or "{}"), st["iteration"] or 0
+
+    # ------------------------------------------------------------------ intent log
+    def _new_actions(self, plan: Plan) -> None:
+        """Refuse a plan re-using an action id before anything of it is stored (a primary key)."""
+        for p in plan.actions:
+            if p.action_id in self.db.actions:
+                raise IntegrityError("INSERT INTO decision_actions", None, Exception(f"duplicate {p.action_id}"))
+
+    def _insert_actions(self, domain: str, plan: Plan, now: float) -> None:
+        for p in plan.actions:
+            row = {"action_id": p.action_id, "domain": domain, "kind": p.kind, "target": p.instance_id,
+                   "site": p.site, "reason": p.reason, "type": p.message.TYPE, "body": p.message.model_dump_json(),
+                   "created_at": now, "sent_at": None, "attempts": 0, "done": False, "outcome": None}
+            self.db.actions[p.action_id] = row
+            self.db.open[p.action_id] = row
+            self.db.messages[p.action_id] = p.message
+            self.db.open_by_target.setdefault(p.instance_id, {})[p.action_id] = None
+
+    def commit_plan(self, domain: str, plan: Plan, now: float, memory: dict[str, Any] | None,
+                    iteration: int, refreshed: Iterable[Instance] = (),
+                    fence: Callable[[Any], None] | None = None) -> None:
+        """As ``Store.commit_plan``: nothing of the plan is stored if ``fence`` raises."""
+        with self._write() as conn:
+            if fence is not None:
+                fence(conn)
+            self._new_actions(plan)
+            self.save_instances([*refreshed, *plan.instances.values()], conn)
+            self.save_sites(plan.sites.values(), conn)
+            self._insert_actions(domain, plan, now)
+            for p in plan.actions:
+                if p.kind == "terminate":
+                    self.complete(target=p.instance_id, kinds=("launch", "add", "offline", "online"),
+                                  outcome="superseded by terminate", conn=conn)
+            st = self._state(domain)
+            st["iteration"] = iteration
+            if memory is not None:
+                st["memory"] = json.dumps(memory)
+
+    def store_actions(self, domain: str, plan: Plan, now: float,
+                      fence: Callable[[Any], None] | None = None) -> None:
+        with self._write() as conn:
+            if fence is not None:
+                fence(conn)
+            self._new_actions(plan)
+            self.save_instances(plan.instances.values(), conn)
+            self.save_sites(plan.sites.values(), conn)
+            self._insert_actions(domain, plan, now)
+
+    def mark_sent(self, action_ids: list[str], now: float) -> None:
+        if not action_ids:
+            return
+        with self._write():
+            for aid in action_ids:
+                row = self.db.actions.get(aid)
+                if row is not None:
+                    row["sent_at"], row["attempts"] = now, row["attempts"] + 1
+
+    def unsent_or_due(self, domains: list[str], now: float, resend_seconds: float) -> list[Message]:
+        want = set(domains)
+        due = now - resend_seconds
+        out = [o for o in self.db.open.values()
+               if o["domain"] in want and (o["sent_at"] is None or o["sent_at"] <= due)]
+        out.sort(key=lambda o: (o["created_at"], o["action_id"]))
+        return [self._msg(o) for o in out]
+
+    def _msg(self, row: dict[str, Any]) -> Message:
+        msg = self.db.messages.get(row["action_id"])
+        if msg is None:
+            msg = self.db.messages[row["action_id"]] = message_of(row)
+        return msg
+
+    def overdue(self, domain: str, sent_before: float) -> bool:
+        return any(o["domain"] == domain and o["kind"] in ("launch", "terminate") and o["attempts"] > 0
+                   and o["created_at"] < sent_before for o in self.db.open.values())
+
+    def in_flight(self, domain: str) -> set[tuple[str, str]]:
+        return {(o["target"], o["kind"]) for o in self.db.open.values() if o["domain"] == domain}
+
+    def open_sent_at(self, domain: str) -> list[float | None]:
+        """When each open action of ``domain`` was last sent (None: never)."""
+        return [o["sent_at"] for o in self.db.open.values() if o["domain"] == domain]
+
+    def complete(self, *, action_id: str | None = None, target: str | None = None,
+                 kinds: tuple[str, ...] = (), outcome: str, conn: Any = None) -> int:
+        open_ = self.db.open
+        if action_id is not None:
+            ids = [action_id] if action_id in open_ else []
+        else:
+            ids = sorted(self.db.open_by_target.get(target, ())) if target is not None else list(open_)
+        ids = [i for i in ids if (target is None or open_[i]["target"] == target)
+               and (not kinds or open_[i]["kind"] in kinds)]
+        if not ids:
+            return 0
+        with self._write(conn):
+            for i in ids:
+                row = open_.pop(i)
+                row["done"], row["outcome"] = True, outcome
+                self.db.messages.pop(i, None)
+                by = self.db.open_by_target.get(row["target"])
+                if by is not None:
+                    by.pop(i, None)
+                    if not by:
+                        del self.db.open_by_target[row["target"]]
+        return len(ids)
+
+    def record_instance_event(self, inst: Instance, kinds: tuple[str, ...], outcome: str) -> None:
+        with self._write() as conn:
+            self.save_instances([inst], conn)
+            self.complete(target=inst.instance_id, kinds=kinds, outcome=outcome, conn=conn)
+
+    def action(self, action_id: str) -> dict[str, Any] | None:
+        row = self.db.actions.get(action_id)
+        return dict(row) if row is not None else None
+
+    def actions(self, domain: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        rows = [dict(r) for r in self.db.actions.values()
+                if (not domain or r["domain"] == domain) and (not kind or r["kind"] == kind)]
+        return sorted(rows, key=lambda r: r["created_at"])
+
+
+class MemoryLeases:
+    """``lease.Leases``'s interface on a ``MemoryDecisionDatabase`` (see ``lease`` for the why)."""
+
+    def __init__(self, db: MemoryDecisionDatabase, holder: str, ttl: float) -> None:
+        self.db = db
+        self.holder = holder
+        self.ttl = ttl
+        self.held: dict[str, Held] = {}
+        self.lost: set[str] = set()
+        self._rows: set[str] = set()
+        """Domains whose row this handle made sure of (``Leases`` inserts it once per handle)."""
+
+    def create(self) -> MemoryLeases:
+        return self
+
+    def _check_write(self) -> None:
+        if self.db.before_write is not None:
+            self.db.before_write()
+
+    def hold(self, domain: str, now: float) -> bool:
+        """Take or renew the lease of ``domain``; True if this engine holds it now."""
+        if domain not in self._rows:
+            self._check_write()
+            self.db.leases.setdefault(domain, _Lease())
+            self._rows.add(domain)
+        row = self.db.leases[domain]
+        mine = self.held.get(domain)
+        if mine is not None:
+            self._check_write()
+            if row.holder == self.holder and row.epoch == mine.epoch:
+                row.expires_at = now + self.ttl
+                return self._won(domain, mine.epoch, now)
+            self.lost.add(domain)
+            self.held.pop(domain, None)
+        if row.expires_at > now:
+            self.held.pop(domain, None)
+            return False
+        self._check_write()
+        row.holder, row.epoch, row.expires_at = self.holder, row.epoch + 1, now + self.ttl
+        return self._won(domain, row.epoch, now)
+
+    def _won(self, domain: str, epoch: int, now: float) -> bool:
+        self.held[domain] = Held(epoch, now + self.ttl)
+        self.lost.discard(domain)
+        return True
+
+    def fence(self, domain: str, now: float) -> Callable[[Any], None]:
+        """As ``Leases.fence``: extend the lease if it is still ours, else raise ``Fenced``."""
+        mine = self.held.get(domain)
+
+        def check(_conn: Any) -> None:
+            if mine is None:
+                raise Fenced(f"no lease held on domain {domain!r}")
+            row = self.db.leases.get(domain)
+            if row is None or row.holder != self.holder or row.epoch != mine.epoch or row.expires_at < now:
+                self.held.pop(domain, None)
+                self.lost.add(domain)
+                raise Fenced(f"lease of domain {domain!r} (epoch {mine.epoch}) taken by another engine")
+            row.expires_at = mine.expires_at = now + self.ttl
+
+        return check
+
+    def release(self, domain: str | None = None) -> None:
+        domains = [domain] if domain else list(self.held)
+        try:
+            if any(d in self.held for d in domains):
+                self._check_write()
+            for d in domains:
+                h, row = self.held.get(d), self.db.leases.get(d)
+                if h is not None and row is not None and row.holder == self.holder and row.epoch == h.epoch:
+                    row.expires_at = 0.0
+        except Exception:  # noqa: S110 - as Leases.release: the lease simply expires on its own
+            pass
+        for d in domains:
+            self.held.pop(d, None)
+
+    def state(self, domain: str, active: bool) -> str:
+        if domain in self.lost:
+            return "fenced"
+        return "active" if active and domain in self.held else "standby"
+
+    def row(self, domain: str) -> tuple[str, int, float] | None:
+        """(holder, epoch, expires_at) of the shared lease of ``domain`` (None: never taken)."""
+        r = self.db.leases.get(domain)
+        return (r.holder, r.epoch, r.expires_at) if r is not None else None
