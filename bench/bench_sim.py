@@ -2,7 +2,7 @@
 
 What is measured: the CPU time (``time.process_time``, so other load on a shared machine
 matters less than for wall time) of whole runs — the real engine, provisioner and sensor core,
-the engine's SQLite store, the provisioner's in-memory one (``memstore``), the simulated cloud,
+the engine's and the provisioner's stores in memory (their ``memstore``), the simulated cloud,
 batch system and bus, and every invariant check —
 and the virtual time they cover. Two workloads on a domain of up to 50 nodes:
 
@@ -12,7 +12,7 @@ and the virtual time they cover. Two workloads on a domain of up to 50 nodes:
 
 Each over ``--seeds`` seeds; min / median / max of the per-run rate and the total. The target
 of issue 11 is 1,000 simulated hours per CPU minute; see docs/performance.md for where the time
-goes (the decision engine's SQL round trips).
+goes (now the simulated batch system's scheduler, then the engine's iteration).
 
     .venv/bin/python bench/bench_sim.py [--seeds 5]
 """
