@@ -13,6 +13,7 @@ from epu.common.clock import ManualClock
 from epu.common.messages import InstanceEvent, InstanceReport, PolicyChange
 from epu.services.decision.engine import Engine
 from epu.services.decision.lease import Fenced, Leases
+from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from epu.services.decision.store import Store
 
 from tests.decision.helpers import T0, Bus, config, jobs, snapshot
@@ -20,17 +21,23 @@ from tests.decision.helpers import T0, Bus, config, jobs, snapshot
 TTL = 10.0
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+@pytest.fixture(params=["sqlite", "postgres", "memory"])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str | MemoryDecisionDatabase]:
+    """The shared store: an SQL URL, or the simulators' in-memory database (``memstore``)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'decision.db'}"
+    elif request.param == "memory":
+        yield MemoryDecisionDatabase()
     else:
         yield request.getfixturevalue("pg_url")
 
 
-def engine(store_url: str, holder: str, clock: ManualClock, cfg=None) -> tuple[Engine, Bus]:
-    store = Store(store_url).create()
+def engine(store_url: str | MemoryDecisionDatabase, holder: str, clock: ManualClock, cfg=None) -> tuple[Engine, Bus]:
     bus = Bus()
+    if isinstance(store_url, MemoryDecisionDatabase):
+        mem = MemoryStore(store_url)
+        return Engine(cfg or config(), mem, bus, clock, leases=MemoryLeases(store_url, holder, TTL)), bus  # type: ignore[arg-type]
+    store = Store(store_url).create()
     leases = Leases(store.engine, holder, TTL).create()
     return Engine(cfg or config(), store, bus, clock, leases=leases), bus
 
