@@ -1,4 +1,4 @@
-"""Durable engine state on SQLite and PostgreSQL: the same scenario, both back ends."""
+"""Durable engine state on SQLite and PostgreSQL — and on the simulators' in-memory twin (memstore): the same scenarios on every back end."""
 
 from __future__ import annotations
 
@@ -83,3 +83,46 @@ def test_store_from_an_earlier_version_gains_new_columns(sqlite_url):
     with store.engine.connect() as conn:
         cols = [r[1] for r in conn.execute(text("PRAGMA table_info(decision_instances)"))]
     assert "missing_since" in cols
+
+
+def test_a_change_recorded_twice_is_refused_whole(store_url):
+    """A change id is a primary key: the second record fails and stores nothing (not even the
+    config version it would have made), on every store."""
+    from epu.common.config.decision import DomainConfig
+    from sqlalchemy.exc import IntegrityError
+
+    store = open_store(store_url)
+    store.seed_config("d", DomainConfig(max_nodes=3), 1.0)
+    assert store.record_change("c1", "d", True, "", 2.0, cfg=DomainConfig(max_nodes=5)) == 2
+    with pytest.raises(IntegrityError):
+        store.record_change("c1", "d", True, "", 3.0, cfg=DomainConfig(max_nodes=7))
+    assert store.current_config("d")[0] == 2 and store.current_config("d")[1].max_nodes == 5
+    assert [h["version"] for h in store.config_history("d")] == [1, 2]
+
+
+def test_a_write_the_memory_database_refuses_changes_nothing():
+    """The in-memory store's fault hook runs before a write touches anything (as a database
+    refusing the first statement of a transaction): the simulator's store faults rely on it."""
+    from epu.common.config.decision import DomainConfig
+    from epu.services.decision.memstore import MemoryLeases, MemoryStore
+    from sqlalchemy.exc import OperationalError
+
+    db = MemoryDecisionDatabase()
+    store = MemoryStore(db)
+    store.seed_config("d", DomainConfig(max_nodes=3), 1.0)
+    leases = MemoryLeases(db, "A", 10.0)
+    assert leases.hold("d", 1.0)
+    generation = db.generation
+
+    def refuse() -> None:
+        raise OperationalError("UPDATE", None, Exception("simulated: database is locked"))
+
+    db.before_write = refuse
+    with pytest.raises(OperationalError):
+        store.record_change("c1", "d", True, "", 2.0, cfg=DomainConfig(max_nodes=5))
+    with pytest.raises(OperationalError):
+        leases.hold("d", 5.0)
+    assert store.current_config("d")[0] == 1 and store.change_outcome("c1") is None
+    assert db.generation == generation and leases.row("d") == ("A", 1, 11.0)
+    db.before_write = None
+    assert store.record_change("c1", "d", True, "", 3.0, cfg=DomainConfig(max_nodes=5)) == 2
