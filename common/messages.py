@@ -377,6 +377,10 @@ class NodeCommand(Message):
     """Why, recorded in the batch system where it keeps one (e.g. drain reason)."""
     force: bool = False
     """Remove even if jobs run on the node (operators only)."""
+    requeue: bool = False
+    """For remove: the node's machine is gone (the cloud preempted it), so first put every job
+    still running there back in the queue (Slurm: ``scontrol requeue`` per job), then remove the
+    node even though the batch system may still count those jobs on it."""
 
     def routing_key(self) -> str:
         return f"sensor.{self.domain}"
