@@ -63,7 +63,11 @@ INSTANCE_STATE_ORDER: dict[str, int] = {
 TERMINAL_INSTANCE_STATES = frozenset({"terminated", "failed"})
 
 NodeAction = Literal["add", "offline", "online", "remove"]
-ErrorKind = Literal["transient", "capacity", "permanent"]
+ErrorKind = Literal["transient", "capacity", "permanent", "preempted"]
+"""``preempted``: the cloud took a spot/preemptible node back (an instance event's ``terminated``)."""
+PREEMPTED_REASON = "preempted by the cloud"
+"""How an instance event's reason starts when the cloud preempted the node (the engine keeps the
+reason with the instance, so a restarted engine still knows)."""
 
 
 def new_id() -> str:
@@ -373,6 +377,10 @@ class NodeCommand(Message):
     """Why, recorded in the batch system where it keeps one (e.g. drain reason)."""
     force: bool = False
     """Remove even if jobs run on the node (operators only)."""
+    requeue: bool = False
+    """For remove: the node's machine is gone (the cloud preempted it), so first put every job
+    still running there back in the queue (Slurm: ``scontrol requeue`` per job), then remove the
+    node even though the batch system may still count those jobs on it."""
 
     def routing_key(self) -> str:
         return f"sensor.{self.domain}"
@@ -473,7 +481,8 @@ class InstanceEvent(Message):
     instance_type: TypeName = ""
     """The catalogue type it was launched as ("" = the site's single type)."""
     error_kind: ErrorKind | None = None
-    """For failed launches: transient, capacity (fail over to another site) or permanent."""
+    """For failed launches: transient, capacity (fail over to another site) or permanent; for a
+    ``terminated`` node the cloud took back: preempted."""
     at: float
     """When the transition happened (epoch seconds)."""
     presumed_gone: bool = False

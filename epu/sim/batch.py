@@ -84,6 +84,13 @@ class SimBatchSystem:
         self.register_seconds = register_seconds
         self.inner = SimulatedBatch(clock)
         self.inner.on_kill.append(self._killed)
+        self.lost_node_seconds = 0.0
+        """How long the batch system takes to notice that a preempted VM's daemon is gone
+        (Slurm's ``SlurmdTimeout``); 0: at once, its jobs requeued by the batch system itself.
+        Until then the node's jobs stay counted there and make no progress: only EPU's requeue
+        (``requeue_jobs``) gives them back sooner."""
+        self.preempted_jobs: dict[str, str] = {}
+        """Job id → the node it was running on when the cloud preempted that node's VM."""
         self.faults = BatchFaults()
         self.stats = BatchStats()
         self.serving: dict[str, VM] = {}
@@ -135,11 +142,23 @@ class SimBatchSystem:
         if self.serving.get(name) is not vm:
             return
         del self.serving[name]
+        if cause == "preempt" and self.lost_node_seconds > 0 and self.flavor != "htcondor":
+            for job in self.inner.freeze_node(name):
+                self.preempted_jobs[job] = name
+            self.world.after(self.lost_node_seconds, lambda: self._notice_lost(name, vm, cause),
+                             f"batch notices {name} lost")
+            return
         self.inner.set_node_up(name, False, f"VM {vm.cloud_id} {cause}")
         if self.flavor == "htcondor":
             # the collector forgets a dead startd's ad after a while
             self.world.after(self._rng.uniform(60.0, 900.0), lambda: self._expire(name),
                              f"batch expire {name}")
+
+    def _notice_lost(self, name: str, vm: VM, cause: str) -> None:
+        """The daemon timeout: the node goes down and the batch system requeues what is left
+        there — unless a new VM serves the name by now (a pool slot reused)."""
+        if name not in self.serving:
+            self.inner.set_node_up(name, False, f"VM {vm.cloud_id} {cause}: daemon timeout")
 
     def _expire(self, name: str) -> None:
         node = self.inner.node(name)
@@ -224,6 +243,17 @@ class SimBatchSystem:
                                  lambda: self._register(node, vm), f"batch register {node}")
             return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
         return self.inner.execute(action, node, cores=cores, address=address, reason=reason, force=force)
+
+    def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
+        """Slurm's ``scontrol requeue`` of a preempted node's jobs (HTCondor reschedules by itself:
+        nothing to do)."""
+        check_node_name(node)
+        if self.faults.down:
+            self.stats.failed_commands += 1
+            return CommandOutcome(False, error="simulated: batch controller not responding", transient=True)
+        if self.flavor == "htcondor":
+            return CommandOutcome(True, output="htcondor: the schedd reschedules a lost startd's jobs")
+        return self.inner.requeue_jobs(node, reason)
 
     def _execute_condor(self, action: str, node: str, reason: str, force: bool) -> CommandOutcome:
         name = node if node.endswith("." + self.fqdn_suffix) else self.batch_name(node)

@@ -315,12 +315,20 @@ class SimNodeDriver(NodeDriver):
         node = Node(id=vm.cloud_id, name=vm.name, state=state,
                     public_ips=[ip] if state == NodeState.RUNNING else [],
                     private_ips=[ip] if state != NodeState.TERMINATED else [], driver=self,
-                    extra={"tags": dict(vm.tags)}, created_at=datetime.fromtimestamp(vm.created_at, UTC))
+                    extra=self._extra(vm, state), created_at=datetime.fromtimestamp(vm.created_at, UTC))
         if state is NodeState.TERMINATED:
             self._listed.pop(vm.cloud_id, None)
         else:
             self._listed[vm.cloud_id] = (state, node)
         return node
+
+    @staticmethod
+    def _extra(vm: VM, state: NodeState) -> dict[str, Any]:
+        """What EC2 lists (through libcloud): the tags, and for a spot reclaim the state reason."""
+        extra: dict[str, Any] = {"tags": dict(vm.tags)}
+        if state is NodeState.TERMINATED and vm.cause == "preempt":
+            extra["reason"] = "Server.SpotInstanceTermination: Spot instance termination"
+        return extra
 
     def create_node(self, name: str, size: NodeSize, image: NodeImage, location: NodeLocation | None = None,
                     auth: Any = None, ex_metadata: dict[str, str] | None = None,

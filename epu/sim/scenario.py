@@ -52,6 +52,8 @@ class DomainSpec:
     partitions: dict[str, list[str]] = field(default_factory=dict)
     """Partition → instance types (``[domains.NAME.partitions]``)."""
     default_partition: str = ""
+    allow_spot: bool = False
+    """Spot types of the catalogue may be launched (``allow_spot``)."""
 
 
 @dataclass

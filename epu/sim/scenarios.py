@@ -363,6 +363,34 @@ def mixed_shapes_faults() -> Scenario:
                    stresses="issue 13: capacity cooldown and failover between types under faults")
 
 
+SPOT_TYPES = {
+    "c4-spot": {"size": "sim.c4", "cores": 4, "memory_mb": 16000, "price_per_hour": 0.05, "spot": True},
+    "c4": {"size": "sim.c4", "cores": 4, "memory_mb": 16000, "price_per_hour": 0.17},
+}
+LOST_NODE_SECONDS = 900.0
+"""The batch system's own detection of a dead node in ``spot-preemption`` (SlurmdTimeout): far
+longer than the engine takes to requeue, so a job requeued by the batch system itself means the
+engine did not."""
+
+
+def slow_lost_node_detection(sim: Simulation) -> None:
+    sim.batch.lost_node_seconds = LOST_NODE_SECONDS
+
+
+@scenario
+def spot_preemption() -> Scenario:
+    return Scenario("spot-preemption", "spot instances the cloud keeps preempting under running jobs; the "
+                    "batch system notices a dead node only after 15 minutes",
+                    hours=3.0, domain=DomainSpec(allow_spot=True, max_nodes=20),
+                    sites=[SiteSpec("cloud-a", quota=30, types=SPOT_TYPES,
+                                    faults=CloudFaults(preempt_rate_per_hour=0.5))],
+                    workload=Workload(arrivals_per_hour=30.0, burst_per_hour=1.0, burst_jobs=(5, 20),
+                                      duration=(600.0, 2400.0)),
+                    setup=slow_lost_node_detection,
+                    stresses="issue 13: a preempted node's jobs requeued by EPU (scontrol requeue), the node "
+                             "removed and its capacity replaced; never counted as our kill")
+
+
 # ---------------------------------------------------------------------- our own outages
 
 

@@ -171,7 +171,8 @@ class Simulation:
                                  "node_names": list(d.node_names),
                                  "sites": [x.name for x in s.sites],
                                  **({"partitions": d.partitions} if d.partitions else {}),
-                                 **({"default_partition": d.default_partition} if d.default_partition else {})}},
+                                 **({"default_partition": d.default_partition} if d.default_partition else {}),
+                                 **({"allow_spot": True} if d.allow_spot else {})}},
             "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "image": "sim-image",
                                **({"types": x.types} if x.types else
                                   {"price_per_hour": x.price, "cores": x.cores, "size": f"sim.{x.cores}core"})}

@@ -43,6 +43,9 @@ class Node:
     reason: str
     retire: str = ""
     """Set on the first step of taking an instance out (scale-down, stalled, lost, operator)."""
+    requeue: bool = False
+    """For remove: requeue the node's jobs first (the cloud preempted its machine: they died
+    with it, not by our hand)."""
 
     @property
     def kind(self) -> str:

@@ -19,7 +19,8 @@ policies cannot disagree and no node gets two contradictory commands in one iter
    in service, ``remove`` once the node is empty (or absent: the batch system then confirms it
    is gone, or refuses because a job runs there), and terminate only after the sensor
    confirmed the removal. Nodes of instances that ended without a drain (preempted, vanished,
-   forced) are removed too, so a pool name can be reused.
+   forced) are removed too, so a pool name can be reused; a preempted one's remove asks the
+   batch system to requeue the jobs that died with it (``requeue``).
 
 One instance, at most one action per iteration (``_claim``). While the circuit breaker is open
 (``view.breaker``) nothing is offlined or removed and no node is declared lost.
@@ -228,8 +229,12 @@ class Cycle:
                 if node is not None and node.instance_id != inst.instance_id and \
                         short_name(node.name) in live_names:
                     continue  # the name belongs to a live instance now
-                claim(inst, Node("remove", inst.instance_id,
-                                 f"instance {inst.state} without a drain: free its batch node"))
+                if inst.preempted:
+                    claim(inst, Node("remove", inst.instance_id, "preempted by the cloud: requeue its jobs, "
+                                     "free its batch node", requeue=True))
+                else:
+                    claim(inst, Node("remove", inst.instance_id,
+                                     f"instance {inst.state} without a drain: free its batch node"))
         return Decision(out, memory, [*(notes or []), *self.notes], failed)
 
     def _next_step(self, inst: Instance) -> Action | None:

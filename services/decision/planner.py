@@ -135,7 +135,8 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
             msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op,
                               node=node.name if node is not None else inst.node_name,
                               instance_id=iid, address=inst.ip if action.op == "add" else None,
-                              cores=inst.cores if action.op == "add" else None, reason=action.reason)
+                              cores=inst.cores if action.op == "add" else None, reason=action.reason,
+                              requeue=action.requeue and action.op == "remove")
             if kind == "add":
                 out.instances[iid] = replace(inst, add_sent_at=now)
             elif kind == "offline":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
-from epu.common.messages import JobShape, NodeInfo, QueuedJob, SensorSnapshot, group_jobs
+from epu.common.messages import PREEMPTED_REASON, JobShape, NodeInfo, QueuedJob, SensorSnapshot, group_jobs
 
 PENDING_STATES = frozenset({"requested", "pending", "started"})
 IN_SERVICE = frozenset({"free", "busy"})
@@ -58,6 +58,11 @@ class Instance:
     """The catalogue type it was launched as ("" = the site's single type)."""
     gang: str = ""
     """``ID:SIZE``: one of SIZE instances launched as a group for multi-node jobs ("" = none)."""
+
+    @property
+    def preempted(self) -> bool:
+        """The cloud took it back (a spot reclaim): its provisioner said so in the reason it kept."""
+        return self.state == "terminated" and self.reason.startswith(PREEMPTED_REASON)
 
     @property
     def pending(self) -> bool:

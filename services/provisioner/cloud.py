@@ -56,6 +56,9 @@ class CloudNode:
     ip: str | None
     tags: dict[str, str] = field(default_factory=dict)
     created_at: float | None = None
+    preempted: bool = False
+    """The cloud took the node back (a spot/preemptible reclaim), as its listing says: its jobs
+    were killed by the cloud, not by us, and must be requeued (``preempted_by_cloud``)."""
 
     @property
     def launch_id(self) -> str | None:
@@ -110,12 +113,34 @@ def _tags_of(node: Node) -> dict[str, str]:
     return {}
 
 
+#: What drivers put in a reclaimed spot node's listing: EC2's state reason code (libcloud's
+#: ``extra["reason"]`` is the instance's ``reason``/state transition text).
+SPOT_REASON_MARKERS = ("Server.SpotInstanceTermination", "Spot instance termination")
+
+
+def preempted_by_cloud(extra: dict[str, object] | None) -> bool:
+    """Does a node's listing say the cloud preempted it? EC2: the spot termination reason code;
+    GCE: a preemptible node (``scheduling.preemptible``) the cloud stopped; any driver: an explicit
+    ``preempted`` flag. Only meaningful for a node listed as ended."""
+    extra = extra or {}
+    if extra.get("preempted") is True:
+        return True
+    reason = extra.get("reason")
+    state_reason = extra.get("state_reason")
+    code = state_reason.get("code") if isinstance(state_reason, dict) else None
+    if any(isinstance(text, str) and any(m in text for m in SPOT_REASON_MARKERS) for text in (reason, code)):
+        return True
+    scheduling = extra.get("scheduling")
+    return isinstance(scheduling, dict) and scheduling.get("preemptible") is True
+
+
 def to_cloud_node(node: Node) -> CloudNode:
     state = node.state.value if isinstance(node.state, NodeState) else str(node.state)
     ips = [ip for ip in list(node.private_ips or []) + list(node.public_ips or []) if ip]
     created = node.created_at.timestamp() if isinstance(node.created_at, datetime) else None
     return CloudNode(cloud_id=str(node.id), name=node.name or "", state=map_node_state(state), native_state=state,
-                     ip=ips[0] if ips else None, tags=_tags_of(node), created_at=created)
+                     ip=ips[0] if ips else None, tags=_tags_of(node), created_at=created,
+                     preempted=map_node_state(state) == "terminated" and preempted_by_cloud(node.extra))
 
 
 def is_not_found(exc: BaseException) -> bool:

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from epu.common.messages import PREEMPTED_REASON
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
 from epu.services.provisioner.states import check_transition
 from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
@@ -256,6 +257,8 @@ def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> 
     target = node.state
     if target == "failed":
         reason, kind = f"node in state {node.native_state}", "transient"
+    elif target == "terminated" and node.preempted and rec.state != "terminating":
+        reason, kind = f"{PREEMPTED_REASON} (node {node.cloud_id})", "preempted"
     elif target == "terminated":
         reason, kind = ("terminated" if rec.state == "terminating"
                         else f"terminated by the cloud (node {node.cloud_id})"), None

@@ -101,6 +101,17 @@ class BatchBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class JobRequeuer(Protocol):
+    """A backend that can put the jobs running on a node back in the queue: used before removing
+    a node whose machine the cloud preempted (``NodeCommand.requeue``). A backend without it has
+    the node removed with ``force``, and the batch system reschedules what died (HTCondor does)."""
+
+    def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
+        """Requeue every job running on ``node``; ok when none is left running there."""
+        ...
+
+
 def check_node_name(node: str) -> str:
     """Refuse anything but an RFC 1123 host name before it can reach a command line.
 

@@ -40,7 +40,9 @@ from epu.services.sensor.backend import (
     ACTIONS,
     BackendUnavailable,
     BatchBackend,
+    CommandOutcome,
     InvalidNodeName,
+    JobRequeuer,
     Observation,
 )
 from epu.services.sensor.dedupe import CommandLog
@@ -211,6 +213,25 @@ class SensorCore:
                               shapes=obs.all_shapes(), nodes=self._since.fill(obs.nodes, now),
                               running_jobs=obs.running_jobs)
 
+    def _execute(self, command: NodeCommand) -> CommandOutcome:
+        """Run one command. A remove with ``requeue`` (the cloud preempted the node's machine)
+        first requeues the jobs that died with it, then removes the node with ``force``: the batch
+        system may still count those jobs on it until it notices the machine is gone."""
+        force = command.force
+        requeued: CommandOutcome | None = None
+        if command.requeue and command.action == "remove":
+            if isinstance(self.backend, JobRequeuer):
+                requeued = self.backend.requeue_jobs(command.node, command.reason)
+                if not requeued.ok:
+                    return requeued
+            force = True
+        outcome = self.backend.execute(command.action, command.node, cores=command.cores, address=command.address,
+                                       reason=command.reason, force=force, instance_id=command.instance_id)
+        if requeued is None or not requeued.output:
+            return outcome
+        return CommandOutcome(outcome.ok, outcome.changed or requeued.changed,
+                              f"{requeued.output}\n{outcome.output}".strip(), outcome.error, outcome.transient)
+
     def _unavailable(self, now: float, error: str) -> SensorSnapshot:
         return SensorSnapshot(domain=self.domain, backend=self.backend.name, available=False,
                               error=error[:2000] or "batch system unreadable", taken_at=now)
@@ -230,9 +251,7 @@ class SensorCore:
             self.publish(again, correlation_id)
             return again
         try:
-            outcome = self.backend.execute(command.action, command.node, cores=command.cores,
-                                           address=command.address, reason=command.reason, force=command.force,
-                                           instance_id=command.instance_id)
+            outcome = self._execute(command)
         except InvalidNodeName as exc:
             outcome_ok, changed, output, error, transient = False, False, "", str(exc), False
         except BackendUnavailable as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -315,12 +316,10 @@ class SimulatedBatch:
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
                 reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
         check_action(action)
-        check_node_name(node)
         with self._lock:
-            if not self.available:
-                return CommandOutcome(False, error=self.unavailable_reason, transient=True)
-            self._advance()
-            existing = self._nodes.get(node)
+            existing, refused = self._command_target(node)
+            if refused is not None:
+                return refused
             if action == "add":
                 if existing is not None:
                     if instance_id and existing.instance_id is None:
@@ -356,7 +355,44 @@ class SimulatedBatch:
             self._schedule()
             return CommandOutcome(True, changed=True, output=f"node {node} removed")
 
+    def freeze_node(self, name: str) -> list[str]:
+        """The node's machine died and the batch system has not noticed: its jobs stay counted
+        as running there but never finish (until requeued, or the node is marked down)."""
+        with self._lock:
+            self._advance()
+            node = self._nodes.get(name)
+            if node is None:
+                return []
+            for job_id in node.jobs:
+                job = self._running.get(job_id)
+                if job is not None:
+                    job.end_time = math.inf  # its heap entry goes stale: it never ends by itself
+            return sorted(node.jobs)
+
+    def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
+        """Put the jobs running on ``node`` back at the head of the queue (its machine is gone:
+        the cloud preempted it). ``on_kill`` hears why: ``requeued: ...``, never "by force"."""
+        with self._lock:
+            existing, refused = self._command_target(node)
+            if refused is not None:
+                return refused
+            if existing is None or not existing.jobs:
+                return CommandOutcome(True, output=f"no job on {node} to requeue")
+            jobs = sorted(existing.jobs)
+            existing.offline = True  # first, so the scheduler does not put them back there
+            self._requeue_jobs_of(existing, f"requeued: {reason or 'node preempted'}")
+            self._schedule()
+            return CommandOutcome(True, changed=True, output=f"requeued {', '.join(jobs)}")
+
     # ------------------------------------------------------------------ internals
+    def _command_target(self, node: str) -> tuple[SimNode | None, CommandOutcome | None]:
+        """(the node, None), or (None, the refusal) while the controller is down. Under the lock."""
+        check_node_name(node)
+        if not self.available:
+            return None, CommandOutcome(False, error=self.unavailable_reason, transient=True)
+        self._advance()
+        return self._nodes.get(node), None
+
     def _queued(self, job: SimJob, job_id: str, count: int) -> QueuedJob:
         return QueuedJob(job_id=job_id, cores=job.cores, nodes=job.nodes, queue=job.queue,
                          submit_time=job.submit_time, wait_seconds=max(0.0, self._now - job.submit_time),

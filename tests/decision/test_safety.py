@@ -289,6 +289,33 @@ def test_the_batch_node_of_a_preempted_instance_is_removed():
 # ---------------------------------------------------------------- operators
 
 
+def test_a_preempted_nodes_jobs_are_requeued_with_its_removal_and_the_capacity_replaced():
+    d = Domain(1)
+    (la,) = d.launches
+    d.e.on_instance_event(event(la, "terminated", 3, d.clock.now(), error_kind="preempted",
+                                reason="preempted by the cloud (node c1)"))
+    assert d.e.store.instance(la.launch_id).preempted
+    # the batch system has not noticed yet: its job still counts on the dead node, and is demand again
+    d.step(nodes=[d.node(la, "busy", jobs_=["j0"])], queued=jobs(1))
+    (rm,) = d.sent("remove")
+    assert rm.instance_id == la.launch_id and rm.requeue and not rm.force and "preempted" in rm.reason
+    assert len(d.sent("launch")) == 1  # the capacity is replaced by the normal demand path
+    assert d.sent("terminate") == []  # the cloud ended it: nothing of ours to give back
+    d.e.on_node_result(result(rm))
+    d.bus.clear()
+    d.step(nodes=[], queued=jobs(1))
+    assert d.sent("remove") == [] and d.e.store.cleanup("d") == []
+
+
+def test_a_node_that_vanished_without_a_preemption_is_removed_without_requeue():
+    d = Domain(1)
+    (la,) = d.launches
+    d.e.on_instance_event(event(la, "terminated", 3, d.clock.now(), reason="terminated by the cloud (node c1)"))
+    d.step(nodes=[d.node(la, "down")])
+    (rm,) = d.sent("remove")
+    assert not rm.requeue
+
+
 def test_an_unforced_operator_terminate_drains_first():
     d = Domain(1)
     (la,) = d.launches

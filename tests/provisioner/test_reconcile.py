@@ -111,6 +111,12 @@ PRESENCE = [
       core.Destroy("c1", "a", "closed", "record a failed: node error")]),
     ("terminated by the cloud", rec("a", "started", "c1"), node("c1", "a", "terminated"), None,
      [core.Follow("a", "terminated", "terminated by the cloud (node c1)", None, "10.0.0.1")]),
+    ("preempted by the cloud (a spot reclaim): told apart from a plain end", rec("a", "started", "c1"),
+     replace(node("c1", "a", "terminated"), preempted=True), None,
+     [core.Follow("a", "terminated", "preempted by the cloud (node c1)", "preempted", "10.0.0.1")]),
+    ("our own terminate of a spot node is no preemption", rec("a", "terminating", "c1"),
+     replace(node("c1", "a", "terminated"), preempted=True), None,
+     [core.Follow("a", "terminated", "terminated", None, "10.0.0.1")]),
     ("terminated as asked", rec("a", "terminating", "c1"), node("c1", "a", "terminated"), None,
      [core.Follow("a", "terminated", "terminated", None, "10.0.0.1")]),
     ("seen again: misses cleared", rec("a", "started", "c1"), node("c1", "a"), miss("a", 2, T - 30),
@@ -288,3 +294,23 @@ def test_one_partial_listing_never_leads_to_a_destroy() -> None:
 def test_misses_of_records_no_longer_watched_are_forgotten() -> None:
     plan = core.observe(world([], [rec("a", "terminated", "c1")], [miss("a", 2, T - 30), miss("gone", 1, T)]), RULES)
     assert plan.actions == [core.ClearMiss("a"), core.ClearMiss("gone")]
+
+
+@pytest.mark.parametrize("extra, preempted", [
+    ({"reason": "Server.SpotInstanceTermination: Spot instance termination"}, True),
+    ({"state_reason": {"code": "Server.SpotInstanceTermination"}}, True),
+    ({"scheduling": {"preemptible": True}}, True),
+    ({"preempted": True}, True),
+    ({"reason": "User initiated (2026-11-23 03:00:00 GMT)"}, False),
+    ({"scheduling": {"preemptible": False}}, False),
+    (None, False),
+])
+def test_a_listing_says_when_the_cloud_preempted_the_node(extra, preempted) -> None:
+    from epu.services.provisioner.cloud import preempted_by_cloud, to_cloud_node
+    from libcloud.compute.base import Node
+    from libcloud.compute.types import NodeState
+
+    assert preempted_by_cloud(extra) is preempted
+    ended = to_cloud_node(Node("c1", "n", NodeState.TERMINATED, [], [], None, extra=extra))
+    running = to_cloud_node(Node("c1", "n", NodeState.RUNNING, [], [], None, extra=extra))
+    assert ended.preempted is preempted and running.preempted is False

@@ -245,3 +245,23 @@ def test_invalid_command_with_a_readable_id_gets_a_failed_result(clock: ManualCl
                 msgpack.packb({**env, "type": "instance.launch"})):
         assert core.handle_invalid(bad, "invalid") is None
     assert len(bus.results()) == 1
+
+
+def test_remove_with_requeue_puts_a_preempted_nodes_jobs_back_and_removes_it(clock: ManualClock) -> None:
+    core, bus, b = make(clock)
+    kills: list[tuple[str, str, str]] = []
+    b.on_kill.append(lambda job, node, why: kills.append((job, node, why)))
+    b.submit(cores=1, count=2, duration=600)
+    core.tick()
+    assert bus.snapshots()[-1].running_jobs == 2
+    plain = core.handle(cmd("remove", "w1"))
+    assert not plain.ok and "runs 2 job(s)" in (plain.error or "")  # without the intent: refused
+
+    res = core.handle(cmd("remove", "w1", requeue=True, reason="preempted by the cloud"))
+    assert res.ok and "requeued" in res.output and "removed" in res.output
+    assert [why for *_, why in kills] == ["requeued: preempted by the cloud"] * 2  # never "by force"
+    assert b.node("w1") is None
+    b.add_node("w2", 2)
+    clock.advance(60)
+    core.tick()
+    assert bus.snapshots()[-1].running_jobs == 2  # the requeued jobs run again elsewhere

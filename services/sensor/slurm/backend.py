@@ -22,12 +22,19 @@ few jobs whose reason text it cannot tell (``--jobs=...``, at most ``json_fallba
   (``scontrol delete``), a pool node drained and powered down (``POWER_DOWN``, or
   ``POWER_DOWN_FORCE`` with force) so it becomes a free slot again. Removing a node Slurm does
   not know succeeds (already gone).
+* ``requeue_jobs`` (before the remove of a node the cloud preempted): ``squeue -h -w NODE -t
+  RUNNING,COMPLETING,CONFIGURING,SUSPENDED -o %i`` lists the jobs still counted on the node; the
+  node is drained first (``State=DRAIN``: Slurm must not start them there again), then each job
+  goes back to the queue with ``scontrol requeue JOBID`` (one call per job, so one that ended
+  meanwhile fails alone); a job id that is not ``digits`` or ``digits_digits`` (an array
+  task) is refused before any command line.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -55,6 +62,11 @@ from epu.services.sensor.slurm.text import parse_sinfo_text, parse_squeue_text, 
 from epu.services.sensor.states import slurm_state_tokens
 
 BUSY_TOKENS = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
+#: Job states still holding a node (what a preempted node's jobs may be in until Slurm notices).
+ON_NODE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
+JOB_ID = re.compile(r"\d+(?:_\d+)?")
+#: Errors of ``scontrol requeue`` that mean the job is no longer there to requeue (it ended).
+REQUEUE_GONE = ("Invalid job id", "Job/step already completing or completed", "already completed")
 
 
 def check_address(address: str) -> str:
@@ -309,6 +321,42 @@ class SlurmBackend:
         results.append(self._scontrol("update", f"NodeName={node}", "State=DRAIN", why))
         results += self._forget_identity(node, fields)
         return self._outcome(results, f"remove {node}")
+
+    def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
+        """Put the jobs still counted on ``node`` back in the queue (its machine is gone: the
+        cloud preempted it). Ok when none is left: a job that ended meanwhile is not an error."""
+        check_node_name(node)
+        try:
+            ids = self.jobs_on_node(node)
+        except BackendUnavailable as exc:
+            return CommandOutcome(False, error=str(exc), transient=True)
+        if not ids:
+            return CommandOutcome(True, output=f"no job on {node} to requeue")
+        drain = self._scontrol("update", f"NodeName={node}", "State=DRAIN",
+                               f"Reason={_clean_reason(reason, 'epu: preempted, jobs requeued')}")
+        if not drain.ok:
+            return self._outcome([drain], f"drain {node} before requeueing its jobs")
+        results = [self._scontrol("requeue", job) for job in ids]
+        failed = [r for r in results if not r.ok and not any(g in r.text() for g in REQUEUE_GONE)]
+        output = "\n".join(f"$ scontrol {' '.join(r.argv[1:])}\n{r.text()}".rstrip() for r in [drain, *results])
+        if failed:
+            r = failed[0]
+            return CommandOutcome(False, changed=len(failed) < len(results), output=output,
+                                  error=f"scontrol requeue {r.argv[-1]} failed (exit {r.returncode}): "
+                                        f"{r.text() or 'no output'}", transient=r.timed_out)
+        return CommandOutcome(True, changed=True, output=output)
+
+    def jobs_on_node(self, node: str) -> list[str]:
+        """Ids of the jobs Slurm still counts on ``node`` (validated: digits, or an array task)."""
+        text = self._read_text("squeue", "-h", "-w", check_node_name(node), "-t", ON_NODE_STATES, "-o", "%i")
+        ids = []
+        for line in text.split():
+            if not JOB_ID.fullmatch(line):
+                raise BackendUnavailable(f"squeue -w {node}: refusing job id {line[:40]!r} (not digits or "
+                                         "digits_digits)")
+            if line not in ids:
+                ids.append(line)
+        return ids
 
     def _forget_identity(self, node: str, fields: dict[str, str]) -> list[CommandResult]:
         """A slot back in the pool belongs to no instance: take EPU's token out of its Comment."""

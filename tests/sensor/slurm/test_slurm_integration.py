@@ -191,3 +191,25 @@ def test_snapshot_command_on_the_real_head_node(cluster: SlurmTestCluster, backe
     table = subprocess.run([sys.executable, "-m", "epu.cli", "sensor", "snapshot", "--backend", "slurm"],
                            capture_output=True, text=True, env=env, timeout=60)
     assert table.returncode == 0 and "node1" in table.stdout and "held" in table.stdout
+
+
+def test_a_preempted_nodes_jobs_are_requeued_and_the_node_removed(cluster: SlurmTestCluster,
+                                                                   backend: SlurmBackend) -> None:
+    """The cloud took the machine (slurmd killed): Slurm still counts the job there; the requeue
+    the engine asks for with a preempted node's remove puts it back in the queue."""
+    cluster.start_slurmd("el2")
+    cluster.wait_node_state("el2", lambda s: "POWERED_DOWN" not in s)
+    assert backend.execute("add", "el2", cores=2, address="127.0.0.1").ok
+    wait_for(lambda: (x := node(backend, "el2")) and x.state == "free", 60, message="el2 free")
+    job = cluster.sbatch("-w", "el2", "-n", "1")
+    cluster.wait_job_state(job, "RUNNING")
+    cluster.stop_slurmd("el2", kill=True)
+    assert cluster.job_state(job) == "RUNNING"  # Slurm has not noticed (SlurmdTimeout)
+
+    requeued = backend.requeue_jobs("el2", "preempted by the cloud")
+    assert requeued.ok and requeued.changed and f"scontrol requeue {job}" in requeued.output, requeued
+    removed = backend.execute("remove", "el2", reason="preempted by the cloud", force=True)
+    assert removed.ok, removed
+    wait_for(lambda: cluster.job_state(job) == "PENDING", 60, message=f"job {job} back in the queue")
+    wait_for(lambda: node(backend, "el2") is None, 60, message="el2 back in the pool")
+    assert backend.requeue_jobs("el2").ok  # nothing left there: nothing to do
