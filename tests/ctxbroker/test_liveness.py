@@ -9,7 +9,6 @@ status, for systemd to restart it whole."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -73,7 +72,13 @@ def test_a_consumer_that_dies_takes_the_process_down_with_status_1(
 
     def run_then_end() -> None:
         calls["n"] += 1
-        time.sleep(0.5)  # the HTTPS server is up by now: it must be stopped, not just never started
+        def answering() -> bool:
+            try:
+                return _health(svc, tls_files[0]).status_code in (200, 503)
+            except (httpx.HTTPError, RuntimeError):  # not listening yet (or no port chosen yet)
+                return False
+
+        wait_for(answering, 15, interval=0.05, message="the HTTPS server up: it must be stopped, not never started")
         if how == "raises":
             raise RuntimeError("a fault the runtime does not survive")
 

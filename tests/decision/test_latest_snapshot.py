@@ -81,7 +81,12 @@ def test_after_a_restart_an_old_snapshot_is_not_acted_on(broker, tmp_path) -> No
             assert service.wait_ready(15)
             wait_for(lambda: service.metrics.registry.get_sample_value(
                 "epu_decision_stale_snapshots_total", {"domain": "d"}) == 1, 10, message="the stale one counted")
-            time.sleep(1.0)  # a few iterations: nothing may be launched from that snapshot
+            def iterations() -> float:
+                return service.metrics.registry.get_sample_value(
+                    "epu_timer_runs_total", {"task": "iteration", "outcome": "ok"}) or 0.0
+
+            seen = iterations()
+            wait_for(lambda: iterations() >= seen + 3, 10, message="three iterations after the stale snapshot")
             assert read_queue(broker, PROVISIONER_QUEUE) == []
             assert service.health()["domains"] == {"d": "standby"}
             pub.publish(snapshot(queued=jobs(2), at=time.time()))  # a fresh one: now it acts

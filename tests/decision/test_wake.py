@@ -44,8 +44,16 @@ def test_a_snapshot_with_new_demand_is_answered_without_waiting_for_the_tick(bro
         pub.publish(snapshot(queued=jobs(5), at=time.time()))
         wait_for(lambda: launches() == 5, 20, interval=0.05, message="3 more for 3 more jobs")
         assert time.monotonic() - started < 50, "answered before the first minute's tick"
-        pub.publish(snapshot(queued=jobs(5), at=time.time()))  # the same demand: nothing new to do
-        time.sleep(0.5)  # a wrong launch would come within a wake-up's 0.2 s
+        def iterations() -> float:
+            return service.metrics.registry.get_sample_value(
+                "epu_timer_runs_total", {"task": "iteration", "outcome": "ok"}) or 0.0
+
+        before = iterations()
+        same = snapshot(queued=jobs(5), at=time.time())  # the same demand: nothing new to do
+        pub.publish(same)
+        wait_for(lambda: service.engine.latest_snapshot("d").taken_at == same.taken_at, 10,
+                 message="the engine holds the repeated snapshot")
+        assert iterations() == before, "a snapshot with unchanged demand does not wake the engine"
         assert launches() == 5
     finally:
         pub.close()
