@@ -23,7 +23,7 @@ from epu.common.topology import PROVISIONER_QUEUE
 from tests.conftest import rabbitmqctl
 from tests.decision.busutil import read_queue
 from tests.decision.helpers import jobs, snapshot
-from tests.support.health import health
+from tests.support.health import health, metric
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.rabbitmq
@@ -122,7 +122,14 @@ def test_cutting_the_active_engine_off_leaves_exactly_one_acting(broker, rabbit_
         assert states()[new] == "active", "the standby took over"
         assert states()[old] in ("standby", "fenced")
         assert health(engines[old][1])["status"] == "serving", "the old engine reconnected (as a standby)"
-        time.sleep(1.0)  # the old engine keeps running beside the new one; nothing more may be launched
+        # Both engines keep running side by side on fresh snapshots: ten more iterations of each
+        # (2 s at 0.2 s), and nothing more may be launched.
+        def iterations(name: str) -> float:
+            return metric(engines[name][1], "epu_timer_runs_total", {"task": "iteration", "outcome": "ok"})
+
+        seen = {name: iterations(name) for name in engines}
+        wait_for(lambda: all(iterations(n) >= seen[n] + 10 for n in engines), 20,
+                 message="ten more iterations of both engines")
         ids = distinct()
         assert len(ids) == 6, f"duplicate launches: {len(ids)} distinct ids for a demand of 6"
     finally:

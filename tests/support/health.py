@@ -17,3 +17,21 @@ def health(port: int) -> dict:
         return json.loads(exc.read())
     except OSError:
         return {}
+
+
+def metric(port: int, name: str, labels: dict[str, str] | None = None) -> float:
+    """One sample of a service's Prometheus ``/metrics`` (0.0 when absent or while nothing
+    listens): lets a test wait for "N more iterations" instead of sleeping."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    want = labels or {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in want.items()):
+                return float(sample.value)
+    return 0.0
