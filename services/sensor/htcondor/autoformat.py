@@ -198,13 +198,11 @@ def normalize_slot_lines(text: str, warnings: list[str] | None = None) -> list[N
                 bad.add(line)
             continue
         name_t, machine_t, instance_t, job_t, since_t, rest = parts
-        name = machine_t[1:-1] if len(machine_t) > 2 and machine_t[0] == '"' and machine_t[-1] == '"' \
-            and "\\" not in machine_t else None
-        if not name:
-            name = str(raw_str(machine_t) or str(raw_str(name_t) or "").split("@")[-1])
-        machine = short_names.get(name)
+        machine = short_names.get(machine_t)  # slots of one machine print the same Machine text
         if machine is None:
-            machine = short_names[name] = short_hostname(name)
+            machine = short_hostname(str(raw_str(machine_t) or str(raw_str(name_t) or "").split("@")[-1]))
+            if machine_t != UNDEFINED:  # else the name came from this slot's Name
+                short_names[machine_t] = machine
         if not machine:
             continue
         slot = interpreted.get(rest)

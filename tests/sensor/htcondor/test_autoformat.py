@@ -182,3 +182,13 @@ def test_unknown_read_format_is_refused() -> None:
         HTCondorBackend(runner=Tools("", ""), read_format="xml")
     b = HTCondorBackend.from_options({"read_format": "af", "bin_dir": "/x", "condor_config": "/etc/c.conf"})
     assert b.read_format == "af" and b.runner.env["CONDOR_CONFIG"] == "/etc/c.conf"
+
+
+@pytest.mark.parametrize(("name", "short"), [
+    ("exec01.example.org", "exec01"), ("exec01.example.org.", "exec01"), ("exec01", "exec01"),
+    ("10.0.0.5", "10.0.0.5"), ("fe80::1", "fe80::1"), ("1node.example.org", "1node"), ("", ""),
+])
+def test_machines_are_named_by_short_host_name_and_addresses_kept(name: str, short: str) -> None:
+    from epu.services.sensor.shapes import short_hostname
+
+    assert short_hostname(name) == short
