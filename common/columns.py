@@ -33,6 +33,11 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
+#: Immutable value types a column may share among records when every record has the same one.
+#: Not float: a strict float column may also hold ints, and 1 == 1.0 would make them one.
+_SHAREABLE = frozenset({str, int, bool, type(None)})
+
+
 @cache
 def _adapter(cls: type[BaseModel]) -> TypeAdapter:
     return TypeAdapter(list[cls])  # type: ignore[valid-type]
@@ -149,8 +154,13 @@ def decode_columns(doc: Any, cls: type[BaseModel], what: str) -> list[Any]:
     with gc_paused():
         for name, f in cls.model_fields.items():
             if name in doc:
-                template[name] = None
-                filled.append((name, _column(cls, name, doc[name], n, what)))
+                col = _column(cls, name, doc[name], n, what)
+                first = col[0]
+                if type(first) in _SHAREABLE and col.count(first) == n:
+                    template[name] = first  # one immutable value in every record: no per-record write
+                else:
+                    template[name] = None
+                    filled.append((name, col))
             elif name not in defaults:
                 raise ValueError(f"{what}.{name}: required column missing")
             elif f.default_factory is not None:
