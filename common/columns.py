@@ -32,7 +32,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-
 #: Immutable value types a column may share among records when every record has the same one.
 #: Not float: a strict float column may also hold ints, and 1 == 1.0 would make them one.
 _SHAREABLE = frozenset({str, int, bool, type(None)})
