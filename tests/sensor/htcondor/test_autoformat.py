@@ -192,3 +192,21 @@ def test_machines_are_named_by_short_host_name_and_addresses_kept(name: str, sho
     from epu.services.sensor.shapes import short_hostname
 
     assert short_hostname(name) == short
+
+
+def test_reads_through_real_processes_with_the_configured_tools(tmp_path: Path) -> None:
+    """From ``[sensor.options]`` to processes: ``bin_dir`` tools run with ``CONDOR_CONFIG`` set
+    and their stdout read (stand-in scripts print the fixture text and record their calls)."""
+    calls = tmp_path / "calls"
+    for tool, text in (("condor_q", "condor_q_jobs_resources.txt"), ("condor_status", "condor_status.txt")):
+        script = tmp_path / tool
+        script.write_text(f'#!/bin/sh\necho "$CONDOR_CONFIG $*" >> "{calls}"\ncat "{FIXTURES / "af" / text}"\n')
+        script.chmod(0o755)
+    b = HTCondorBackend.from_options({"read_format": "af", "bin_dir": str(tmp_path), "template": TEMPLATE,
+                                      "condor_config": "/etc/condor/epu-test.conf"}, clock=ManualClock(NOW))
+    obs = b.snapshot()
+    q, status = calls.read_text().splitlines()
+    assert q.startswith(f"/etc/condor/epu-test.conf -allusers -global -constraint {JOB_CONSTRAINT} -af:tr ClusterId ")
+    assert status == "/etc/condor/epu-test.conf -af:tr " + " ".join(STARTD_AF)
+    assert len(obs.nodes) == 10 and obs.nodes[1].name == "exec02"
+    assert {s.reason for s in obs.shapes} == {"Idle", "RequirementsUnmatched", "RequirementsUnknown"}
