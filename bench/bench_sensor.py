@@ -14,6 +14,10 @@ the real commands write:
              tests/sensor/fixtures/torque, and ``pbsnodes -x``.
 * htcondor — job and startd ClassAds (``classad2.ClassAd``, what the bindings return) with
              the projection the backend asks the schedd/collector for.
+* htcondor_af — the same ads as ``condor_q``/``condor_status -af:tr`` text (the
+             ``read_format = "af"`` path; rendered from the ads as the tools print them, see
+             tests/sensor/fixtures/htcondor/af/README.md); both HTCondor rows must give the same
+             snapshot (checked).
 
 ``seconds`` is one read end to end: from the native command's output (handed to the backend
 by an in-memory runner, or ClassAd objects for HTCondor) through parsing, grouping into
@@ -52,6 +56,7 @@ from epu.common.codec import decode, encode  # noqa: E402
 from epu.common.messages import Envelope  # noqa: E402
 from epu.services.sensor.core import PollSchedule, SensorCore  # noqa: E402
 from epu.services.sensor.dedupe import MemoryCommandLog  # noqa: E402
+from epu.services.sensor.htcondor.autoformat import JOB_AF, STARTD_AF, render  # noqa: E402
 from epu.services.sensor.htcondor.parse import JOB_PROJECTION, STARTD_PROJECTION  # noqa: E402
 from epu.services.sensor.runner import CommandResult  # noqa: E402
 from epu.services.sensor.slurm.text import SEP  # noqa: E402
@@ -261,12 +266,12 @@ def end_to_end(backend: Any) -> Callable[[], Any]:
 
 
 # ------------------------------------------------------------------ floors
-def text_floor(*texts: str) -> Callable[[], Any]:
+def text_floor(*texts: str, sep: str = SEP) -> Callable[[], Any]:
     def run() -> int:
         n = 0
         for text in texts:
             for line in text.split("\n"):
-                n += len(line.split(SEP))
+                n += len(line.split(sep))
         return n
 
     return run
@@ -303,6 +308,7 @@ def measure(fn: Callable[[], Any], repeats: int) -> tuple[dict[str, float], dict
     walls, cpus = [], []
     result = None
     for _ in range(repeats):
+        result = None  # the previous run's result is freed here, outside the timed region
         gc.collect()
         w0, c0 = time.perf_counter(), time.process_time()
         result = fn()
@@ -355,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--json-jobs", type=int, default=10_000, help="jobs for the squeue --json path (default 10,000)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", nargs="*", choices=["torque", "slurm", "slurm_json", "htcondor"])
+    ap.add_argument("--only", nargs="*", choices=["torque", "slurm", "slurm_json", "htcondor", "htcondor_af"])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"machine": machine(), "nodes": args.nodes, "jobs": args.jobs, "repeats": args.repeats}
@@ -393,14 +399,29 @@ def main(argv: list[str] | None = None) -> int:
         out["torque"] = backend_entry("torque", end_to_end(b), expat_floor(qstat, pbsnodes), args.repeats,
                                       len(qstat) + len(pbsnodes), "qstat -f -x -t from real 6.1.3 records, pbsnodes -x")
         del qstat, pbsnodes
-    if want("htcondor"):
+    if want("htcondor") or want("htcondor_af"):
         jobs, slots = condor_ads(args.jobs, args.nodes)
-        b = HTCondorBackend(CannedCondor(jobs, slots), clock=ManualClock(NOW),
-                            template={"Arch": "X86_64", "OpSys": "LINUX", "Disk": 10 ** 8, "Memory": 65536,
-                                      "HasFileTransfer": True})
-        out["htcondor"] = backend_entry("htcondor", end_to_end(b), classad_floor(jobs, slots), args.repeats, 0,
-                                        "classad2 ads with the backend's projection")
-        del jobs, slots
+        template = {"Arch": "X86_64", "OpSys": "LINUX", "Disk": 10 ** 8, "Memory": 65536, "HasFileTransfer": True}
+        snaps = []
+        if want("htcondor"):
+            b = HTCondorBackend(CannedCondor(jobs, slots), clock=ManualClock(NOW), template=template)
+            read = end_to_end(b)
+            out["htcondor"] = backend_entry("htcondor", read, classad_floor(jobs, slots), args.repeats, 0,
+                                            "classad2 ads with the backend's projection")
+            snaps.append(read())
+        if want("htcondor_af"):
+            q, status = render(jobs, JOB_AF), render(slots, STARTD_AF)
+            b = HTCondorBackend(runner=CannedRunner({"condor_q": q, "condor_status": status}), read_format="af",
+                                clock=ManualClock(NOW), template=template)
+            read = end_to_end(b)
+            out["htcondor_af"] = backend_entry("htcondor_af", read, text_floor(q, status, sep="\t"), args.repeats,
+                                               len(q) + len(status),
+                                               "condor_q / condor_status -af:tr text of the same ads (the af path)")
+            snaps.append(read())
+            del q, status
+        if len(snaps) == 2:  # the two paths read the same site alike
+            assert snaps[0].shapes == snaps[1].shapes and snaps[0].nodes == snaps[1].nodes
+        del jobs, slots, snaps
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -409,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Python {m['python']}, {m['cpus']} cores shared, load average {m['load_average']}")
     print(f"{'backend':<11} {'median s':>9} {'min-max s':>13} {'cpu s':>7} {'floor s':>8} {'x floor':>7} "
           f"{'MB in':>7} {'shapes':>6}  input")
-    for name in ("slurm", "slurm_json", "torque", "htcondor"):
+    for name in ("slurm", "slurm_json", "torque", "htcondor", "htcondor_af"):
         e = out.get(name)
         if e:
             print(f"{name:<11} {e['seconds']:>9.3f} {e['wall']['min']:>6.3f}-{e['wall']['max']:<6.3f} "

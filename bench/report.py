@@ -79,7 +79,7 @@ def sensor(doc: dict[str, Any]) -> str:
     lines += ["| backend (input) | read, wall s | read, CPU s | floor, wall s | floor, CPU s | read ÷ floor "
               "(wall / CPU medians) | shapes | goal ≤ 1 s and ≤ 5× floor: wall / CPU medians |",
               "|---|---|---|---|---|---|---|---|"]
-    for name in ("slurm", "slurm_json", "torque", "htcondor"):
+    for name in ("slurm", "slurm_json", "torque", "htcondor", "htcondor_af"):
         e = doc.get(name)
         if not e:
             continue

@@ -52,6 +52,8 @@ def short_hostname(name: str) -> str:
     name = (name or "").strip().rstrip(".")
     if not name or "." not in name:
         return name
+    if not name[0].isdigit() and ":" not in name:  # no IPv4 (digit first) or IPv6 (colons): skip the parse
+        return name.split(".", 1)[0]
     try:
         ipaddress.ip_address(name)
         return name

@@ -26,6 +26,8 @@ def test_columns_round_trip_equals_the_verbose_form() -> None:
     assert [NodeInfo.model_validate(r.model_dump()) for r in back] == records
     back[1].features.append("x")  # every record owns its lists
     assert back[3].features == ["bigmem"]
+    back[0].job_ends.append(1.0)  # a column left out (every record at its default): fresh lists too
+    assert back[2].job_ends == [] and back[0].__dict__ is not back[2].__dict__
     assert back[5].model_copy(update={"state": "down"}).state == "down" and back[5].model_dump()["name"] == "w0005"
 
 

@@ -217,6 +217,12 @@ def normalize_jobs(ads: Iterable[Mapping[str, Any]], now: float, warnings: list[
                 wait = max(0.0, now - qdate) if qdate else 0.0
                 out.sample.append(QueuedJob(job_id=job_id, cores=cores, nodes=nodes, memory_mb=mem,
                                             submit_time=float(qdate), wait_seconds=wait, state=state))
+    return emit_groups(out, groups, now)
+
+
+def emit_groups(out: CondorJobs, groups: dict[Any, list], now: float) -> CondorJobs:
+    """The pending groups of a read ([interpretation, jobs, earliest QDate, first job ids]) as
+    shapes; shared by the bindings and the ``-af`` text readers."""
     for (seen, jobs, first, ids) in groups.values():
         if seen[0] == "pending":
             out.grouper.add_group(**seen[1], wait_s=max(0.0, now - first) if first else 0.0, count=jobs, job_ids=ids)
@@ -285,36 +291,54 @@ def normalize_startds(ads: Iterable[Mapping[str, Any]], warnings: list[str] | No
         slot = interpreted.get(ident)
         if slot is None:
             slot = interpreted[ident] = _interpret_slot(ad, machine, warnings)
-        slot_type, memory, gpus, native, total, cpus, state, partitionable = slot
-        m = machines.get(machine)
-        if m is None:
-            m = machines[machine] = {"states": [], "cores": 0, "used": 0, "jobs": [], "since": None,
-                                     "natives": set(), "total": 0, "memory": 0, "gpus": 0, "instance": None}
-        instance = _raw_str(raw, ad, IDENTITY_ATTRIBUTE)
-        if isinstance(instance, str) and instance:
-            m["instance"] = instance
-        m["memory"] += memory
-        m["gpus"] += gpus
-        m["natives"].add(native)
-        if total > m["total"]:
-            m["total"] = total
-        if slot_type == "Partitionable":
-            m["cores"] += partitionable
-            if state is not None and state != "busy":
-                m["states"].append(state)
-        else:
-            if slot_type != "Dynamic":
-                m["cores"] += cpus
-            if state is not None:
-                m["states"].append(state)
-            if state in ("busy", "offline"):
-                job = _raw_str(raw, ad, "JobId")
-                m["used"] += cpus if job or state == "busy" else 0
-                if job:
-                    m["jobs"].append(str(job))
-        since = _raw_int(raw, ad, "EnteredCurrentState")
-        if since:
-            m["since"] = max(m["since"] or 0, since)
+        add_slot(machines, machine, slot, _raw_str(raw, ad, IDENTITY_ATTRIBUTE), slot_job(slot, raw, ad),
+                 _raw_int(raw, ad, "EnteredCurrentState"))
+    return machine_nodes(machines)
+
+
+def slot_job(slot: tuple, raw: dict[str, str], ad: Mapping[str, Any]) -> Any:
+    """The slot's ``JobId`` when it can matter (a busy or offline static/dynamic slot), else None
+    (not read)."""
+    if slot[0] != "Partitionable" and slot[6] in ("busy", "offline"):
+        return _raw_str(raw, ad, "JobId")
+    return None
+
+
+def add_slot(machines: dict[str, dict[str, Any]], machine: str, slot: tuple, instance: Any, job: Any,
+             since: int) -> None:
+    """Fold one slot (its interpretation, ``_interpret_slot``, and the attributes that name it)
+    into its machine; shared by the bindings and the ``-af`` text readers."""
+    slot_type, memory, gpus, native, total, cpus, state, partitionable = slot
+    m = machines.get(machine)
+    if m is None:
+        m = machines[machine] = {"states": [], "cores": 0, "used": 0, "jobs": [], "since": None,
+                                 "natives": set(), "total": 0, "memory": 0, "gpus": 0, "instance": None}
+    if isinstance(instance, str) and instance:
+        m["instance"] = instance
+    m["memory"] += memory
+    m["gpus"] += gpus
+    m["natives"].add(native)
+    if total > m["total"]:
+        m["total"] = total
+    if slot_type == "Partitionable":
+        m["cores"] += partitionable
+        if state is not None and state != "busy":
+            m["states"].append(state)
+    else:
+        if slot_type != "Dynamic":
+            m["cores"] += cpus
+        if state is not None:
+            m["states"].append(state)
+        if state in ("busy", "offline"):
+            m["used"] += cpus if job or state == "busy" else 0
+            if job:
+                m["jobs"].append(str(job))
+    if since:
+        m["since"] = max(m["since"] or 0, since)
+
+
+def machine_nodes(machines: dict[str, dict[str, Any]]) -> list[NodeInfo]:
+    """The folded machines (``add_slot``) as validated nodes, sorted by name."""
     out = []
     for name, m in sorted(machines.items()):
         cores = m["cores"] or m["total"]
