@@ -89,7 +89,8 @@ class Cycle:
     are being replaced), calls ``launch`` and ``scale_down`` with its numbers, and returns
     ``decision()``."""
 
-    def __init__(self, view: DomainView, stall_seconds: float) -> None:
+    def __init__(self, view: DomainView, stall_seconds: float, gang_deadline: float | None = None) -> None:
+        """``gang_deadline``: how long a gang may take to join whole (default ``stall_seconds``)."""
         self.view = view
         self.stall_seconds = stall_seconds
         gone = stalled(view, stall_seconds)
@@ -100,7 +101,7 @@ class Cycle:
         self.released: list[tuple[Instance, str]] = []
         """Members of groups that cannot complete: all given up, re-placed with the demand."""
         if not view.breaker:
-            for members, why in incomplete_gangs(view, stall_seconds):
+            for members, why in incomplete_gangs(view, gang_deadline or stall_seconds):
                 self.released += [(m, why) for m in members if m.instance_id not in gone_ids]
         gone_ids |= {m.instance_id for m, _ in self.released}
         self.pending: list[Instance] = [i for i in view.pending if i.instance_id not in gone_ids]

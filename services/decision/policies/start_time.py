@@ -186,7 +186,7 @@ def plan_launches(view: DomainView, params: StartTimeParams, pending: list[Insta
 
 
 def decide(view: DomainView, params: StartTimeParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     memory = dict(view.memory)
     measure_boots(view, memory)
     if view.demand.jobs and now - float(memory.get("demand_at", 0.0)) >= 60.0:
