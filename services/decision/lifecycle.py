@@ -35,7 +35,7 @@ from epu.services.decision.actions import Action, Decision, Launch, Node, Termin
 from epu.services.decision.view import IN_SERVICE, DomainView, Instance, gang_size, short_name
 
 WHY = {"scale-down": "drained", "stalled": "stalled", "lost": "lost", "operator": "operator's terminate",
-       "gang": "gang released"}
+       "gang": "gang released", "interrupted": "interruption notice"}
 
 
 def add_started(view: DomainView) -> list[Action]:
@@ -246,6 +246,11 @@ class Cycle:
             return Terminate(inst.instance_id, f"{why}: removed from the batch system")
         if not inst.batch_may_know:
             return Terminate(inst.instance_id, f"{why}: never in the batch system")
+        if inst.retire == "interrupted":
+            # the cloud takes it within minutes whatever we do: its jobs go back to the queue
+            # now (Slurm: drained, requeued, removed), not when they die with the machine
+            return Node("remove", inst.instance_id, f"{why}: requeue its jobs and remove it before the cloud "
+                                                    "takes it", requeue=True)
         if view.breaker or not view.available:
             return None
         node = view.node_of(inst)
