@@ -166,6 +166,30 @@ def test_fixed_keeps_its_count_with_the_cheapest_type_that_fits() -> None:
     assert launched(d) == ["g8"]
 
 
+def test_start_time_by_shapes_launches_typed_and_only_for_satisfiable_jobs() -> None:
+    st = {"experimental": True, "boot_seconds": 180, "margin_seconds": 0}
+    big = shape(1, 4, memory=400_000, partition="bigmem", features=("bigmem",))
+    d = decide("start-time", sview([big, shape(1, 64), shape(3, demand=False, reason="QOSMaxJobsPerUserLimit")]),
+               **st)
+    assert launched(d) == ["r16"]  # the bigmem job's type; nothing for the 64-core or the blocked jobs
+    # a busy cpu node whose job ends in 30 s starts a 1-core job sooner than a new node (180 s)
+    busy = free("n1", used=4).model_copy(update={"job_ends": [T0 + 30]})
+    assert launched(decide("start-time", sview([shape(1)], nodes=[busy]), **st)) == []
+    # ... one ending in an hour does not
+    later = busy.model_copy(update={"job_ends": [T0 + 3600]})
+    assert launched(decide("start-time", sview([shape(1)], nodes=[later]), **st)) == ["c4"]
+
+
+def test_start_time_by_shapes_drains_only_what_the_pending_jobs_would_not_use() -> None:
+    st = {"experimental": True, "idle_seconds": 0, "keep_seconds": 1}
+    idle = [inst(f"i{k}", site="ec2", cores=4, instance_type="c4", idle_since=T0 - 100) for k in range(2)]
+    nodes = [free(f"n-i{k}") for k in range(2)]
+    d = decide("start-time", sview([shape(1)], nodes=nodes, instances=idle), **st)
+    assert len(offlined(d)) == 1 and launched(d) == []  # one node holds the job, the other goes
+    d = decide("start-time", sview([], nodes=nodes, instances=idle), **st)
+    assert offlined(d) == ["i0", "i1"]
+
+
 # --------------------------------------------------------------------------- the engine
 
 SITES = {"ec2": {"driver": "epu-sim", "quota": 20, "types": {
