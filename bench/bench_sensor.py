@@ -105,12 +105,12 @@ def slurm_text(n_jobs: int, n_nodes: int, seed: int = 1) -> tuple[str, str]:
             "0" if reason == "JobHeldUser" else str(4294901759 - i), "", "PENDING",
             str(nodes), str(cores * nodes), str(cores), f"{mem}M" if mem else "0", tres,
             f"gres:gpu:{gpus}" if gpus else "N/A", "N/A", "bigmem" if part == 1 else "(null)", PARTITIONS[part],
-            f"{limit // 60}:{limit % 60:02d}:00" if limit else "UNLIMITED", reason)))
+            f"{limit // 60}:{limit % 60:02d}:00" if limit else "UNLIMITED", "(null)", reason)))
     for i in range(n_nodes * 2):  # running jobs, two per node
         node = f"node{i % n_nodes:05d}"
         lines.append(SEP.join((str(900000 + i), str(900000 + i), "N/A", "0", "4294901759", node, "RUNNING",
                                "1", "4", "4", "0", "cpu=4,mem=8000M,node=1,billing=4", "N/A", "N/A", "(null)",
-                               "cpu", "2:00:00", "None")))
+                               "cpu", "2:00:00", "(null)", "None")))
     nodes = []
     for i in range(n_nodes):
         name = f"node{i:05d}"

@@ -76,7 +76,9 @@ EXAMPLES: dict[str, m.Message] = {
         domain="alpha", as_of=T0, horizon_seconds=3600.0,
         instances=[m.InstanceEvent(instance_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha", site="ec2-east",
                                    state="started", seq=3, node_name="alpha-3f2a9c1d", ip="10.0.0.17",
-                                   cloud_id="i-0abc123", cores=4, at=T0 - 240)]),
+                                   cloud_id="i-0abc123", cores=4, at=T0 - 240)],
+        offered={"ec2-east": [m.OfferedType(name="c5.xlarge", size="c5.xlarge", cores=4, memory_mb=8192,
+                                            price_per_hour=0.17, quota=20, image="ami-0abc123")]}),
     "context.member": m.ContextMembership(context_id="c9a1f0e2", entry_id=7, kind="join", hostname="alpha-3f2a9c1d",
                                           fqdn="alpha-3f2a9c1d.cluster.local", ip="10.0.0.17", at=T0),
 }

@@ -66,6 +66,8 @@ NodeAction = Literal["add", "offline", "online", "remove"]
 ErrorKind = Literal["transient", "capacity", "permanent", "preempted"]
 """``preempted``: the cloud took a spot/preemptible node back (an instance event's ``terminated``)."""
 PREEMPTED_REASON = "preempted by the cloud"
+INTERRUPTION_REASON = "interruption notice from the cloud"
+"""How an instance event's reason starts when it carries an interruption notice."""
 """How an instance event's reason starts when the cloud preempted the node (the engine keeps the
 reason with the instance, so a restarted engine still knows)."""
 
@@ -491,9 +493,32 @@ class InstanceEvent(Message):
     destroys and closes nothing on it, and an event with ``presumed_gone`` false and a higher
     ``seq`` follows if the node is listed again (re-adopted). Don't count it as capacity; to end it,
     drain it and send a terminate."""
+    interruption_at: float | None = None
+    """The cloud announced it will reclaim this live instance at about this time (a spot
+    interruption notice: EC2's two-minute warning). Sent with the instance's current state and
+    ``seq`` (a notice is not a transition): the engine drains the node at once — for Slurm its
+    jobs are requeued — instead of waiting for the preemption."""
 
     def routing_key(self) -> str:
         return f"instance.state.{self.domain}.{self.state}"
+
+
+class OfferedType(Model):
+    """One instance type a site offers, as the provisioner discovered it: the driver's size
+    (libcloud ``list_sizes()``) with the config's ``[sites.NAME.types]`` overrides applied."""
+
+    name: TypeName
+    size: str
+    """The provider's size id."""
+    cores: Annotated[int, Field(ge=1)]
+    memory_mb: NonNegInt = 0
+    """0 = unknown."""
+    gpus: NonNegInt = 0
+    features: list[str] = Field(default_factory=list)
+    price_per_hour: Annotated[float, Field(ge=0)] = 0.0
+    spot: bool = False
+    quota: NonNegInt = 0
+    image: str = ""
 
 
 @register
@@ -513,6 +538,9 @@ class InstanceReport(Message):
     """Ended instances are included if they ended this recently."""
     instances: list[InstanceEvent] = Field(default_factory=list)
     """One entry per instance: its current state, ``seq``, address and reason, as an event."""
+    offered: dict[str, list[OfferedType]] = Field(default_factory=dict)
+    """Site → the instance types it offers as last discovered (sites of the domain that
+    ``discover`` sizes, once their listing succeeded): the engine's catalogue of that site."""
 
     def routing_key(self) -> str:
         return f"instance.report.{self.domain}"

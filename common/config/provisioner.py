@@ -33,6 +33,9 @@ class ProvisionerConfig(ServiceCommon):
     report_seconds: float = Field(60.0, gt=0)
     """How often the full state of each domain's instances is published (``instance.report``):
     anti-entropy, so an engine that lost an instance event repairs its table."""
+    discover_seconds: float = Field(3600.0, gt=0)
+    """How often sites that ``discover`` sizes list them again (libcloud ``list_sizes()``; also
+    once at start). The types found reach the engine in ``instance.report``."""
     report_horizon_seconds: float = Field(3600.0, ge=0)
     """Ended (terminated/failed) instances are reported for this long after they ended."""
     retry_attempts: int = Field(6, ge=1)

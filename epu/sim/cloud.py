@@ -67,6 +67,9 @@ class CloudFaults:
     """Per live node and hour: deleted behind our back, without a trace."""
     preempt_rate_per_hour: float = 0.0
     """Per live node and hour: terminated by the cloud (spot reclaim), listed as TERMINATED."""
+    preempt_notice_seconds: float = 0.0
+    """A preemption is announced this long before it (EC2's spot interruption notice: 120 s): the
+    node is listed with ``extra["interruption_at"]`` from then on. 0: no notice."""
 
 
 @dataclass
@@ -88,6 +91,8 @@ class VM:
     seq: int = 0
     size: str = ""
     """The provider size it was created with (an instance type's ``size``)."""
+    interruption_at: float | None = None
+    """The cloud announced it will reclaim the node then (a spot interruption notice)."""
 
     @property
     def launch_id(self) -> str | None:
@@ -173,11 +178,20 @@ class SimCloud:
             if self.enabled and rate > 0:
                 when = vm.created_at + self._rng.expovariate(rate / 3600.0)
                 self.world.at(when, lambda kind=kind: self._accident(vm, kind), f"cloud {self.name} {kind} {vm.cloud_id}")
+                notice = self.faults.preempt_notice_seconds
+                if kind == "preempt" and notice > 0:
+                    self.world.at(max(vm.created_at, when - notice), lambda when=when: self._announce(vm, when),
+                                  f"cloud {self.name} interruption notice {vm.cloud_id}")
 
     def _booted(self, vm: VM) -> None:
         if vm.terminated_at is None:
             for fn in self.on_running:
                 fn(vm)
+
+    def _announce(self, vm: VM, when: float) -> None:
+        """A spot interruption notice: listings show when the node will be reclaimed."""
+        if vm.terminated_at is None and self.enabled:
+            vm.interruption_at = when
 
     def _accident(self, vm: VM, kind: str) -> None:
         if vm.terminated_at is not None or not self.enabled:
@@ -294,7 +308,7 @@ class SimNodeDriver(NodeDriver):
         self.caller = caller
         self.client_tokens = True
         self.on_created: Callable[[], None] | None = None
-        self._listed: dict[str, tuple[NodeState, Node]] = {}
+        self._listed: dict[str, tuple[NodeState, Node, float | None]] = {}
         """The Node last listed per VM: handed out again while its state is the same (a VM's
         name, tags and address never change), so a listing of a quiet site builds nothing."""
 
@@ -309,7 +323,7 @@ class SimNodeDriver(NodeDriver):
         else:
             state = NodeState.RUNNING
         last = self._listed.get(vm.cloud_id)
-        if last is not None and last[0] is state:
+        if last is not None and last[0] is state and last[2] == vm.interruption_at:
             return last[1]
         ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"
         node = Node(id=vm.cloud_id, name=vm.name, state=state,
@@ -319,7 +333,7 @@ class SimNodeDriver(NodeDriver):
         if state is NodeState.TERMINATED:
             self._listed.pop(vm.cloud_id, None)
         else:
-            self._listed[vm.cloud_id] = (state, node)
+            self._listed[vm.cloud_id] = (state, node, vm.interruption_at)
         return node
 
     @staticmethod
@@ -328,6 +342,8 @@ class SimNodeDriver(NodeDriver):
         extra: dict[str, Any] = {"tags": dict(vm.tags)}
         if state is NodeState.TERMINATED and vm.cause == "preempt":
             extra["reason"] = "Server.SpotInstanceTermination: Spot instance termination"
+        elif vm.interruption_at is not None and state is not NodeState.TERMINATED:
+            extra["interruption_at"] = vm.interruption_at
         return extra
 
     def create_node(self, name: str, size: NodeSize, image: NodeImage, location: NodeLocation | None = None,

@@ -391,6 +391,20 @@ def spot_preemption() -> Scenario:
                              "removed and its capacity replaced; never counted as our kill")
 
 
+@scenario
+def spot_interruption() -> Scenario:
+    return Scenario("spot-interruption", "spot-preemption with EC2's two-minute interruption notice before each "
+                    "reclaim",
+                    hours=3.0, domain=DomainSpec(allow_spot=True, max_nodes=20),
+                    sites=[SiteSpec("cloud-a", quota=30, types=SPOT_TYPES,
+                                    faults=CloudFaults(preempt_rate_per_hour=0.5, preempt_notice_seconds=120.0))],
+                    workload=Workload(arrivals_per_hour=30.0, burst_per_hour=1.0, burst_jobs=(5, 20),
+                                      duration=(600.0, 2400.0)),
+                    setup=slow_lost_node_detection,
+                    stresses="issue 13: an interruption notice drains the node at once — its jobs requeued, the "
+                             "node removed and terminated before the cloud takes it, the capacity replaced")
+
+
 # ---------------------------------------------------------------------- our own outages
 
 

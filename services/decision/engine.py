@@ -41,6 +41,7 @@ from epu.common.config import EpuConfig
 from epu.common.config.catalogue import site_types
 from epu.common.messages import (
     INSTANCE_STATE_ORDER,
+    INTERRUPTION_REASON,
     TERMINAL_INSTANCE_STATES,
     ActionRecord,
     DecisionRecord,
@@ -62,6 +63,7 @@ from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.lease import Fenced, Leases
 from epu.services.decision.lifecycle import add_started
+from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
@@ -119,7 +121,8 @@ class Engine:
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
         self.types = {n: site_types(n, s) for n, s in config.sites.items()}
-        """Each site's instance-type catalogue, from config (docs/demand.md)."""
+        """Each site's instance-type catalogue, from config (docs/demand.md); a site that
+        ``discover``s sizes takes what the provisioner found (``apply_offered``)."""
         self.cooldown: dict[tuple[str, str], float] = {}
         """(site, type) offerings out until then after a capacity error (``on_instance_event``)."""
         self.spot_failures: dict[str, tuple[int, float]] = {}
@@ -225,6 +228,7 @@ class Engine:
         events it summarizes (forward only, by seq). Returns how many entries were news. A
         repair never counts a failure against a site: those follow live events only."""
         self._reports[report.domain] = self.clock.now()  # the provisioner is alive (our pipeline check)
+        self.apply_offered(report.offered)
         repaired = 0
         items = [e for e in report.instances if e.domain == report.domain]
         known = self.store.seqs([e.instance_id for e in items])
@@ -245,6 +249,23 @@ class Engine:
             log.info("instance table repaired from a provisioner report",
                      extra={"domain": report.domain, "entries": repaired})
         return repaired
+
+    def apply_offered(self, offered: dict[str, list[Any]]) -> list[str]:
+        """A provisioner's discovered catalogues (``instance.report`` ``offered``) replace the
+        config-only catalogue of each site that ``discover``s sizes; other sites keep their
+        declared types. Returns the sites whose catalogue changed."""
+        changed = []
+        for site, items in offered.items():
+            cfg = self.config.sites.get(site)
+            if cfg is None or not cfg.discover:
+                continue
+            types = from_offered(site, items)
+            if types != self.types.get(site):
+                self.types[site] = types
+                changed.append(site)
+                log.info("instance types of a site discovered by the provisioner",
+                         extra={"site": site, "types": len(types)})
+        return changed
 
     def _end_stale(self, domain: str, instance_ids: list[str]) -> None:
         """A provisioner holds live records of instances that ended here (its store was restored
@@ -288,6 +309,9 @@ class Engine:
             inst = Instance(evt.instance_id, evt.domain, evt.site, evt.node_name or node_name_for(
                 evt.domain, evt.instance_id), evt.cores or 1, "requested", evt.at, evt.at,
                 reason="adopted: announced by a provisioner", instance_type=evt.instance_type)
+        if evt.interruption_at is not None and not repair:
+            self._interrupted(inst, evt)
+            return
         forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
             evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
         if evt.seq <= inst.seq and not forward:
@@ -314,6 +338,21 @@ class Engine:
             self._failures.setdefault(inst.site, f"launch failed: {evt.error_kind or 'error'}: {evt.reason}"[:300])
             log.warning("launch failed", extra={"site": inst.site, "instance": inst.instance_id,
                                                 "kind": evt.error_kind, "reason": evt.reason})
+
+    def _interrupted(self, inst: Instance, evt: InstanceEvent) -> None:
+        """The cloud will reclaim a live instance soon (a spot interruption notice): it leaves at
+        once, ``retire = "interrupted"`` — its node removed with its jobs requeued (the life
+        cycle's next step), then terminated — and stops counting as capacity, so the demand it
+        served is placed again now, not after the preemption. Idempotent; a notice for an
+        instance already ended or being terminated changes nothing."""
+        if (inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent or inst.removed
+                or inst.retire == "interrupted" or inst.seq < 0):
+            return
+        self.store.save_instances([replace(inst, retire="interrupted", idle_since=None,
+                                           reason=evt.reason or INTERRUPTION_REASON)])
+        log.warning("interruption notice: draining the node before the cloud takes it",
+                    extra={"domain": inst.domain, "instance": inst.instance_id, "node": inst.node_name,
+                           "at": evt.interruption_at})
 
     def on_node_result(self, res: NodeCommandResult) -> None:
         row = self.store.action(res.command_id)

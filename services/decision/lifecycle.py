@@ -35,7 +35,7 @@ from epu.services.decision.actions import Action, Decision, Launch, Node, Termin
 from epu.services.decision.view import IN_SERVICE, DomainView, Instance, gang_size, short_name
 
 WHY = {"scale-down": "drained", "stalled": "stalled", "lost": "lost", "operator": "operator's terminate",
-       "gang": "gang released"}
+       "gang": "gang released", "interrupted": "interruption notice"}
 
 
 def add_started(view: DomainView) -> list[Action]:
@@ -89,7 +89,8 @@ class Cycle:
     are being replaced), calls ``launch`` and ``scale_down`` with its numbers, and returns
     ``decision()``."""
 
-    def __init__(self, view: DomainView, stall_seconds: float) -> None:
+    def __init__(self, view: DomainView, stall_seconds: float, gang_deadline: float | None = None) -> None:
+        """``gang_deadline``: how long a gang may take to join whole (default ``stall_seconds``)."""
         self.view = view
         self.stall_seconds = stall_seconds
         gone = stalled(view, stall_seconds)
@@ -100,7 +101,7 @@ class Cycle:
         self.released: list[tuple[Instance, str]] = []
         """Members of groups that cannot complete: all given up, re-placed with the demand."""
         if not view.breaker:
-            for members, why in incomplete_gangs(view, stall_seconds):
+            for members, why in incomplete_gangs(view, gang_deadline or stall_seconds):
                 self.released += [(m, why) for m in members if m.instance_id not in gone_ids]
         gone_ids |= {m.instance_id for m, _ in self.released}
         self.pending: list[Instance] = [i for i in view.pending if i.instance_id not in gone_ids]
@@ -245,6 +246,11 @@ class Cycle:
             return Terminate(inst.instance_id, f"{why}: removed from the batch system")
         if not inst.batch_may_know:
             return Terminate(inst.instance_id, f"{why}: never in the batch system")
+        if inst.retire == "interrupted":
+            # the cloud takes it within minutes whatever we do: its jobs go back to the queue
+            # now (Slurm: drained, requeued, removed), not when they die with the machine
+            return Node("remove", inst.instance_id, f"{why}: requeue its jobs and remove it before the cloud "
+                                                    "takes it", requeue=True)
         if view.breaker or not view.available:
             return None
         node = view.node_of(inst)

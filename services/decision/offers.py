@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from epu.common.config.catalogue import InstanceType
+from epu.common.messages import OfferedType
 from epu.services.decision.packing import LaunchLine, Offer
 from epu.services.decision.placement import Placement, SiteHealth, SiteInfo, place
 
@@ -56,6 +57,14 @@ def domain_offers(types: Iterable[InstanceType], domain: Any, live: Mapping[tupl
                          t.price_per_hour, t.spot, room))
     return out
 
+
+def from_offered(site: str, offered: Iterable[OfferedType]) -> list[InstanceType]:
+    """A site's instance types as the provisioner discovered them (``instance.report``'s
+    ``offered``: the driver's sizes with the config's overrides), cheapest first like
+    ``site_types``."""
+    types = [InstanceType(site, o.name, o.size, o.cores, o.memory_mb, o.gpus, tuple(sorted(o.features)),
+                          o.price_per_hour, o.spot, o.quota, o.image) for o in offered]
+    return sorted(types, key=lambda t: (t.price_per_hour, t.name))
 
 
 def place_line(line: LaunchLine, strategy: str, infos: Mapping[str, SiteInfo], health: Mapping[str, SiteHealth],

@@ -24,6 +24,7 @@ from epu.common.messages import (
 )
 from epu.common.runtime import Reject, RuntimeSettings, Service
 from epu.services.provisioner.cloud import LibcloudSite, Site
+from epu.services.provisioner.discovery import Catalogues, domain_sites
 from epu.services.provisioner.drivers import make_driver
 from epu.services.provisioner.metrics import ProvisionerMetrics
 from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
@@ -122,14 +123,22 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     service.every(pc.poll_seconds, prov.poll_all, name="poll")
     service.every(pc.reconcile_seconds, prov.reconcile_all, name="reconcile")
     service.every(pc.outbox_seconds, prov.flush_outbox, name="outbox")
-    service.every(pc.report_seconds, lambda: publish_reports(service, prov.store, pc.report_horizon_seconds),
+    service.on_start.append(prov.discover_all)
+    service.every(pc.discover_seconds, prov.discover_all, name="discover")
+    offered = domain_sites(config.domains, config.sites)
+    service.every(pc.report_seconds, lambda: publish_reports(service, prov.store, pc.report_horizon_seconds,
+                                                             prov.catalogues, offered),
                   name="report")
     return service
 
 
-def publish_reports(service: Service, store: Store, horizon: float) -> int:
+def publish_reports(service: Service, store: Store, horizon: float, catalogues: Catalogues | None = None,
+                    domain_sites: dict[str, list[str]] | None = None) -> int:
     """Anti-entropy: per domain, the current state of every instance this provisioner knows
-    (live, or ended within ``horizon``) as one ``instance.report``. Returns how many were sent."""
+    (live, or ended within ``horizon``) as one ``instance.report``, with the instance types its
+    sites were found to offer (``catalogues``, for the domains of ``domain_sites``: a domain
+    without instances gets a report when one of its sites discovered types). Returns how many
+    were sent."""
     from collections import defaultdict
 
     from epu.common.messages import InstanceReport
@@ -143,6 +152,10 @@ def publish_reports(service: Service, store: Store, horizon: float) -> int:
             instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
             node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
             error_kind=r.error_kind, at=r.updated_at))
-    for domain, items in by_domain.items():
-        service.publish(InstanceReport(domain=domain, as_of=now, horizon_seconds=horizon, instances=items))
-    return len(by_domain)
+    offered = {d: catalogues.offered(names) for d, names in (domain_sites or {}).items()} if catalogues else {}
+    sent = 0
+    for domain in [*by_domain, *(d for d, o in offered.items() if o and d not in by_domain)]:
+        service.publish(InstanceReport(domain=domain, as_of=now, horizon_seconds=horizon,
+                                       instances=by_domain.get(domain, []), offered=offered.get(domain, {})))
+        sent += 1
+    return sent

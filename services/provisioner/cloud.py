@@ -59,6 +59,8 @@ class CloudNode:
     preempted: bool = False
     """The cloud took the node back (a spot/preemptible reclaim), as its listing says: its jobs
     were killed by the cloud, not by us, and must be requeued (``preempted_by_cloud``)."""
+    interruption_at: float | None = None
+    """A live node the cloud announced it will reclaim, about when (``interruption_notice``)."""
 
     @property
     def launch_id(self) -> str | None:
@@ -134,13 +136,31 @@ def preempted_by_cloud(extra: dict[str, object] | None) -> bool:
     return isinstance(scheduling, dict) and scheduling.get("preemptible") is True
 
 
+def interruption_notice(extra: dict[str, object] | None) -> float | None:
+    """When a live node's listing says the cloud will reclaim it (a spot interruption notice),
+    about when: ``extra["interruption_at"]`` (epoch seconds; what the simulated cloud lists, and
+    what a driver or site integration that receives EC2's two-minute warning — instance metadata
+    or EventBridge, not ``DescribeInstances`` — or GCE's preemption notice puts there). ``None``:
+    no notice."""
+    value = (extra or {}).get("interruption_at")
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        at = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return at if at > 0 else None
+
+
 def to_cloud_node(node: Node) -> CloudNode:
     state = node.state.value if isinstance(node.state, NodeState) else str(node.state)
     ips = [ip for ip in list(node.private_ips or []) + list(node.public_ips or []) if ip]
     created = node.created_at.timestamp() if isinstance(node.created_at, datetime) else None
     return CloudNode(cloud_id=str(node.id), name=node.name or "", state=map_node_state(state), native_state=state,
                      ip=ips[0] if ips else None, tags=_tags_of(node), created_at=created,
-                     preempted=map_node_state(state) == "terminated" and preempted_by_cloud(node.extra))
+                     preempted=map_node_state(state) == "terminated" and preempted_by_cloud(node.extra),
+                     interruption_at=interruption_notice(node.extra) if map_node_state(state) in ("pending", "started")
+                     else None)
 
 
 def is_not_found(exc: BaseException) -> bool:
@@ -312,6 +332,12 @@ class LibcloudSite:
     def idempotent_create(self) -> bool:
         """Does a repeated create with the same launch id return the same node (client token)?"""
         return "ex_clienttoken" in self._create_params and getattr(self.driver, "client_tokens", True)
+
+    def sizes(self) -> list[NodeSize]:
+        """The provider's sizes (libcloud ``list_sizes()``), for sites that ``discover`` them."""
+        if self._location is not None:
+            return self.driver.list_sizes(location=self._location)
+        return self.driver.list_sizes()
 
     def launch(self, spec: LaunchSpec) -> CloudNode:
         return to_cloud_node(self.driver.create_node(**self.create_kwargs(spec)))

@@ -35,9 +35,16 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config.catalogue import launch_type
-from epu.common.messages import InstanceEvent, LaunchRequest, ProvisionerAlert, TerminateRequest
+from epu.common.messages import (
+    INTERRUPTION_REASON,
+    InstanceEvent,
+    LaunchRequest,
+    ProvisionerAlert,
+    TerminateRequest,
+)
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
+from epu.services.provisioner.discovery import Catalogues
 from epu.services.provisioner.errors import CloudError, classify, describe, is_throttled
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
@@ -128,6 +135,10 @@ class Provisioner:
                              self.settings.retry, sleep=sleep, on_call=on_cloud_call)
             for name, site in sites.items()
         }
+        self._noticed: set[str] = set()
+        """Instances whose interruption notice was published (``_notice``)."""
+        self.catalogues = Catalogues()
+        """Instance types of the sites that ``discover`` sizes (``discover_all``)."""
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
         self._publish_lock = threading.Lock()
@@ -512,6 +523,8 @@ class Provisioner:
                     report.transitions += 1
             elif isinstance(a, core.NoteIp):
                 self.store.set_cloud_fields(a.instance_id, ip=a.ip)
+            elif isinstance(a, core.Notice):
+                self._notice(site_name, a)
             elif isinstance(a, core.CountMiss):
                 put_misses.append(a.miss)
             elif isinstance(a, core.ClearMiss):
@@ -587,6 +600,37 @@ class Provisioner:
     def poll_all(self) -> None:
         for name in self.sites:
             self.runners[name].observe("poll", lambda name=name: self.poll(name))
+
+    def _notice(self, site_name: str, notice: core.Notice) -> None:
+        """Tell the engine the cloud will reclaim an instance (``InstanceEvent.interruption_at``),
+        once per instance and process: the event carries the record's current state and seq, so
+        the store changes nothing; a restarted provisioner tells again (the engine acts once)."""
+        if notice.instance_id in self._noticed:
+            return
+        rec = self.store.get(notice.instance_id)
+        if rec is None or rec.terminal:
+            return
+        reason = f"{INTERRUPTION_REASON}: reclaimed at about {notice.at:.0f} (node {rec.cloud_id})"
+        try:
+            self._publish(InstanceEvent(
+                instance_id=rec.instance_id, domain=rec.domain, site=rec.site or site_name, state=rec.state,
+                seq=rec.seq, node_name=rec.node_name, ip=rec.ip, cloud_id=rec.cloud_id, cores=rec.cores,
+                reason=reason, instance_type=rec.instance_type, at=self.clock.now(), interruption_at=notice.at))
+        except Exception as exc:  # told again at the next poll
+            log.warning("publish failed (interruption notice)", extra={"instance": rec.instance_id,
+                                                                       "error": describe(exc)})
+            return
+        self._noticed.add(notice.instance_id)
+        log.warning("interruption notice", extra={"site": site_name, "instance": rec.instance_id, "at": notice.at})
+
+    def discover_all(self) -> None:
+        """List the sizes of every site that ``discover``s them, on its observer thread."""
+        for name, site in self.sites.items():
+            sizes = getattr(site, "sizes", None)
+            if site.config.discover and sizes is not None:
+                runner = self.runners[name]
+                self.runners[name].observe("discover", lambda name=name, site=site, sizes=sizes, runner=runner:
+                                           self.catalogues.discover(name, site, lambda: runner.call(sizes, "list_sizes")))
 
     def reconcile_all(self) -> None:
         for name in self.sites:

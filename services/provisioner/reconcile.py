@@ -104,6 +104,15 @@ class NoteIp:
 
 
 @dataclass(frozen=True)
+class Notice:
+    """The cloud announced it will reclaim a live tracked node (``CloudNode.interruption_at``):
+    tell the engine, once (no state changes: the node runs until the cloud takes it)."""
+
+    instance_id: str
+    at: float
+
+
+@dataclass(frozen=True)
 class Adopt:
     """A known launch's node the record does not track yet (a crash after the create call)."""
 
@@ -196,7 +205,7 @@ class Alert:
     """How many nodes it concerns (``cloud_ids`` names at most ``ALERT_IDS``)."""
 
 
-Action = (Follow | NoteIp | Adopt | AdoptFound | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
+Action = (Follow | NoteIp | Notice | Adopt | AdoptFound | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
           | Forget | ResumeLaunch | ResumeTerminate | Alert)
 
 
@@ -273,6 +282,8 @@ def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> 
                                         f"record {rec.instance_id} failed: node {node.native_state}"))
     elif node.ip and node.ip != rec.ip:
         plan.actions.append(NoteIp(rec.instance_id, node.ip))
+    if node.interruption_at is not None and rec.state in ("pending", "started") and target in ("pending", "started"):
+        plan.actions.append(Notice(rec.instance_id, node.interruption_at))
 
 
 def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord) -> None:

@@ -201,3 +201,11 @@ def test_hostlists(expr: str, names: list[str]):
 def test_bad_hostlists(bad: str):
     with pytest.raises(ValueError):
         expand_hostlist(bad)
+
+
+@pytest.mark.parametrize("value", [0, -5, "hourly"])
+def test_a_bad_discover_period_is_refused_naming_the_key(value) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"provisioner": {"discover_seconds": value}}, environ={})
+    assert "provisioner.discover_seconds" in str(err.value)
+    assert parse_config({}, environ={}).provisioner.discover_seconds == 3600

@@ -61,7 +61,7 @@ sites = ["ec2-west"]
 [domains.beta]
 policy = "queue-demand"
 sites = ["sim"]
-params = {{ idel_seconds = 30 }}
+params = {{ idel_seconds = 30, gang_deadline_seconds = 900 }}
 
 [sites.sim]
 driver = "epu-sim"
@@ -79,7 +79,9 @@ context_secret_file = "{tmp}/missing.secret"
 EXPECTED = {
     "decision": ["domains.alpha.sites: names site 'ec2-west', which has no [sites.ec2-west] (defined: sim, other)",
                  "domains.alpha.policy: unknown policy 'queue-demnd'",
-                 "domains.beta.params.idel_seconds: unknown parameter (queue-demand takes: idle_seconds,"],
+                 "domains.beta.params.idel_seconds: unknown parameter (queue-demand takes: gang_deadline_seconds, "
+                 "idle_seconds,",
+                 "domains.beta.params.gang_deadline_seconds: 900 is above stall_seconds (600)"],
     "provisioner": ["sites.sim.credentials_file: credentials file {tmp}/missing-credentials.toml does not exist",
                     "sites.other: site other: driver_args key 'boot_tme_min'",
                     "workers.beta.context_secret_file: file {tmp}/missing.secret does not exist"],

@@ -307,6 +307,50 @@ def test_a_preempted_nodes_jobs_are_requeued_with_its_removal_and_the_capacity_r
     assert d.sent("remove") == [] and d.e.store.cleanup("d") == []
 
 
+def notice(la, seq, at, when):
+    from epu.common.messages import INTERRUPTION_REASON, InstanceEvent
+
+    return InstanceEvent(instance_id=la.launch_id, domain=la.domain, site=la.site, state="started", seq=seq,
+                         node_name=la.node_name, cores=la.cores, at=at, interruption_at=when,
+                         reason=f"{INTERRUPTION_REASON}: reclaimed at about {when:.0f}")
+
+
+def test_an_interruption_notice_requeues_the_jobs_and_removes_the_node_before_the_cloud_takes_it():
+    d = Domain(1)
+    (la,) = d.launches
+    d.e.on_instance_event(notice(la, 2, d.clock.now(), d.clock.now() + 120))  # seq not above: still news
+    inst = d.e.store.instance(la.launch_id)
+    assert inst.retire == "interrupted" and inst.state == "joined" and not inst.active
+    # the node still runs its job: it is requeued with the removal, not left to die with the machine
+    d.step(nodes=[d.node(la, "busy", jobs_=["j0"])])
+    (rm,) = d.sent("remove")
+    assert rm.instance_id == la.launch_id and rm.requeue and "interruption notice" in rm.reason
+    assert d.sent("terminate") == [] and d.sent("offline") == []
+    d.e.on_node_result(result(rm))
+    d.e.on_instance_event(notice(la, 2, d.clock.now(), d.clock.now() + 120))  # told again: nothing new
+    d.bus.clear()
+    # the requeued job is demand again: replaced at once; the interrupted instance is given back
+    d.step(nodes=[], queued=jobs(1))
+    assert len(d.sent("launch")) == 1
+    (term,) = d.sent("terminate")
+    assert term.instance_id == la.launch_id and "interruption notice" in term.reason
+
+
+def test_an_interruption_notice_of_an_instance_never_in_the_batch_system_terminates_it():
+    e, bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 10, "sites": ["s1", "s2"]}}))
+    e.on_snapshot(snap(clock, queued=jobs(1)))
+    e.iterate()
+    (la,) = bus.of("instance.launch")
+    e.on_instance_event(event(la, "pending", 1, clock.now()))
+    bus.clear()
+    e.on_instance_event(notice(la, 1, clock.now(), clock.now() + 120))
+    clock.advance(5)
+    e.on_snapshot(snap(clock, queued=jobs(1)))
+    e.iterate()
+    assert [t.instance_id for t in bus.of("instance.terminate")] == [la.launch_id]
+    assert len(bus.of("instance.launch")) == 1  # replaced in the same iteration
+
+
 def test_a_node_that_vanished_without_a_preemption_is_removed_without_requeue():
     d = Domain(1)
     (la,) = d.launches

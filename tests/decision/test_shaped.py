@@ -6,11 +6,13 @@ holds no node, a legacy single-type config is untouched)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from epu.common.messages import JobShape, NodeInfo, SensorSnapshot
-from epu.services.decision.actions import Launch, Node
+from epu.services.decision.actions import Launch, Node, Terminate
 from epu.services.decision.packing import Offer
-from epu.services.decision.policies import get_policy, validate_params
+from epu.services.decision.policies import PolicyError, get_policy, validate_params
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.view import DomainView, JobDigest
 
@@ -162,6 +164,30 @@ def test_fixed_keeps_its_count_with_the_cheapest_type_that_fits() -> None:
     assert launched(decide("fixed", sview([], min_nodes=0), nodes=2)) == ["c4", "c4"]
     d = decide("fixed", sview([shape(1, 8, partition="gpu", gpus=1)]), nodes=1)
     assert launched(d) == ["g8"]
+
+
+def test_start_time_by_shapes_launches_typed_and_only_for_satisfiable_jobs() -> None:
+    st = {"experimental": True, "boot_seconds": 180, "margin_seconds": 0}
+    big = shape(1, 4, memory=400_000, partition="bigmem", features=("bigmem",))
+    d = decide("start-time", sview([big, shape(1, 64), shape(3, demand=False, reason="QOSMaxJobsPerUserLimit")]),
+               **st)
+    assert launched(d) == ["r16"]  # the bigmem job's type; nothing for the 64-core or the blocked jobs
+    # a busy cpu node whose job ends in 30 s starts a 1-core job sooner than a new node (180 s)
+    busy = free("n1", used=4).model_copy(update={"job_ends": [T0 + 30]})
+    assert launched(decide("start-time", sview([shape(1)], nodes=[busy]), **st)) == []
+    # ... one ending in an hour does not
+    later = busy.model_copy(update={"job_ends": [T0 + 3600]})
+    assert launched(decide("start-time", sview([shape(1)], nodes=[later]), **st)) == ["c4"]
+
+
+def test_start_time_by_shapes_drains_only_what_the_pending_jobs_would_not_use() -> None:
+    st = {"experimental": True, "idle_seconds": 0, "keep_seconds": 1}
+    idle = [inst(f"i{k}", site="ec2", cores=4, instance_type="c4", idle_since=T0 - 100) for k in range(2)]
+    nodes = [free(f"n-i{k}") for k in range(2)]
+    d = decide("start-time", sview([shape(1)], nodes=nodes, instances=idle), **st)
+    assert len(offlined(d)) == 1 and launched(d) == []  # one node holds the job, the other goes
+    d = decide("start-time", sview([], nodes=nodes, instances=idle), **st)
+    assert offlined(d) == ["i0", "i1"]
 
 
 # --------------------------------------------------------------------------- the engine
@@ -416,6 +442,37 @@ def test_a_gang_not_complete_by_the_deadline_is_released() -> None:
     # within the deadline nothing is released
     d = decide("queue-demand", gang_view(members, nodes=[free("n-j0")]), stall_seconds=900)
     assert [a for a in d.actions if not isinstance(a, Launch)] == [] and launched(d) == []
+
+
+def test_the_gang_deadline_is_its_own_setting() -> None:
+    g = "abc:3"
+    members = [inst("j0", "joined", site="ec2", cores=4, instance_type="c4", gang=g, joined_at=T0 - 100,
+                    launched_at=T0 - 200, idle_since=T0 - 100),
+               inst("p1", "pending", site="ec2", cores=4, instance_type="c4", gang=g, launched_at=T0 - 200),
+               inst("p2", "pending", site="ec2", cores=4, instance_type="c4", gang=g, launched_at=T0 - 200)]
+    # 200 s after launch: within stall_seconds (600), past a 120 s gang deadline: the group goes
+    d = decide("queue-demand", gang_view(members, nodes=[free("n-j0")]), gang_deadline_seconds=120)
+    acts = sorted((a.kind, a.instance_id) for a in d.actions if not isinstance(a, Launch))
+    assert acts == [("offline", "j0"), ("terminate", "p1"), ("terminate", "p2")]
+    assert launched(d) == ["c4", "c4", "c4"]
+    d = decide("queue-demand", gang_view(members, nodes=[free("n-j0")]), gang_deadline_seconds=300)
+    assert [a for a in d.actions if not isinstance(a, Launch)] == []
+    for policy in ("threshold", "spare", "load", "fixed", "start-time"):  # every policy's cycle reads it
+        extra = {"experimental": True} if policy == "start-time" else {}
+        d = decide(policy, gang_view(members, nodes=[free("n-j0")]), gang_deadline_seconds=120, **extra)
+        assert {a.instance_id for a in d.actions if isinstance(a, Terminate)} == {"p1", "p2"}, policy
+
+
+@pytest.mark.parametrize(("params", "error"), [
+    ({"gang_deadline_seconds": 0}, "queue-demand.gang_deadline_seconds: Input should be greater than 0"),
+    ({"gang_deadline_seconds": 900}, "queue-demand.gang_deadline_seconds: 900 is above stall_seconds (600)"),
+    ({"gang_deadline_seconds": 900, "stall_seconds": 300}, "above stall_seconds (300)"),
+])
+def test_a_bad_gang_deadline_is_refused_naming_the_key(params, error) -> None:
+    with pytest.raises(PolicyError, match=re.escape(error)):
+        validate_params("queue-demand", params)
+    assert validate_params("queue-demand", {"gang_deadline_seconds": 900, "stall_seconds": 1200}).gang_deadline == 900
+    assert validate_params("queue-demand", {}).gang_deadline == 600
 
 
 def test_a_complete_gang_is_dissolved_so_a_later_drain_releases_nothing() -> None:

@@ -25,7 +25,7 @@ from epu.common.messages import SensorSnapshot
 from epu.common.runtime import Service, run_in_thread
 from epu.common.testing import wait_for
 
-from tests.support.slurm import SlurmNodeSpec, SlurmTestCluster, find_exe, free_port
+from tests.support.slurm import SlurmNodeSpec, SlurmPartitionSpec, SlurmTestCluster, find_exe, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "examples" / "e2e-slurm.toml"
@@ -34,9 +34,10 @@ POOL = [f"elastic{i:02d}" for i in range(1, 7)]
 SERVICES = ("ctxbroker", "provisioner", "decision", "sensor")
 
 
-def render_config(workdir: Path, broker_url: str, prefix: str, ctx_port: int, **replace: str) -> Path:
+def render_config(workdir: Path, broker_url: str, prefix: str, ctx_port: int, example: Path = EXAMPLE,
+                  **replace: str) -> Path:
     """The example config with this run's directory, interpreter, broker and ports."""
-    text = EXAMPLE.read_text()
+    text = example.read_text()
     for old, new in replace.items():
         text = text.replace(old, new)
     text = text.replace("/tmp/epu-e2e/ctx-scripts", str(ROOT / "deploy" / "ctx-scripts"))
@@ -196,15 +197,22 @@ class E2E:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     census: Census = field(init=False)
     extra_env: dict[str, str] = field(default_factory=dict)
+    example: Path = EXAMPLE
+    """The example config this run renders (deploy/examples/)."""
+    pool: list[SlurmNodeSpec] | None = None
+    """The CLOUD slots (default: POOL, two cores each, one partition over all)."""
+    partitions: list[SlurmPartitionSpec] = field(default_factory=list)
+    licenses: str = ""
 
     def __enter__(self) -> E2E:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        pool = self.pool or [SlurmNodeSpec(n, cpus=2, state="CLOUD") for n in POOL]
         # the cluster's own short temp dir: slurmstepd's socket paths must stay under 108 bytes
-        self.cluster = ElasticSlurm(nodes=[], cloud_nodes=[SlurmNodeSpec(n, cpus=2, state="CLOUD") for n in POOL])
+        self.cluster = ElasticSlurm(nodes=[], cloud_nodes=pool, partitions=self.partitions, licenses=self.licenses)
         self.cluster.start()
-        for name in POOL:  # what slurmd of a pre-declared slot expects to find
-            (self.cluster.workdir / "spool" / f"slurmd.{name}").mkdir(parents=True, exist_ok=True)
-        self.config = render_config(self.workdir, self.broker_url, self.prefix, free_port(),
+        for spec in pool:  # what slurmd of a pre-declared slot expects to find
+            (self.cluster.workdir / "spool" / f"slurmd.{spec.name}").mkdir(parents=True, exist_ok=True)
+        self.config = render_config(self.workdir, self.broker_url, self.prefix, free_port(), self.example,
                                     **{"/tmp/epu-e2e/slurm/etc/slurm.conf": str(self.cluster.conf_path),
                                        **self.replace})
         self.census = Census(self.cluster.conf_path).start()

@@ -10,6 +10,7 @@ import pytest
 from epu.common.clock import RealClock
 from epu.common.config import parse_config
 from epu.common.messages import LaunchRequest, TerminateRequest
+from epu.common.testing import wait_for
 from epu.services.provisioner.app import build_provisioner
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, TAG_STORE, LaunchSpec
 from epu.services.provisioner.drivers import SiteConfigError
@@ -224,3 +225,63 @@ def test_misspelt_or_reserved_keys_are_refused_by_name(moto_port, tmp_path, sqli
     with pytest.raises(SiteConfigError) as exc:
         build_provisioner(config, Events(), clock=RealClock())
     assert f"'{key}'" in str(exc.value) and "site aws" in str(exc.value) and "testing" not in str(exc.value)
+
+
+def test_discovered_ec2_sizes_become_the_engines_catalogue(moto_port: int, tmp_path, sqlite_url: str) -> None:
+    """Issue 13: a site that ``discover``s sizes offers what libcloud's real EC2 driver lists
+    (vCPUs, RAM, GPUs, on-demand price — libcloud's own size and price tables for the region;
+    the driver is the one that launches on moto's EC2 here), config overrides winning key by
+    key; the provisioner's ``instance.report`` carries them and the engine launches by them."""
+    from epu.common.clock import ManualClock
+    from epu.common.messages import InstanceReport, JobShape, SensorSnapshot
+    from epu.services.provisioner.app import publish_reports
+
+    from tests.decision.helpers import make_engine
+
+    creds = tmp_path / "aws.toml"
+    creds.write_text('key = "testing"\nsecret = "testing"\n')
+    config = parse_config({
+        "provisioner": {"store_url": sqlite_url, "deployment": "epu-ec2test"},
+        "decision": {"store_url": "sqlite://"},
+        "domains": {"alpha": {"max_nodes": 10, "sites": ["aws"], "default_partition": "cpu",
+                              "partitions": {"cpu": ["c5.xlarge", "c5.2xlarge"], "bigmem": ["big"]}}},
+        "sites": {"aws": {"driver": "ec2", "image": AMI, "credentials_file": str(creds), "quota": 8,
+                          "discover": ["c5.*"],
+                          "types": {"big": {"size": "r5.4xlarge", "features": ["bigmem"]},
+                                    "c5.2xlarge": {"price_per_hour": 0.05}},  # an override wins
+                          "driver_args": {"host": "127.0.0.1", "port": moto_port, "secure": False,
+                                          "region": "us-east-1", "signature_version": "4"}}},
+    }, environ={})
+    prov = build_provisioner(config, Events(), clock=RealClock())
+    try:
+        assert prov.catalogues.get("aws") is None  # nothing listed yet
+        prov.discover_all()
+        assert prov.wait_idle(30) and wait_for(lambda: prov.catalogues.get("aws"), 30, message="sizes listed")
+        types = {t.name: t for t in prov.catalogues.get("aws")}
+        c5 = types["c5.xlarge"]
+        assert (c5.size, c5.cores, c5.memory_mb, c5.price_per_hour, c5.quota, c5.image) == \
+            ("c5.xlarge", 4, 8192, pytest.approx(0.17), 8, AMI)
+        assert (types["c5.2xlarge"].cores, types["c5.2xlarge"].price_per_hour) == (8, 0.05)
+        big = types["big"]
+        assert (big.size, big.cores, big.memory_mb, big.features) == ("r5.4xlarge", 16, 131072, ("bigmem",))
+        assert not any(n.startswith("m5") for n in types)
+
+        sent: list[InstanceReport] = []
+        service = type("S", (), {"clock": RealClock(), "publish": staticmethod(sent.append)})()
+        assert publish_reports(service, prov.store, 3600.0, prov.catalogues, {"alpha": ["aws"]}) == 1
+        (report,) = sent  # no instance yet: the report is sent for the catalogue
+        assert report.instances == [] and {o.name for o in report.offered["aws"]} == set(types)
+
+        engine, bus, clock = make_engine(cfg=config, clock=ManualClock(1000.0))
+        assert engine.types["aws"] == []  # from config alone: no declared type has cores
+        engine.on_instance_report(InstanceReport.model_validate(report.model_dump()))
+        engine.on_snapshot(SensorSnapshot(domain="alpha", backend="test", taken_at=clock.now(), shapes=[
+            JobShape(count=2, cores=8, partition="cpu", memory_mb=4000),
+            JobShape(count=1, cores=8, memory_mb=100_000, partition="bigmem", features=["bigmem"])]))
+        engine.iterate()
+        launched = sorted(m.instance_type for m in bus.of("instance.launch"))
+        # c5.2xlarge (8 cores, overridden to 0.05/h) beats two c5.xlarge per job; r5.4xlarge for bigmem
+        assert launched == ["big", "c5.2xlarge", "c5.2xlarge"]
+    finally:
+        prov.shutdown()
+        prov.store.close()

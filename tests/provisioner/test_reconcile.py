@@ -121,6 +121,13 @@ PRESENCE = [
      [core.Follow("a", "terminated", "terminated", None, "10.0.0.1")]),
     ("seen again: misses cleared", rec("a", "started", "c1"), node("c1", "a"), miss("a", 2, T - 30),
      [core.ClearMiss("a")]),
+    ("an interruption notice on a running node: the engine is told", rec("a", "started", "c1"),
+     replace(node("c1", "a", "started"), interruption_at=T + 120), None, [core.Notice("a", T + 120)]),
+    ("a notice on a booting node, with its move to started", rec("a", "pending", "c1"),
+     replace(node("c1", "a", "started"), interruption_at=T + 120), None,
+     [core.Follow("a", "started", "node running", None, "10.0.0.1"), core.Notice("a", T + 120)]),
+    ("no notice for an instance we are terminating ourselves", rec("a", "terminating", "c1"),
+     replace(node("c1", "a", "started"), interruption_at=T + 120), None, []),
 ]
 
 
@@ -314,3 +321,53 @@ def test_a_listing_says_when_the_cloud_preempted_the_node(extra, preempted) -> N
     ended = to_cloud_node(Node("c1", "n", NodeState.TERMINATED, [], [], None, extra=extra))
     running = to_cloud_node(Node("c1", "n", NodeState.RUNNING, [], [], None, extra=extra))
     assert ended.preempted is preempted and running.preempted is False
+
+
+@pytest.mark.parametrize("extra, at", [
+    ({"interruption_at": 1_800_000_120.0}, 1_800_000_120.0),
+    ({"interruption_at": "1800000120"}, 1_800_000_120.0),
+    ({"interruption_at": None}, None),
+    ({"interruption_at": True}, None),
+    ({"interruption_at": "soon"}, None),
+    ({}, None),
+    (None, None),
+])
+def test_a_listing_says_when_the_cloud_will_reclaim_a_live_node(extra, at) -> None:
+    from epu.services.provisioner.cloud import interruption_notice, to_cloud_node
+    from libcloud.compute.base import Node
+    from libcloud.compute.types import NodeState
+
+    assert interruption_notice(extra) == at
+    running = to_cloud_node(Node("c1", "n", NodeState.RUNNING, [], [], None, extra=extra))
+    ended = to_cloud_node(Node("c1", "n", NodeState.TERMINATED, [], [], None, extra=extra))
+    assert running.interruption_at == at and ended.interruption_at is None
+
+
+def test_the_provisioner_tells_the_engine_of_a_notice_once(make_provisioner) -> None:
+    """A poll that lists a tracked node with an interruption notice publishes one event with
+    ``interruption_at``, the record's state and seq unchanged; later polls do not repeat it."""
+    from epu.common.messages import LaunchRequest
+    from epu.services.provisioner.sim import SimulatedNodeDriver
+
+    driver = SimulatedNodeDriver()
+    prov, events = make_provisioner({"s": driver})
+    prov.handle_launch(LaunchRequest(launch_id="L1", domain="d", site="s", node_name="w1"))
+    assert prov.wait_idle(10)
+    prov.poll("s")
+    rec = prov.store.get("L1")
+    site = prov.sites["s"]
+    real_nodes = site.nodes
+
+    def with_notice() -> list[CloudNode]:
+        return [replace(n, interruption_at=T + 120) if n.launch_id == "L1" else n for n in real_nodes()]
+
+    site.nodes = with_notice
+    before = len(events.items)
+    prov.poll("s")
+    prov.poll("s")
+    told = [e for e in events.items[before:] if e.interruption_at is not None]
+    assert len(told) == 1
+    (evt,) = told
+    assert (evt.instance_id, evt.state, evt.seq, evt.interruption_at) == ("L1", rec.state, rec.seq, T + 120)
+    assert evt.reason.startswith("interruption notice from the cloud")
+    assert prov.store.get("L1").seq == rec.seq  # nothing stored

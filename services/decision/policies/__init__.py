@@ -34,7 +34,7 @@ def validate_params(name: str, params: dict[str, Any]) -> Params:
         parts = []
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"]) or "params"
-            msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
             parts.append(f"{name}.{key}: {msg}")
         raise PolicyError("; ".join(parts)) from None
 

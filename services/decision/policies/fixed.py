@@ -18,7 +18,7 @@ class FixedParams(Params):
 
 
 def decide(view: DomainView, params: FixedParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     target = min(max(params.nodes, view.min_nodes), view.max_nodes)
     active = cycle.active
     notes = [f"target {target} (nodes={params.nodes} within [{view.min_nodes}, {view.max_nodes}]), active {active}"]

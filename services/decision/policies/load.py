@@ -38,7 +38,7 @@ def utilisation(view: DomainView) -> float | None:
 
 
 def decide(view: DomainView, params: LoadParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     notes: list[str] = []
     pending = len(cycle.pending)
     util = utilisation(view)

@@ -27,7 +27,7 @@ class QueueDemandParams(Params):
 
 
 def decide(view: DomainView, params: QueueDemandParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     if view.catalogue is not None:
         return _by_shapes(view, params, cycle)
     notes: list[str] = []

@@ -33,7 +33,7 @@ def near_period_end(inst: Instance, now: float, period: float, margin: float) ->
 
 
 def decide(view: DomainView, params: SpareParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     if view.catalogue is not None:
         return _by_shapes(view, params, cycle, now)
     notes: list[str] = []

@@ -22,6 +22,15 @@ start it, and launches only for the jobs a new node would start earlier:
   ``keep_seconds`` (default: one measured boot time, the ski-rental break-even) when demand is
   likely (jobs were queued within ``demand_window_seconds``), else ``idle_seconds``.
 
+By shapes (a domain with an instance-type catalogue): only the jobs some type can serve are
+planned (the packer's satisfiable shapes; held, limit-blocked and unsatisfiable jobs never count),
+a new node on the timeline is the largest type on offer, and the count of new nodes the timeline
+asks for is launched as the packer's plan (its typed launches first, then the cheapest type that
+fits every pending shape: ``ShapedDemand.take``); an idle node is offlined only if the pending
+jobs would fit without it (``ShapedDemand.drainable``). The count and the types come from two
+models (the timeline in new-node units and in cores only — which node a job may wait for ignores
+partitions, memory and GPUs — the packer in typed instances): an approximation, like the policy.
+
 Only the first ``lookahead_jobs`` queued jobs are planned one by one; jobs beyond them are left
 for later iterations (the queue drains), so a queue of 100,000 jobs costs no more than 200.
 Time limits are estimates: a job that ends early only makes the estimate pessimistic (the
@@ -35,6 +44,7 @@ import heapq
 import math
 
 from epu.services.decision import lifecycle as lc
+from epu.services.decision import shaped
 from epu.services.decision.actions import Decision
 from epu.services.decision.policies.base import Params, Policy
 from epu.services.decision.policies.spare import near_period_end
@@ -141,7 +151,9 @@ def node_free_times(view: DomainView, name: str, cores: int, used: int, jobs: li
 
 
 def plan_launches(view: DomainView, params: StartTimeParams, pending: list[Instance],
-                  memory: dict, site: str) -> tuple[int, list[str]]:
+                  memory: dict, site: str, sd: shaped.ShapedDemand | None = None) -> tuple[int, list[str]]:
+    """How many new nodes start some queued job sooner than the supply would (see the module
+    docstring); by shapes (``sd``), only satisfiable jobs, new nodes of the largest offered type."""
     now = view.now
     supply = Supply()
     for n in view.nodes.values():
@@ -156,6 +168,9 @@ def plan_launches(view: DomainView, params: StartTimeParams, pending: list[Insta
     new_start = now + boot_estimate(memory, site, params.boot_seconds) - margin
     cpn = view.cores_per_node
     jobs = sorted(view.demand.detail, key=lambda s: -s.max_wait_s)
+    if sd is not None:
+        jobs = sorted(sd.plan.shapes, key=lambda s: -s.max_wait_s)
+        cpn = max((o.cores for o in view.catalogue.offers if o.room > 0), default=cpn)
     launch = 0
     planned = 0
     for shape in jobs:
@@ -186,16 +201,26 @@ def plan_launches(view: DomainView, params: StartTimeParams, pending: list[Insta
 
 
 def decide(view: DomainView, params: StartTimeParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     memory = dict(view.memory)
     measure_boots(view, memory)
     if view.demand.jobs and now - float(memory.get("demand_at", 0.0)) >= 60.0:
         memory["demand_at"] = now
     boots = memory.get("boot", {})
     site = min(boots, key=lambda s: boots[s][0]) if boots else ""  # the fastest measured site
-    need, notes = plan_launches(view, params, cycle.pending, memory, site)
-    cycle.launch(need, "a new node starts a queued job sooner")
-    if not view.demand.jobs:
+    sd = shaped.of_cycle(cycle) if view.catalogue is not None else None
+    need, notes = plan_launches(view, params, cycle.pending, memory, site, sd)
+    why = "a new node starts a queued job sooner"
+    if sd is not None:
+        notes = sd.notes + notes
+        cycle.launch(need, why, typed=sd.take(need, why))
+    else:
+        cycle.launch(need, why)
+    if sd is not None:
+        keep = params.keep_seconds or boot_estimate(memory, site, params.boot_seconds)
+        idle = sd.drainable(view.idle(keep if sd.satisfiable_jobs else params.idle_seconds))
+        cycle.scale_down(idle, len(idle), "idle: the pending jobs fit without it")
+    elif not view.demand.jobs:
         likely = now - float(memory.get("demand_at", -INF)) <= params.demand_window_seconds
         if params.billing_period_seconds > 0:
             idle = [i for i in view.idle(0.0) if near_period_end(i, now, params.billing_period_seconds,

@@ -26,7 +26,7 @@ class ThresholdParams(Params):
 
 
 def decide(view: DomainView, params: ThresholdParams, now: float) -> Decision:  # type: ignore[override]
-    cycle = lc.Cycle(view, params.stall_seconds)
+    cycle = lc.Cycle(view, params.stall_seconds, params.gang_deadline)
     notes: list[str] = []
     memory = dict(view.memory)
     waiting = view.demand.jobs

@@ -18,6 +18,10 @@ Reads (``read_format``): ``text`` (default) asks ``squeue -O``/``sinfo -N -O`` f
 fields EPU needs (``slurm/text.py``), ``json`` reads ``squeue --json`` and ``scontrol show
 nodes --json`` (23.02+) or ``sinfo --json`` (22.05). The text path falls back to JSON for the
 few jobs whose reason text it cannot tell (``--jobs=...``, at most ``json_fallback_max`` ids).
+A pending job asking for licenses that are not free (``scontrol show licenses -o``, read only
+then) is limit-blocked (``Licenses``) whatever node reason Slurm shows: Slurm tests nodes
+before licenses, so with every pool slot powered down such a job would otherwise look like
+demand and make EPU launch a node it cannot use (seen on real 22.05).
 * ``remove``: refused while jobs run unless ``force``; a dynamic node is deleted
   (``scontrol delete``), a pool node drained and powered down (``POWER_DOWN``, or
   ``POWER_DOWN_FORCE`` with force) so it becomes a free slot again. Removing a node Slurm does
@@ -52,9 +56,11 @@ from epu.services.sensor.backend import (
 from epu.services.sensor.runner import CommandResult, CommandRunner
 from epu.services.sensor.shapes import ShapeGrouper
 from epu.services.sensor.slurm.parse import (
+    LicenseFree,
     comment_with_instance,
     node_records,
     normalize_nodes,
+    parse_licenses,
     parse_scontrol_show_node,
     parse_squeue,
 )
@@ -149,14 +155,16 @@ class SlurmBackend:
         now = self.clock.now()
         warnings: list[str] = []
         grouper = ShapeGrouper(self.max_shapes)
+        licenses = self._license_reader(warnings)
         if self.read_format == "json":
-            jobs = parse_squeue(self._read_json("squeue", "--json"), now, warnings, grouper)
+            jobs = parse_squeue(self._read_json("squeue", "--json"), now, warnings, grouper, licenses=licenses)
             records = node_records(self._read_nodes_json())
         else:
-            read = parse_squeue_text(self._read_text("squeue", *squeue_argv()), warnings, grouper)
+            read = parse_squeue_text(self._read_text("squeue", *squeue_argv()), warnings, grouper,
+                                     licenses=licenses)
             jobs = read.jobs
             if read.unexplained:
-                self._explain(read.unexplained, now, jobs)
+                self._explain(read.unexplained, now, jobs, licenses)
             records = parse_sinfo_text(self._read_text("sinfo", *sinfo_argv()))
         nodes = normalize_nodes(records, jobs.jobs_by_node, warnings, include_powered_down=self.include_powered_down)
         warnings += [f"slurm: unmapped job state {s!r}: job ignored" for s in sorted(set(jobs.unknown_states))]
@@ -165,6 +173,25 @@ class SlurmBackend:
                             "to a coarse ladder to bound the snapshot")
         return Observation(jobs=jobs.sample, nodes=nodes, running_jobs=jobs.running, shapes=jobs.shapes(),
                            finished_jobs=jobs.finished, warnings=warnings)
+
+    def _license_reader(self, warnings: list[str]) -> LicenseFree:
+        """``scontrol show licenses``, read at most once per snapshot and only when a pending job
+        that looks like demand asks for licenses (``parse.license_blocked``). A failed read
+        holds no job back (with a warning): the reason Slurm gave stands."""
+        cache: list[dict[str, int] | None] = []
+
+        def read() -> dict[str, int] | None:
+            if not cache:
+                res = self._run("scontrol", "show", "licenses", "-o")
+                if res.ok:
+                    cache.append(parse_licenses(res.stdout))
+                else:
+                    warnings.append(f"slurm: scontrol show licenses failed (exit {res.returncode}): "
+                                    f"{res.text()[:200]}; jobs asking for licenses judged by their reason")
+                    cache.append(None)
+            return cache[0]
+
+        return read
 
     def _read_nodes_json(self) -> dict[str, Any]:
         """Flat node records: ``scontrol show nodes --json`` (23.02+), else ``sinfo --json`` (22.05)."""
@@ -178,14 +205,14 @@ class SlurmBackend:
                 pass
         return self._read_json("sinfo", "--json")
 
-    def _explain(self, job_ids: list[str], now: float, jobs: Any) -> None:
+    def _explain(self, job_ids: list[str], now: float, jobs: Any, licenses: LicenseFree | None = None) -> None:
         """Jobs whose squeue reason text is a description no table knows: read their exact
         reason (``squeue --json --jobs``) and add them to the same shapes. More than
         ``json_fallback_max`` of them are counted as not demand, with a warning."""
         take, rest = job_ids[: self.json_fallback_max], job_ids[self.json_fallback_max:]
         for i in range(0, len(take), 500):
             doc = self._read_json("squeue", "--json", f"--jobs={','.join(take[i:i + 500])}")
-            extra = parse_squeue(doc, now, jobs.warnings, jobs.grouper)
+            extra = parse_squeue(doc, now, jobs.warnings, jobs.grouper, licenses=licenses)
             jobs.sample.extend(extra.sample[: max(0, jobs.sample_size - len(jobs.sample))])
         if rest:
             jobs.warnings.append(f"slurm: {len(rest)} pending jobs have a reason text no table knows and are "

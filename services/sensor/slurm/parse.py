@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -208,10 +208,64 @@ def _features_list(value: Any) -> list[str]:
     return sorted({f for f in str(value or "").split(",") if f and f != "(null)"})
 
 
+LicenseFree = Callable[[], "dict[str, int] | None"]
+"""Lazily read licenses: name → how many a job could take now (``None``: unknown)."""
+
+
+def parse_licenses(text: str) -> dict[str, int]:
+    """``scontrol show licenses`` (22.05–24.x; one or two lines per license) → name → count a
+    new job could take now: ``Total − Used − Reserved``, and never more than ``Free`` (whether a
+    version's ``Free`` already leaves out the reserved ones or not)."""
+    out: dict[str, int] = {}
+    name = ""
+    fields: dict[str, str] = {}
+
+    def close() -> None:
+        if name:
+            total, used, reserved = (num(fields.get(k)) or 0 for k in ("Total", "Used", "Reserved"))
+            free = num(fields.get("Free"))
+            left = total - used - reserved
+            out[name] = max(0, min(left, free) if free is not None else left)
+
+    for token in text.split():
+        key, _, value = token.partition("=")
+        if key == "LicenseName":
+            close()
+            name, fields = value, {}
+        else:
+            fields[key] = value
+    close()
+    return out
+
+
+def license_blocked(spec: str, free: LicenseFree | None) -> bool:
+    """Does a job asking for licenses ``spec`` (``matlab:1,stata:2``; ``a|b`` is either) wait for
+    licenses no new node brings? Slurm tests a job's nodes before its licenses, so in a cluster
+    whose nodes are all powered-down pool slots a job stuck on licenses shows a node reason
+    (``Nodes required for job are DOWN, DRAINED...``, ``ReqNodeNotAvail``) that reads as demand:
+    the licenses themselves say it cannot start. A license Slurm does not list (remote, or the
+    read failed) is not held against the job."""
+    if not spec or spec == "(null)" or free is None:
+        return False
+    counts = free()
+    if not counts:
+        return False
+    either = "|" in spec
+    blocked = []
+    for item in spec.replace("|", ",").split(","):
+        lic, _, n = item.strip().partition(":")
+        if not lic or lic not in counts:
+            blocked.append(False)
+            continue
+        blocked.append((int(n) if n.isdigit() else 1) > counts[lic])
+    return all(blocked) if either else any(blocked)
+
+
 def parse_squeue(doc: dict[str, Any] | str | bytes, now: float, warnings: list[str] | None = None,
-                 grouper: ShapeGrouper | None = None) -> SlurmJobs:
+                 grouper: ShapeGrouper | None = None, licenses: LicenseFree | None = None) -> SlurmJobs:
     """``squeue --json`` (22.05 plain values, 23.02+ ``{set, number}`` values and state lists)
-    → pending jobs grouped into shapes, running count and jobs per node."""
+    → pending jobs grouped into shapes, running count and jobs per node. ``licenses``: read
+    when a job that looks like demand asks for licenses (``license_blocked``)."""
     if isinstance(doc, str | bytes):
         doc = json.loads(doc)
     out = SlurmJobs(grouper=grouper or ShapeGrouper(), warnings=warnings if warnings is not None else [])
@@ -240,6 +294,8 @@ def parse_squeue(doc: dict[str, Any] | str | bytes, now: float, warnings: list[s
             demand, reason, cls = False, base, "held"
         if demand and num(job.get("priority")) == 0:
             demand, cls = False, "held"
+        if demand and license_blocked(str(job.get("licenses") or ""), licenses):
+            demand, reason, cls = False, "Licenses", "limit"
         nodes = max(1, num(job.get("node_count")) or num(job.get("num_nodes")) or 1)
         cpus = num(job.get("cpus")) or num(job.get("num_cpus")) or 1
         per_node = max(num(job.get("minimum_cpus_per_node")) or 1, math.ceil(cpus / nodes))

@@ -3,7 +3,7 @@
 Why text and not ``--json``: a real Slurm 22.05 ``squeue --json`` record is ~2.7 KB with 111
 keys per job (tests/sensor/fixtures/slurm/squeue_22.05_real_record.json), so 100,000 pending
 jobs are ~270 MB of JSON that take seconds to produce and seconds to decode. ``squeue -O``
-with the 18 fields below is ~100 bytes per job, produced many times faster, and parsed here
+with the 19 fields below is ~100 bytes per job, produced many times faster, and parsed here
 in one pass that groups pending jobs into shapes as it reads them (one split and one dict
 update per line; each distinct field value is interpreted once, through small caches).
 
@@ -30,11 +30,13 @@ from epu.common.messages import QueuedJob
 from epu.services.sensor.reasons import SLURM_REASONS, ReasonCache
 from epu.services.sensor.shapes import ShapeGrouper
 from epu.services.sensor.slurm.parse import (
+    LicenseFree,
     SlurmJobs,
     SlurmNodeRecord,
     count_array_tasks,
     gres_gpus,
     instance_from_comment,
+    license_blocked,
     parse_mem_mb,
     parse_time_limit,
     split_features,
@@ -50,7 +52,7 @@ SEP = "\x1f"
 #: text for every job of a shape) is the grouping key as printed.
 SQUEUE_FIELDS = ("jobid", "arrayjobid", "arraytaskid", "pendingtime", "prioritylong", "nodelist", "state",
                  "numnodes", "numcpus", "mincpus", "minmemory", "tres-alloc", "tres-per-node", "tres-per-job",
-                 "feature", "partition", "timelimit", "reason")
+                 "feature", "partition", "timelimit", "licenses", "reason")
 _PER_JOB = 7  # fields before the request: jobid .. state
 SINFO_FIELDS = ("NodeList", "StateComplete", "CPUsState", "Memory", "AllocMem", "Gres", "GresUsed",
                 "features_act", "Partition", "Comment", "Timestamp", "Reason")
@@ -112,8 +114,8 @@ class _Request:
         self.cache: dict[tuple[str, ...], tuple] = {}
 
     def __call__(self, r: list[str]) -> tuple:
-        """``r``: the request fields numnodes .. timelimit (10 strings)."""
-        key = tuple(r[:10])
+        """``r``: the request fields numnodes .. licenses (11 strings)."""
+        key = tuple(r[:11])
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -129,7 +131,8 @@ class _Request:
         if not gpus:
             per_job = gres_gpus(r[6]) or _int(tres_value(r[4], "gres/gpu"))
             gpus = -(-per_job // nodes) if per_job else 0
-        hit = self.cache[key] = (nodes, per_node, memory, gpus, split_features(r[7]), r[8], parse_time_limit(r[9]))
+        hit = self.cache[key] = (nodes, per_node, memory, gpus, split_features(r[7]), r[8], parse_time_limit(r[9]),
+                                 r[10])
         return hit
 
 
@@ -138,13 +141,14 @@ def _int(text: str) -> int:
 
 
 def parse_squeue_text(text: str, warnings: list[str] | None = None, grouper: ShapeGrouper | None = None,
-                      sample_size: int = 200) -> TextRead:
+                      sample_size: int = 200, licenses: LicenseFree | None = None) -> TextRead:
     """``squeue -O <SQUEUE_FIELDS>`` → shapes, running jobs per node, and unexplained reasons.
 
     One pass: a pending line is split only up to its state; the rest of the line (request and
     reason, as printed) is counted under itself. Each distinct rest is interpreted once at the
     end (request, reason, demand) and added to the shapes with its count. Only array records
-    (``1-100%10``) and the first ``sample_size`` jobs get per-job work."""
+    (``1-100%10``) and the first ``sample_size`` jobs get per-job work. ``licenses`` is read
+    only if a request that looks like demand asks for licenses (``parse.license_blocked``)."""
     jobs = SlurmJobs(grouper=grouper or ShapeGrouper(), warnings=warnings if warnings is not None else [],
                      sample_size=sample_size)
     read = TextRead(jobs)
@@ -187,7 +191,7 @@ def parse_squeue_text(text: str, warnings: list[str] | None = None, grouper: Sha
     request = _Request()
     verdicts: dict[tuple[str, bool], tuple | None] = {}
     for key, (count, wait, ids) in raw.items():
-        v = verdicts[key] = _interpret(key, reasons, request, jobs.warnings)
+        v = verdicts[key] = _interpret(key, reasons, request, jobs.warnings, licenses)
         if v is None:
             continue
         nodes, cores, memory, gpus, features, partition, limit, demand, reason, cls = v
@@ -224,7 +228,7 @@ def _job_id(f: list[str]) -> str:
 
 
 def _interpret(key: tuple[str, bool], reasons: ReasonCache, request: _Request,
-               warnings: list[str]) -> tuple | None:
+               warnings: list[str], licenses: LicenseFree | None = None) -> tuple | None:
     """A grouping key → (nodes, cores, memory, gpus, features, partition, limit, demand,
     reason, class); None when the reason text is a description only ``--json`` can explain."""
     rest, held = key
@@ -239,7 +243,9 @@ def _interpret(key: tuple[str, bool], reasons: ReasonCache, request: _Request,
     demand, reason, cls = verdict.demand, verdict.reason, verdict.reason_class
     if demand and held:  # priority 0, or a held state (REQUEUE_HOLD, SPECIAL_EXIT...)
         demand, cls = False, "held"
-    nodes, cores, memory, gpus, features, partition, limit = request(r)
+    nodes, cores, memory, gpus, features, partition, limit, wanted = request(r)
+    if demand and license_blocked(wanted, licenses):
+        demand, reason, cls = False, "Licenses", "limit"
     return nodes, cores, memory, gpus, features, partition, limit, demand, reason, cls
 
 

@@ -29,6 +29,14 @@ touching only what EPU set (an administrator's settings, notes and offlines are 
 * ``remove``: first read the node; refuse if it runs a job — deleting such a node blocks about
   120 s and purges its jobs, so not even ``force`` does it (offline it and let the jobs end).
   Then ``qmgr -c "delete node NAME"``; "Unknown node" means already removed: success.
+* ``requeue_jobs`` (before the remove of a node whose machine the cloud preempted, or announced
+  it will): the node's jobs from ``pbsnodes -x NAME``; the node offlined first (the scheduler
+  must not start them there again); then ``qrerun -f JOBID`` per job — ``-f`` because the
+  node's MOM is dead or about to be (Torque then requeues without waiting for it). A job id
+  that is not ``N``, ``N[i]`` or either with ``.server`` is refused before any command line;
+  "Unknown Job Id" (it ended) or "Request invalid for state of job" (already requeued) is not an
+  error. qrerun's own messages on
+  TORQUE 6.1.3 were not captured (no test server); the markers follow its client's wording.
 
 ``qmgr -c`` takes one string, but it is one argv element (no shell) and NAME has passed the
 RFC 1123 check, so it can hold neither quotes nor separators; notes are passed as their own
@@ -72,6 +80,11 @@ STDERR_FAILURE_MARKERS = ("unknown node", "error", "cannot", "unauthorized", "in
 TRANSIENT_MARKERS = ("mom-list-not-sent", "cannot connect", "communication failure", "timed out",
                      "connection refused", "server is busy", "no route to host")
 EPU_NOTE = re.compile(r"\s*\[epu: [^\]]*\]")
+#: Torque job ids ``qrerun`` may be given: ``123``, ``123.server``, array elements ``123[4].server``.
+JOB_ID = re.compile(r"\d+(?:\[\d*\])?(?:\.[A-Za-z0-9][A-Za-z0-9.-]*)?")
+#: qrerun's answers for a job that is no longer running there: it ended, or a first requeue got
+#: it already (the server may list it on the node a moment longer).
+QRERUN_GONE = ("unknown job id", "request invalid for state of job")
 
 
 def epu_note(note: str, reason: str) -> str:
@@ -331,6 +344,44 @@ class TorqueBackend:
         if sched.ok and re.search(r"scheduling\s*=\s*False", sched.stdout):
             outputs.append("note: server scheduling is False (an administrator's setting, left unchanged): "
                            "no job starts on the new node until it is set True")
+        return CommandOutcome(True, changed=changed, output="\n".join(outputs))
+
+    def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
+        """Put the jobs on ``node`` back in the queue (its machine is gone or going): offline
+        the node, then ``qrerun -f`` each job (see the module docstring)."""
+        check_node_name(node)
+        try:
+            info = self.node(node)
+        except BackendUnavailable as exc:
+            return CommandOutcome(False, error=str(exc), transient=True)
+        if info is None or not info.jobs:
+            return CommandOutcome(True, output=f"no job on {node} to requeue")
+        bad = [j for j in info.jobs if not JOB_ID.fullmatch(j)]
+        if bad:
+            return CommandOutcome(False, error=f"pbsnodes -x {node}: refusing job id {bad[0][:40]!r} (not N, N[i], "
+                                               "or either with .server): nothing requeued")
+        try:
+            off = self._offline(node, reason or "requeue: the machine is gone")
+        except BackendUnavailable as exc:
+            return CommandOutcome(False, error=str(exc), transient=True)
+        if not off.ok:
+            return off
+        outputs, changed = [off.output] if off.output else [], off.changed
+        for job in info.jobs:
+            res = self._run("qrerun", "-f", job)
+            text = res.text()
+            if res.timed_out:
+                return CommandOutcome(False, changed=changed, output="\n".join(outputs + [text]),
+                                      error=f"qrerun -f {job} timed out", transient=True)
+            if not res.ok or stderr_failure(res):
+                if any(m in text.lower() for m in QRERUN_GONE):
+                    outputs.append(f"{job}: not running any more ({text})")
+                    continue
+                return CommandOutcome(False, changed=changed, output="\n".join(outputs + [text]),
+                                      transient=transient_text(text),
+                                      error=f"qrerun -f {job} failed (exit {res.returncode}): {text or 'no output'}")
+            outputs.append(f"requeued {job}")
+            changed = True
         return CommandOutcome(True, changed=changed, output="\n".join(outputs))
 
     def _remove(self, node: str) -> CommandOutcome:

@@ -213,3 +213,27 @@ def test_a_preempted_nodes_jobs_are_requeued_and_the_node_removed(cluster: Slurm
     wait_for(lambda: cluster.job_state(job) == "PENDING", 60, message=f"job {job} back in the queue")
     wait_for(lambda: node(backend, "el2") is None, 60, message="el2 back in the pool")
     assert backend.requeue_jobs("el2").ok  # nothing left there: nothing to do
+
+
+def test_an_interrupted_live_nodes_jobs_are_requeued_before_the_machine_goes(cluster: SlurmTestCluster,
+                                                                              backend: SlurmBackend) -> None:
+    """An interruption notice (the cloud will take the machine in ~2 minutes): the same remove
+    with requeue, while slurmd still runs — the running job goes back to the queue at once and
+    the slot back to the pool, before the machine dies."""
+    cluster.cancel_all()  # earlier tests' jobs pinned to el2 would take it first
+    cluster.start_slurmd("el2")
+    try:
+        cluster.wait_node_state("el2", lambda s: "POWERED_DOWN" not in s)
+        assert backend.execute("add", "el2", cores=2, address="127.0.0.1").ok
+        wait_for(lambda: (x := node(backend, "el2")) and x.state == "free", 60, message="el2 free")
+        job = cluster.sbatch("-w", "el2", "-n", "1")
+        cluster.wait_job_state(job, "RUNNING")
+        requeued = backend.requeue_jobs("el2", "interruption notice from the cloud")
+        assert requeued.ok and f"scontrol requeue {job}" in requeued.output, requeued
+        assert cluster.slurmd_running("el2")  # the machine is still there
+        removed = backend.execute("remove", "el2", reason="interruption notice", force=True)
+        assert removed.ok, removed
+        wait_for(lambda: cluster.job_state(job) == "PENDING", 60, message=f"job {job} back in the queue")
+        wait_for(lambda: node(backend, "el2") is None, 60, message="el2 back in the pool")
+    finally:
+        cluster.stop_slurmd("el2")

@@ -15,7 +15,9 @@ from epu.services.sensor.slurm.parse import (
     comment_with_instance,
     gres_gpus,
     instance_from_comment,
+    license_blocked,
     normalize_nodes,
+    parse_licenses,
     parse_squeue,
     parse_time_limit,
     split_features,
@@ -190,3 +192,73 @@ def test_too_many_shapes_are_coarsened_by_time_limit_only() -> None:
     assert all(s.memory_mb == 1000 and s.cores == 2 for s in shapes)
     assert all(s.time_limit_s in (900, 1800) for s in shapes) and coarse_time_limit(601) == 900
     assert max(s.max_wait_s for s in shapes) == 99.0
+
+
+# ------------------------------------------------------------------ licenses
+#: ``scontrol show licenses`` of 22.05 as printed (two lines per license, and ``-o``).
+LICENSES_22_05 = """LicenseName=matlab
+    Total=1 Used=0 Free=1 Reserved=1 Remote=no
+LicenseName=stata
+    Total=3 Used=0 Free=3 Reserved=0 Remote=no
+"""
+
+
+def test_free_licenses_leave_out_the_used_and_the_reserved() -> None:
+    assert parse_licenses(LICENSES_22_05) == {"matlab": 0, "stata": 3}
+    one_line = "LicenseName=matlab Total=4 Used=1 Free=3 Reserved=1 Remote=no\n"
+    assert parse_licenses(one_line) == {"matlab": 2}
+    # a version whose Free already excludes the reserved ones reads the same
+    assert parse_licenses("LicenseName=matlab Total=4 Used=1 Free=2 Reserved=1 Remote=no") == {"matlab": 2}
+    assert parse_licenses("") == {}
+
+
+@pytest.mark.parametrize(("spec", "blocked"), [
+    ("matlab:1", True), ("matlab", True), ("stata:3", False), ("stata:4", True), ("matlab:1,stata:1", True),
+    ("matlab:1|stata:1", False), ("matlab:1|stata:9", True), ("(null)", False), ("", False),
+    ("remote@db:1", False),  # a license Slurm does not list here: not held against the job
+])
+def test_license_blocked(spec: str, blocked: bool) -> None:
+    assert license_blocked(spec, lambda: parse_licenses(LICENSES_22_05)) is blocked
+
+
+def with_licenses(job_id: str, spec: str) -> str:
+    """The captured squeue text with job ``job_id`` asking for licenses ``spec``."""
+    out = []
+    for row in (MIXED / "squeue_O.txt").read_text().splitlines():
+        f = row.split(SEP)
+        if f[0] == job_id:
+            f[-2] = spec
+        out.append(SEP.join(f))
+    return "\n".join(out) + "\n"
+
+
+def test_a_job_waiting_for_taken_licenses_is_no_demand_whatever_node_reason_slurm_shows() -> None:
+    """Real 22.05: with every pool slot powered down, a job whose licenses are all taken shows
+    "ReqNodeNotAvail"/"Nodes required for job are DOWN..." (Slurm tests nodes before licenses),
+    which alone would read as demand (job 12 here: ReqNodeNotAvail in cpu)."""
+    ids = json.loads((MIXED / "ids.json").read_text())
+    calls = []
+
+    def free(counts):
+        def read():
+            calls.append(1)
+            return counts
+        return read
+
+    text = with_licenses(ids["cpu2"], "matlab:1")
+    blocked = by_sample(parse_squeue_text(text, licenses=free({"matlab": 0})).jobs.shapes())[ids["cpu2"]]
+    assert (blocked.demand, blocked.reason, blocked.reason_class) == (False, "Licenses", "limit")
+    assert len(calls) == 1, "read once per snapshot"
+    ok = by_sample(parse_squeue_text(text, licenses=free({"matlab": 1})).jobs.shapes())[ids["cpu2"]]
+    assert (ok.demand, ok.reason) == (True, "ReqNodeNotAvail")
+    calls.clear()
+    parse_squeue_text((MIXED / "squeue_O.txt").read_text(), licenses=free({"matlab": 0}))
+    assert calls == [], "nothing that looks like demand asks for licenses: no read"
+
+    doc = json.loads((MIXED / "squeue.json").read_text())
+    for job in doc["jobs"]:
+        if str(job["job_id"]) == ids["cpu2"]:
+            job["licenses"] = "matlab:1"
+    now = max(j["submit_time"] for j in doc["jobs"]) + 5
+    shape = by_sample(parse_squeue(doc, now, licenses=free({"matlab": 0})).shapes())[ids["cpu2"]]
+    assert (shape.demand, shape.reason, shape.reason_class) == (False, "Licenses", "limit")

@@ -464,3 +464,58 @@ def test_scan_groups_identical_jobs_but_not_different_holds_or_requests() -> Non
     assert shapes["8[].vm"].count == 4 and shapes["9.vm"].nodes == 2
     assert [j.job_id for j in out.queued] == ["1.vm", "2.vm", "4.vm", "5.vm", "6.vm", "7.vm", "8[].vm", "9.vm"]
     assert out.running == 1
+
+
+# ------------------------------------------------------------------ requeue (preempted or interrupted nodes)
+# pbsnodes outputs are real TORQUE 6.1.3 captures; qrerun's (no capture: no server here) are
+# what its client prints: nothing on success, "qrerun: Unknown Job Id 2.vm" (exit 153) for an
+# ended job.
+def busy_vm_offline_args() -> tuple[str, ...]:
+    from epu.services.sensor.torque.backend import epu_note
+
+    return ("pbsnodes", "-o", "-N", epu_note("", "preempted by the cloud: requeue"), "vm")
+
+
+def test_requeue_offlines_the_node_then_qreruns_each_job_by_argv() -> None:
+    b, runner = backend({("pbsnodes", "-x", "vm"): (0, stdout("31_pbsnodes_-x__busy_down"), ""),
+                         busy_vm_offline_args(): "40_pbsnodes_-o_vm",
+                         ("qrerun", "-f", "2.vm"): (0, "", "")})
+    out = b.requeue_jobs("vm", "preempted by the cloud: requeue")
+    assert out.ok and out.changed and "requeued 2.vm" in out.output
+    assert runner.calls == [("pbsnodes", "-x", "vm"), ("pbsnodes", "-x", "vm"), busy_vm_offline_args(),
+                            ("qrerun", "-f", "2.vm")]
+
+
+def test_requeue_of_a_job_that_ended_meanwhile_is_no_error() -> None:
+    b, _ = backend({("pbsnodes", "-x", "vm"): (0, stdout("31_pbsnodes_-x__busy_down"), ""),
+                    busy_vm_offline_args(): "40_pbsnodes_-o_vm",
+                    ("qrerun", "-f", "2.vm"): (153, "", "qrerun: Unknown Job Id 2.vm\n")})
+    out = b.requeue_jobs("vm", "preempted by the cloud: requeue")
+    assert out.ok and "not running any more" in out.output
+
+
+def test_requeue_failure_says_why_and_an_idle_or_unknown_node_needs_none() -> None:
+    b, _ = backend({("pbsnodes", "-x", "vm"): (0, stdout("31_pbsnodes_-x__busy_down"), ""),
+                    busy_vm_offline_args(): "40_pbsnodes_-o_vm",
+                    ("qrerun", "-f", "2.vm"): (159, "", "qrerun: Unauthorized Request  2.vm\n")})
+    out = b.requeue_jobs("vm", "preempted by the cloud: requeue")
+    assert not out.ok and "qrerun -f 2.vm failed" in (out.error or "") and "Unauthorized" in (out.error or "")
+    b, runner = backend({("pbsnodes", "-x", "elastic02"): "51_pbsnodes_-x_elastic02__15s_after_create"})
+    assert b.requeue_jobs("elastic02").ok and runner.calls == [("pbsnodes", "-x", "elastic02")]
+    b, _ = backend({("pbsnodes", "-x", "nosuchnode"): "41_pbsnodes_nosuchnode__query_missing"})
+    assert b.requeue_jobs("nosuchnode").ok
+
+
+def test_requeue_refuses_a_job_id_that_is_not_one() -> None:
+    evil = stdout("31_pbsnodes_-x__busy_down").replace("0-1/2.vm", "0-1/-f;rm")
+    b, runner = backend({("pbsnodes", "-x", "vm"): (0, evil, "")})
+    out = b.requeue_jobs("vm")
+    assert not out.ok and "refusing job id" in (out.error or "")
+    assert all(c[0] != "qrerun" for c in runner.calls)
+
+
+def test_a_preempted_torque_nodes_remove_requeues_first() -> None:
+    """The sensor's command path: remove with ``requeue`` calls requeue_jobs, then the remove."""
+    from epu.services.sensor.backend import JobRequeuer
+
+    assert isinstance(TorqueBackend(ReplayRunner({}), use_pbs_python=False), JobRequeuer)
