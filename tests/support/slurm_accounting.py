@@ -114,9 +114,9 @@ class AccountingCluster(SlurmTestCluster):
         admin = find_db_exe("mariadb-admin")
         wait_until(lambda: proc.poll() is not None or subprocess.run(
             [admin, "--no-defaults", f"--socket={self.db_socket}", "ping"], capture_output=True, timeout=10
-        ).returncode == 0, 60, "mariadb to answer", interval=0.2, on_timeout=self._db_logs)
+        ).returncode == 0, 60, "mariadb to answer", interval=0.2, on_timeout=self.accounting_logs)
         if proc.poll() is not None:
-            raise RuntimeError(f"mariadbd exited with {proc.returncode}:\n{self._db_logs()}")
+            raise RuntimeError(f"mariadbd exited with {proc.returncode}:\n{self.accounting_logs()}")
 
     def _start_slurmdbd(self) -> None:
         # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF (self.env).
@@ -132,9 +132,9 @@ class AccountingCluster(SlurmTestCluster):
                 return True
             return self.sacctmgr("add", "cluster", self.cluster_name, check=False).returncode == 0
 
-        wait_until(added, 60, "slurmdbd to answer (sacctmgr add cluster)", interval=0.3, on_timeout=self._db_logs)
+        wait_until(added, 60, "slurmdbd to answer (sacctmgr add cluster)", interval=0.3, on_timeout=self.accounting_logs)
         if proc.poll() is not None:
-            raise RuntimeError(f"slurmdbd exited with {proc.returncode}:\n{self._db_logs()}")
+            raise RuntimeError(f"slurmdbd exited with {proc.returncode}:\n{self.accounting_logs()}")
 
     def stop(self) -> None:
         """The Slurm daemons and slurmdbd first (the parent's stop), then MariaDB, so slurmdbd
@@ -168,11 +168,12 @@ class AccountingCluster(SlurmTestCluster):
                               timeout=30)
         if check and proc.returncode != 0:
             raise RuntimeError(f"sacctmgr {' '.join(argv)} failed ({proc.returncode}): "
-                               f"{proc.stdout.strip()} {proc.stderr.strip()}\n{self._db_logs()}")
+                               f"{proc.stdout.strip()} {proc.stderr.strip()}\n{self.accounting_logs()}")
         return proc
 
     # ------------------------------------------------------------------ diagnostics
-    def _db_logs(self) -> str:
+    def accounting_logs(self) -> str:
+        """The tails of the MariaDB and slurmdbd logs, for failure messages."""
         out = ""
         for name in ("mariadb", "mariadb.stderr", "slurmdbd", "slurmdbd.stderr"):
             with contextlib.suppress(Exception):
