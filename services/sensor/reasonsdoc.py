@@ -43,6 +43,11 @@ def render() -> str:
                  "are mapped back to these reasons (`services/sensor/slurm/text.py`), and a job whose text is "
                  "neither is read again with `squeue --json`. A `PENDING` job with priority 0, or in state "
                  "`REQUEUE_HOLD`/`SPECIAL_EXIT`, is held whatever its reason.\n")
+    parts.append("Seen on real Slurm 22.05 daemons, read by the sensor (`tests/sensor/slurm/*_integration.py`, a "
+                 "private cluster; with a private slurmdbd and MariaDB for the accounting limits): `JobHeldUser`, "
+                 "`Dependency`, `Licenses`, `JobArrayTaskLimit`, `QOSMaxJobsPerUserLimit` (a QOS with "
+                 "`MaxJobsPerUser=1`), `AssocGrpCpuLimit` (an association with `GrpTRES=cpu=1`) and, as demand, a job waiting "
+                 "for a full node (`Resources` or `Priority`); the other reasons are tested on the parser.\n")
     parts.append(_table("Reasons", dict(sorted(r.SLURM_REASONS.items())), "state_reason"))
     parts.append("\n## Torque (`job_state`, `Hold_Types`, `depend`)\n\nTorque reports no pending reason: the "
                  "reason is the job state, and for a held job `H/<hold type>` (`H/depend` when it has a "

@@ -5,12 +5,12 @@ The cluster: partitions ``cpu`` (node1, 2 CPUs, a running slurmd; CLOUD slot cpu
 Gres=gpu:2, Features=a100, and a gres.conf without device files: ``AutoDetect=off`` and
 ``NodeName=gpu1 Name=gpu Count=2``, no ``File=``), plus a local license ``matlab:1``.
 
-QOS limits need accounting through slurmdbd, which is not installed here (Debian ships it as
-the separate ``slurmdbd`` package, with a MySQL/MariaDB database). The limit reasons this
-cluster produces without it are real ones of the same class: ``Licenses`` (a license held by
-a running job) and ``JobArrayTaskLimit`` (``--array=1-3%1``). The QOS and association reasons
-(``QOSMaxJobsPerUserLimit``, ``AssocGrpCpuLimit``...) are in the same table
-(docs/pending-reasons.md) and are tested on the parser in test_slurm_shapes.py.
+The limits this cluster has without accounting: ``Licenses`` (a license held by a running
+job) and ``JobArrayTaskLimit`` (``--array=1-3%1``). QOS and association limits need slurmdbd:
+``QOSMaxJobsPerUserLimit`` and ``AssocGrpCpuLimit`` are tested on real Slurm 22.05 with a
+private slurmdbd and MariaDB in test_slurm_limits_integration.py (a separate cluster, because
+starting the database costs about 10 s); the rest of the table (docs/pending-reasons.md) is
+tested on the parser in test_slurm_shapes.py.
 """
 
 from __future__ import annotations
