@@ -130,7 +130,12 @@ class AccountingCluster(SlurmTestCluster):
         def added() -> bool:
             if proc.poll() is not None:
                 return True
-            return self.sacctmgr("add", "cluster", self.cluster_name, check=False).returncode == 0
+            try:
+                out = self.sacctmgr("add", "cluster", self.cluster_name, check=False)
+            except subprocess.TimeoutExpired:
+                return False  # slurmdbd not listening yet, or still creating its tables
+            # "already exists": an earlier attempt reached slurmdbd after its client gave up
+            return out.returncode == 0 or "already exists" in out.stdout + out.stderr
 
         wait_until(added, 60, "slurmdbd to answer (sacctmgr add cluster)", interval=0.3, on_timeout=self.accounting_logs)
         if proc.poll() is not None:
