@@ -100,3 +100,12 @@ def test_snapshot_command_reports_the_limits(cluster: AccountingCluster, jobs: d
     blocked = {s["reason"]: s for s in doc["shapes"] if not s["demand"]}
     assert {"QOSMaxJobsPerUserLimit", "AssocGrpCpuLimit"} <= set(blocked), doc["shapes"]
     assert doc["queued_jobs"] == 1 and doc["blocked_jobs"] == 2
+
+
+def test_a_bad_accounting_command_fails_with_sacctmgrs_words_and_stops_everything() -> None:
+    """A typo in the set-up must say what sacctmgr said, and leave no daemon behind."""
+    c = AccountingCluster(accounting=[["add", "qos", "lim1", "NoSuchLimit=1"]])
+    with pytest.raises(RuntimeError, match=r"sacctmgr add qos lim1 NoSuchLimit=1 failed") as err:
+        c.start()
+    assert "nosuchlimit" in str(err.value).lower()
+    assert not c._procs and not c.workdir.exists()
