@@ -49,6 +49,7 @@ from epu.common.messages import (
     InstanceReport,
     Message,
     NodeCommandResult,
+    NodeInfo,
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
@@ -90,6 +91,23 @@ class _Latest:
     digest: JobDigest
     nodes: NodeIndex
     received_at: float
+    free: list[NodeInfo] | None = None
+    """The snapshot's free workers (``DomainView.free_workers``), listed once per snapshot."""
+
+
+@dataclass
+class _Refreshed:
+    """What an iteration derived from a domain's instances and snapshot when refreshing changed
+    nothing: valid while both are the same objects (``Store.domain_stamp`` and the ``_Latest``).
+    ``refresh_parts`` is idempotent — an instance it left as it was, it leaves again on the same
+    snapshot whatever the time — and the circuit breaker's check is a function of the same
+    three, so an iteration with nothing new skips both passes over every instance."""
+
+    latest: _Latest
+    stamp: int
+    instances: list[Instance]
+    parts: tuple[list[Instance], list[Instance], list[Instance], list[Instance]]
+    breaker: str
 
 
 @dataclass
@@ -137,6 +155,10 @@ class Engine:
         """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
         """Launch failures seen since the last iteration, per site (counted once there)."""
+        self._refreshed: dict[str, _Refreshed] = {}
+        """Per domain: the last iteration's refresh, while nothing changed (``_Refreshed``)."""
+        self._ending: dict[str, tuple[int, list[Instance]]] = {}
+        """Per domain: (instance stamp, its ``terminating`` instances) (``_unfinished_terminates``)."""
         self.iterations = 0
         for name, cfg in config.domains.items():
             try:
@@ -211,6 +233,8 @@ class Engine:
         then); give the leases up."""
         self._latest.clear()
         self._health.clear()
+        self._refreshed.clear()
+        self._ending.clear()
         invalidate = getattr(self.store, "invalidate", None)
         if invalidate is not None:
             invalidate()
@@ -267,7 +291,7 @@ class Engine:
         node was drained first), so asking again is safe; a closed record ignores it."""
         after = 10 * self.settings.resend_seconds
         for domain in domains:
-            ending = [i for i in self.store.instances(domain) if i.state == "terminating"]
+            ending = self._terminating(domain)
             due = [i.instance_id for i in ending if now - i.state_at >= after
                    and now - self._asked_again.get(i.instance_id, i.state_at) >= after]
             for iid in due:
@@ -276,6 +300,18 @@ class Engine:
         if len(self._asked_again) > 1000:  # forget the ended ones now and then
             ending_ids = {i.instance_id for d in domains for i in self.store.instances(d) if i.state == "terminating"}
             self._asked_again = {k: v for k, v in self._asked_again.items() if k in ending_ids}
+
+    def _terminating(self, domain: str) -> list[Instance]:
+        """The domain's instances in ``terminating``, listed again only when its instances changed."""
+        stamp_of = getattr(self.store, "domain_stamp", None)
+        stamp = stamp_of(domain) if stamp_of is not None else None
+        cached = self._ending.get(domain)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        ending = [i for i in self.store.instances(domain) if i.state == "terminating"]
+        if stamp is not None:
+            self._ending[domain] = (stamp, ending)
+        return ending
 
     def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
         if evt.domain not in self.config.domains:
@@ -486,28 +522,48 @@ class Engine:
         current = self.store.current_config(domain)
         assert current is not None
         version, cfg = current
-        before = self.store.instances(domain)
         memory, iteration = self.store.memory(domain)
         snap = latest.snapshot
-        health_ = self._pipeline(domain, latest, now, before)
-        after, parts = refresh_parts(before, latest.nodes, now, snap.available)
-        dissolved = dissolve_complete_gangs(after)
-        if dissolved is not None:
-            after, parts = dissolved, partition(dissolved)
-        changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]  # refresh keeps unchanged ones
-        notes_extra = self._breaker(domain, health_, after, latest, now)
+        stamp_of = getattr(self.store, "domain_stamp", None)
+        stamp = stamp_of(domain) if stamp_of is not None else None
+        memo = self._refreshed.get(domain)
+        if stamp is not None and memo is not None and memo.latest is latest and memo.stamp == stamp:
+            # same snapshot, same instance objects: refreshing would change nothing again
+            before = after = list(memo.instances)
+            parts = (list(memo.parts[0]), list(memo.parts[1]), list(memo.parts[2]), list(memo.parts[3]))
+            health_ = self._pipeline(domain, latest, now, before)
+            changed: list[Instance] = []
+            why = memo.breaker
+        else:
+            self._refreshed.pop(domain, None)
+            before = self.store.instances(domain)
+            health_ = self._pipeline(domain, latest, now, before)
+            after, parts = refresh_parts(before, latest.nodes, now, snap.available)
+            dissolved = dissolve_complete_gangs(after)
+            if dissolved is not None:
+                after, parts = dissolved, partition(dissolved)
+            changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]  # refresh keeps unchanged ones
+            why = self._breaker_check(after, latest)
+            if stamp is not None and dissolved is None and all(a is b for a, b in zip(after, before, strict=True)):
+                self._refreshed[domain] = _Refreshed(latest, stamp, list(after),
+                                                     (list(parts[0]), list(parts[1]), list(parts[2]),
+                                                      list(parts[3])), why)
+        notes_extra = self._breaker(domain, health_, why, now)
+        if latest.free is None:
+            latest.free = [n for n in latest.nodes.by_name.values() if n.state == "free" and n.cores_used < n.cores]
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,
                           nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
-                          cleanup=self.store.cleanup(domain) if snap.available else [])
+                          cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free)
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
             view.catalogue = self.catalogue(domain, cfg, live, now)
             if snap.available:
                 notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
-        joined = [a for a, b in zip(after, before, strict=True) if a.state == "joined" and b.state != "joined"]
+        joined = [] if after is before else [a for a, b in zip(after, before, strict=True)
+                                             if a is not b and a.state == "joined" and b.state != "joined"]
         successes = {i.site: record_success(health[i.site]) for i in joined
                      if i.site in health and health[i.site].failures}
         health.update(successes)
@@ -604,14 +660,19 @@ class Engine:
             del self._failures[s]
         return out
 
-    def _breaker(self, domain: str, h: _Health, instances: list[Instance], latest: _Latest,
-                 now: float) -> list[str]:
-        """Evaluate the circuit breaker on the latest snapshot; notes when it opens or closes."""
+    def _breaker_check(self, instances: list[Instance], latest: _Latest) -> str | None:
+        """Why the latest snapshot is implausible ("" = it is fine; None = unavailable, not judged)."""
         snap = latest.snapshot
         if not snap.available:
+            return None
+        return breaker.check(instances, latest.nodes, snap, share=self.settings.breaker_missing_share,
+                             ok_count=self.settings.breaker_ok_count)
+
+    def _breaker(self, domain: str, h: _Health, why: str | None, now: float) -> list[str]:
+        """Evaluate the circuit breaker on the latest snapshot (``why``: ``_breaker_check``'s
+        verdict); notes when it opens or closes."""
+        if why is None:
             return []
-        why = breaker.check(instances, latest.nodes, snap, share=self.settings.breaker_missing_share,
-                            ok_count=self.settings.breaker_ok_count)
         notes: list[str] = []
         if why and not h.breaker:
             h.breaker, h.breaker_since = why, now

@@ -180,6 +180,8 @@ class DomainView:
     catalogue: Any = None
     """The domain's instance-type offers (a ``shaped.Catalogue``) when it decides by shapes;
     ``None``: single-type sites, the cores-only counter (``demand``) as before."""
+    free: list[NodeInfo] | None = None
+    """The snapshot's free workers if already listed (the engine lists them once per snapshot)."""
 
     # ---- derived sets, used by every policy (computed once per view: 10,000 instances add up)
     def node_of(self, inst: Instance) -> NodeInfo | None:
@@ -213,6 +215,8 @@ class DomainView:
 
     @cached_property
     def _free(self) -> list[NodeInfo]:
+        if self.free is not None:
+            return self.free
         return [n for n in self.nodes.values() if n.state == "free" and n.cores_used < n.cores]
 
     def idle(self, min_seconds: float) -> list[Instance]:
@@ -341,8 +345,9 @@ def build_view(domain: str, snapshot: SensorSnapshot | None, digest: JobDigest |
                cores_per_node: int, memory: dict[str, Any] | None = None,
                nodes: dict[str, NodeInfo] | NodeIndex | None = None, all_live: bool = False,
                parts: Parts | None = None, healthy_since: float = 0.0, breaker: str = "",
-               cleanup: list[Instance] | None = None) -> DomainView:
-    """``digest`` and ``nodes`` may be precomputed once per snapshot (the engine does);
+               cleanup: list[Instance] | None = None, free: list[NodeInfo] | None = None) -> DomainView:
+    """``digest``, ``nodes`` and ``free`` (the free workers of ``nodes``) may be precomputed once
+    per snapshot (the engine does);
     ``all_live`` says the instances were loaded live-only already (skips a filter pass)."""
     available = snapshot is not None and snapshot.available
     index = nodes if isinstance(nodes, NodeIndex) else None
@@ -354,4 +359,5 @@ def build_view(domain: str, snapshot: SensorSnapshot | None, digest: JobDigest |
     live = instances if all_live else [i for i in instances if i.state in LIVE_STATES]
     return DomainView(domain, now, available, digest, by_name, live, min_nodes, max_nodes,  # type: ignore[arg-type]
                       cores_per_node, dict(memory or {}), parts if all_live else None, index,
-                      healthy_since, breaker, list(cleanup or []), snapshot.taken_at if snapshot else 0.0)
+                      healthy_since, breaker, list(cleanup or []), snapshot.taken_at if snapshot else 0.0,
+                      free=free)
