@@ -70,6 +70,7 @@ from epu.services.decision.policies import PolicyError, get_policy, validate_par
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import Store
 from epu.services.decision.view import (
+    Census,
     DomainView,
     Instance,
     JobDigest,
@@ -77,7 +78,7 @@ from epu.services.decision.view import (
     build_view,
     dissolve_complete_gangs,
     partition,
-    refresh_parts,
+    refresh_census,
 )
 
 log = logging.getLogger("epu.decision")
@@ -93,13 +94,15 @@ class _Latest:
     received_at: float
     free: list[NodeInfo] | None = None
     """The snapshot's free workers (``DomainView.free_workers``), listed once per snapshot."""
+    jobs_verdict: str | None = None
+    """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), asked once."""
 
 
 @dataclass
 class _Refreshed:
     """What an iteration derived from a domain's instances and snapshot when refreshing changed
     nothing: valid while both are the same objects (``Store.domain_stamp`` and the ``_Latest``).
-    ``refresh_parts`` is idempotent — an instance it left as it was, it leaves again on the same
+    ``refresh_census`` is idempotent — an instance it left as it was, it leaves again on the same
     snapshot whatever the time — and the circuit breaker's check is a function of the same
     three, so an iteration with nothing new skips both passes over every instance."""
 
@@ -213,6 +216,20 @@ class Engine:
         except Exception as exc:  # the store is busy or away: no lease this round, no action
             log.warning("lease check failed", extra={"domain": domain, "error": f"{type(exc).__name__}: {exc}"})
             return False
+
+    def _acting_domains(self, now: float) -> list[str]:
+        """``acting`` for every domain; the leases this engine holds renewed first in one
+        transaction when the leases can (``Leases.renew_many``), the rest one by one."""
+        renew_many = getattr(self.leases, "renew_many", None)
+        if renew_many is None:
+            return [d for d in self.domains if self.acting(d, now)]
+        fresh = [d for d in self.domains if self.is_active(d)]
+        try:
+            renewed = renew_many(fresh, now)
+        except Exception as exc:  # the store is busy or away: each domain's own check says so
+            log.warning("lease renewal failed", extra={"domains": len(fresh), "error": f"{type(exc).__name__}: {exc}"})
+            renewed = set()
+        return [d for d in fresh if d in renewed or self.acting(d, now)]
 
     def leadership(self, domain: str) -> str:
         """``active``, ``standby`` or ``fenced`` (see ``lease``)."""
@@ -443,7 +460,7 @@ class Engine:
         now = self.clock.now()
         self.iterations += 1
         records = []
-        active = [d for d in self.domains if self.acting(d, now)]
+        active = self._acting_domains(now)
         if active:
             self._sync()
         if set(active) - self._was_active:
@@ -538,13 +555,14 @@ class Engine:
             self._refreshed.pop(domain, None)
             before = self.store.instances(domain)
             health_ = self._pipeline(domain, latest, now, before)
-            after, parts = refresh_parts(before, latest.nodes, now, snap.available)
-            dissolved = dissolve_complete_gangs(after)
+            census = refresh_census(before, latest.nodes, now, snap.available)
+            after, parts, changed = census.instances, census.parts, census.changed
+            dissolved = dissolve_complete_gangs(after) if census.gangs else None
             if dissolved is not None:
                 after, parts = dissolved, partition(dissolved)
-            changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]  # refresh keeps unchanged ones
-            why = self._breaker_check(after, latest)
-            if stamp is not None and dissolved is None and all(a is b for a, b in zip(after, before, strict=True)):
+                changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
+            why = self._breaker_check(census, latest)
+            if stamp is not None and dissolved is None and not changed:
                 self._refreshed[domain] = _Refreshed(latest, stamp, list(after),
                                                      (list(parts[0]), list(parts[1]), list(parts[2]),
                                                       list(parts[3])), why)
@@ -660,13 +678,16 @@ class Engine:
             del self._failures[s]
         return out
 
-    def _breaker_check(self, instances: list[Instance], latest: _Latest) -> str | None:
-        """Why the latest snapshot is implausible ("" = it is fine; None = unavailable, not judged)."""
+    def _breaker_check(self, census: Census, latest: _Latest) -> str | None:
+        """Why the latest snapshot is implausible ("" = it is fine; None = unavailable, not judged):
+        ``breaker.check`` on the refresh's counts, its snapshot-only half once per snapshot."""
         snap = latest.snapshot
         if not snap.available:
             return None
-        return breaker.check(instances, latest.nodes, snap, share=self.settings.breaker_missing_share,
-                             ok_count=self.settings.breaker_ok_count)
+        share, ok = self.settings.breaker_missing_share, self.settings.breaker_ok_count
+        if latest.jobs_verdict is None:
+            latest.jobs_verdict = breaker.jobs_verdict(snap, share=share, ok_count=ok)
+        return breaker.missing_verdict(census.known, census.missing, share=share, ok_count=ok) or latest.jobs_verdict
 
     def _breaker(self, domain: str, h: _Health, why: str | None, now: float) -> list[str]:
         """Evaluate the circuit breaker on the latest snapshot (``why``: ``_breaker_check``'s
