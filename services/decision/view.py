@@ -25,7 +25,7 @@ ACTIVE_STATES = frozenset({"requested", "pending", "started", "joined"})
 LIVE_STATES = frozenset({"requested", "pending", "started", "joined", "draining", "terminating"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Instance:
     """One instance as the engine tracks it (a row of the ``instances`` table)."""
 
