@@ -31,6 +31,7 @@ already made — so no launch is repeated (re-sends keep their id).
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -100,14 +101,15 @@ class _Latest:
 
 @dataclass
 class _Refreshed:
-    """What an iteration derived from a domain's instances and snapshot when refreshing changed
-    nothing: valid while both are the same objects (``Store.domain_stamp`` and the ``_Latest``).
-    ``refresh_census`` is idempotent — an instance it left as it was, it leaves again on the same
-    snapshot whatever the time — and the circuit breaker's check is a function of the same
-    three, so an iteration with nothing new skips both passes over every instance."""
+    """What an iteration derived from a domain's instances and snapshot: valid while both are
+    the same objects (``Store.domain_stamp``, or an identity check of the list, and the
+    ``_Latest``). ``refresh_census`` is idempotent — its result, refreshed again on the same
+    snapshot, stays as it is whatever the time — and the circuit breaker's counts are a function
+    of the same, so an iteration with nothing new skips the pass over every instance."""
 
     latest: _Latest
-    stamp: int
+    stamp: int | None
+    """The store's stamp of the domain's instances this holds for (None: not confirmed yet)."""
     instances: list[Instance]
     parts: tuple[list[Instance], list[Instance], list[Instance], list[Instance]]
     breaker: str
@@ -544,28 +546,41 @@ class Engine:
         stamp_of = getattr(self.store, "domain_stamp", None)
         stamp = stamp_of(domain) if stamp_of is not None else None
         memo = self._refreshed.get(domain)
+        before = None
+        if stamp is not None and memo is not None and memo.latest is latest and memo.stamp != stamp:
+            # the instances changed since: if only by this engine storing the memo's own refresh
+            # (its timers), the store now holds exactly the memo's objects, in its order
+            before = self.store.instances(domain)
+            if len(before) == len(memo.instances) and all(map(operator.is_, before, memo.instances)):
+                memo.stamp = stamp
         if stamp is not None and memo is not None and memo.latest is latest and memo.stamp == stamp:
             # same snapshot, same instance objects: refreshing would change nothing again
             before = after = list(memo.instances)
             parts = (list(memo.parts[0]), list(memo.parts[1]), list(memo.parts[2]), list(memo.parts[3]))
             health_ = self._pipeline(domain, latest, now, before)
             changed: list[Instance] = []
+            came: list[Instance] = []  # nothing joined: refresh would change nothing
+            dissolved = None
             why = memo.breaker
         else:
             self._refreshed.pop(domain, None)
-            before = self.store.instances(domain)
+            if before is None:
+                before = self.store.instances(domain)
             health_ = self._pipeline(domain, latest, now, before)
             census = refresh_census(before, latest.nodes, now, snap.available)
-            after, parts, changed = census.instances, census.parts, census.changed
+            after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
             dissolved = dissolve_complete_gangs(after) if census.gangs else None
             if dissolved is not None:
                 after, parts = dissolved, partition(dissolved)
                 changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
             why = self._breaker_check(census, latest)
-            if stamp is not None and dissolved is None and not changed:
-                self._refreshed[domain] = _Refreshed(latest, stamp, list(after),
-                                                     (list(parts[0]), list(parts[1]), list(parts[2]),
-                                                      list(parts[3])), why)
+            if stamp is not None:
+                # ``after`` is refresh's fixed point on this snapshot. Valid at once if nothing
+                # changed; else once the store holds exactly these objects (the commit below
+                # went through: checked by identity at the next iteration)
+                self._refreshed[domain] = _Refreshed(
+                    latest, stamp if dissolved is None and not changed else None, list(after),
+                    (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), why)
         notes_extra = self._breaker(domain, health_, why, now)
         if latest.free is None:
             latest.free = [n for n in latest.nodes.by_name.values() if n.state == "free" and n.cores_used < n.cores]
@@ -580,8 +595,8 @@ class Engine:
             if snap.available:
                 notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
-        joined = [] if after is before else [a for a, b in zip(after, before, strict=True)
-                                             if a is not b and a.state == "joined" and b.state != "joined"]
+        joined = [a for a, b in zip(after, before, strict=True) if a is not b and a.state == "joined"
+                  and b.state != "joined"] if dissolved is not None else came
         successes = {i.site: record_success(health[i.site]) for i in joined
                      if i.site in health and health[i.site].failures}
         health.update(successes)

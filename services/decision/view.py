@@ -97,13 +97,15 @@ class NodeIndex:
     def __init__(self, nodes: dict[str, NodeInfo] | list[NodeInfo] | None = None) -> None:
         items = list(nodes.values()) if isinstance(nodes, dict) else list(nodes or [])
         self.by_name: dict[str, NodeInfo] = {n.name: n for n in items}
-        self.by_id: dict[str, NodeInfo] = {}
-        self.by_short: dict[str, NodeInfo] = {}
-        for n in items:
-            if n.instance_id:
-                self.by_id[n.instance_id] = n
-            else:
-                self.by_short.setdefault(short_name(n.name), n)
+        with_id = [n for n in items if n.instance_id]
+        self.by_id: dict[str, NodeInfo] = {n.instance_id: n for n in with_id}  # type: ignore[misc]
+        bare = [n for n in items if not n.instance_id] if with_id else items
+        # the first node of a short name wins (built backwards: the last assignment stays); a name
+        # in lower case without a dot is its own short name (no call: built once per snapshot,
+        # at 50,000 nodes every step counts)
+        self.by_short: dict[str, NodeInfo] = {
+            (name if name.islower() and "." not in name else short_name(name)): n
+            for n in reversed(bare) for name in (n.name,)}
 
     def find(self, inst: Instance) -> NodeInfo | None:
         node = self.by_id.get(inst.instance_id)
@@ -285,6 +287,8 @@ class Census:
     parts: Parts
     changed: list[Instance]
     """The instances refresh replaced (new timers or states: to be stored)."""
+    joined: list[Instance] = field(default_factory=list)
+    """Of ``changed``, those that joined in this refresh (pending before)."""
     known: int = 0
     """Joined or draining instances the batch system had joined, not removed or being
     terminated: the circuit breaker's denominator (``breaker.missing_verdict``)."""
@@ -308,6 +312,7 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
     joined: list[Instance] = []
     draining: list[Instance] = []
     changed: list[Instance] = []
+    came: list[Instance] = []
     known = missing = 0
     gangs = False
     append = out.append
@@ -341,6 +346,7 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
             # joined: the instance still needs its "add".
             idle = node.state == "free" and not node.jobs and not node.cores_used
             new = replace(new, state="joined", state_at=now, joined_at=now, idle_since=now if idle else None)
+            came.append(new)
         if new is not inst:
             changed.append(new)
         append(new)
@@ -371,7 +377,7 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
             else:
                 pending.append(new)
                 active.append(new)
-    return Census(out, (active, pending, joined, draining), changed, known, missing, gangs)
+    return Census(out, (active, pending, joined, draining), changed, came, known, missing, gangs)
 
 
 def dissolve_complete_gangs(instances: list[Instance]) -> list[Instance] | None:
