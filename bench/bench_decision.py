@@ -372,11 +372,13 @@ def _wait(cond, timeout: float, what: str):
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def process_rss(n_nodes: int = 10_000, n_jobs: int = 100_000, settle_iterations: int = 5) -> None:
+def process_rss(n_nodes: int = 10_000, n_jobs: int = 100_000, settle_iterations: int = 3,
+                snapshots: int = 3) -> None:
     """The memory goal on the real service: ``epu run decision`` in a subprocess on the real
-    RabbitMQ (a vhost of its own) and an SQLite store seeded with the domain's instance rows; one
-    grouped snapshot of ``n_nodes`` nodes / ``n_jobs`` pending jobs published to it; once it has
-    iterated ``settle_iterations`` times with that snapshot, its VmRSS and VmHWM (peak) from
+    RabbitMQ (a vhost of its own) and an SQLite store seeded with the domain's instance rows;
+    ``snapshots`` grouped snapshots of ``n_nodes`` nodes / ``n_jobs`` pending jobs published to
+    it one after the other (so the peak includes a new snapshot decoded while the engine holds the
+    last), each followed by ``settle_iterations`` iterations; then its VmRSS and VmHWM (peak) from
     /proc/PID/status — the whole process: interpreter, libraries, broker connection, snapshot,
     store working set. Also its own iteration times (``epu_decision_iteration_seconds``)."""
     import subprocess
@@ -423,30 +425,37 @@ sites = ["s0", "s1", "s2"]
             _wait(lambda: _healthy(port), 120, "the service healthy (connected, consuming)")
             idle = _proc_status(proc.pid)
             pub = Publisher(load_config(path, environ={}).broker_obj(), source="bench")
-            pub.publish(snap.model_copy(update={"taken_at": time.time()}))
+            first: dict[str, float] = {}
+            for k in range(snapshots):  # as the sensor does at each poll: a new snapshot, the old one dropped
+                pub.publish(snap.model_copy(update={"taken_at": time.time()}))
+                if k == 0:
+                    try:
+                        _wait(lambda: _metrics(port).get("epu_decision_active_domains") == 1.0, 120,
+                              "the domain active")
+                    except TimeoutError:
+                        print((Path(tmp) / "decision.log").read_text()[-3000:], file=sys.stderr)
+                        raise
+                    first = _metrics(port)
+                n_at = _metrics(port)["epu_decision_iteration_seconds_count"]
+                last = _wait(lambda: (m := _metrics(port))["epu_decision_iteration_seconds_count"]  # noqa: B023
+                             >= n_at + settle_iterations and m, 120,  # noqa: B023
+                             f"{settle_iterations} iterations with the snapshot")
             pub.close()
-            try:
-                _wait(lambda: _metrics(port).get("epu_decision_active_domains") == 1.0, 120, "the domain active")
-            except TimeoutError:
-                print((Path(tmp) / "decision.log").read_text()[-3000:], file=sys.stderr)
-                raise
-            first = _metrics(port)
             n0 = first["epu_decision_iteration_seconds_count"]
-            last = _wait(lambda: (m := _metrics(port))["epu_decision_iteration_seconds_count"] >= n0 + settle_iterations
-                         and m, 120, f"{settle_iterations} iterations with the snapshot")
             status = _proc_status(proc.pid)
             n = last["epu_decision_iteration_seconds_count"] - n0
             mean_ms = (last["epu_decision_iteration_seconds_sum"] - first["epu_decision_iteration_seconds_sum"]) / n * 1000
             RESULTS.doc["decision_process_mib"] = {
                 "what": f"epu run decision (subprocess, real RabbitMQ, SQLite), {n_nodes:,} nodes / {n_jobs:,} "
-                        f"pending jobs in one grouped snapshot, {len(insts):,} instance rows, after "
-                        f"{int(n)} iterations", "VmRSS_idle": round(idle["VmRSS"], 1),
+                        f"pending jobs in a grouped snapshot ({snapshots} sent, one after the other), "
+                        f"{len(insts):,} instance rows, after {int(n)} iterations", "VmRSS_idle": round(idle["VmRSS"], 1),
                 "VmRSS": round(status["VmRSS"], 1), "VmHWM": round(status["VmHWM"], 1), "goal": 100,
                 "iteration_wall_ms_mean": round(mean_ms, 1)}
             print(f"epu run decision : VmRSS {status['VmRSS']:.1f} MiB, peak (VmHWM) {status['VmHWM']:.1f} MiB "
                   f"with {n_nodes:,} nodes / {n_jobs:,} jobs ({idle['VmRSS']:.1f} MiB before the snapshot); "
                   f"its iterations {mean_ms:.1f} ms wall on average over {int(n)}  goal <= 100 MB: "
-                  f"{'MET' if status['VmHWM'] * 2**20 <= 100e6 else 'MISSED'}")
+                  f"{'MET' if status['VmRSS'] * 2**20 <= 100e6 else 'MISSED'} (RSS), "
+                  f"{'MET' if status['VmHWM'] * 2**20 <= 100e6 else 'MISSED'} (peak)")
     finally:
         if proc is not None:
             proc.terminate()

@@ -201,6 +201,7 @@ class Engine:
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [])
         self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now())
+        self._refreshed.pop(snap.domain, None)  # it was for the last snapshot: let that one go now
         return prev is None or prev.digest.shapes != digest.shapes
 
     def is_active(self, domain: str) -> bool:
