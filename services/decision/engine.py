@@ -80,6 +80,7 @@ from epu.services.decision.view import (
     dissolve_complete_gangs,
     partition,
     refresh_census,
+    refresh_census_again,
 )
 
 log = logging.getLogger("epu.decision")
@@ -105,14 +106,17 @@ class _Refreshed:
     the same objects (``Store.domain_stamp``, or an identity check of the list, and the
     ``_Latest``). ``refresh_census`` is idempotent — its result, refreshed again on the same
     snapshot, stays as it is whatever the time — and the circuit breaker's counts are a function
-    of the same, so an iteration with nothing new skips the pass over every instance."""
+    of the same, so an iteration with nothing new skips the pass over every instance, and one
+    with only a new snapshot makes a shorter one (``refresh_census_again``)."""
 
-    latest: _Latest
+    latest: _Latest | None
+    """The snapshot it was refreshed on (None once the next one arrived)."""
     stamp: int | None
     """The store's stamp of the domain's instances this holds for (None: not confirmed yet)."""
-    instances: list[Instance]
-    parts: tuple[list[Instance], list[Instance], list[Instance], list[Instance]]
-    breaker: str
+    census: Census
+    """The refresh: instances, parts, the breaker's counts (``refresh_census_again`` reuses them
+    on the next snapshot while the instances are these objects)."""
+    breaker: str | None
 
 
 @dataclass
@@ -201,7 +205,9 @@ class Engine:
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [])
         self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now())
-        self._refreshed.pop(snap.domain, None)  # it was for the last snapshot: let that one go now
+        memo = self._refreshed.get(snap.domain)
+        if memo is not None:
+            memo.latest = None  # it was for the last snapshot: let that one go now
         return prev is None or prev.digest.shapes != digest.shapes
 
     def is_active(self, domain: str) -> bool:
@@ -548,16 +554,19 @@ class Engine:
         stamp = stamp_of(domain) if stamp_of is not None else None
         memo = self._refreshed.get(domain)
         before = None
-        if stamp is not None and memo is not None and memo.latest is latest and memo.stamp != stamp:
+        if stamp is not None and memo is not None and memo.stamp != stamp:
             # the instances changed since: if only by this engine storing the memo's own refresh
             # (its timers), the store now holds exactly the memo's objects, in its order
             before = self.store.instances(domain)
-            if len(before) == len(memo.instances) and all(map(operator.is_, before, memo.instances)):
+            mine = memo.census.instances
+            if len(before) == len(mine) and all(map(operator.is_, before, mine)):
                 memo.stamp = stamp
-        if stamp is not None and memo is not None and memo.latest is latest and memo.stamp == stamp:
+        same = stamp is not None and memo is not None and memo.stamp == stamp
+        if same and memo is not None and memo.latest is latest:
             # same snapshot, same instance objects: refreshing would change nothing again
-            before = after = list(memo.instances)
-            parts = (list(memo.parts[0]), list(memo.parts[1]), list(memo.parts[2]), list(memo.parts[3]))
+            c = memo.census
+            before = after = list(c.instances)
+            parts = (list(c.parts[0]), list(c.parts[1]), list(c.parts[2]), list(c.parts[3]))
             health_ = self._pipeline(domain, latest, now, before)
             changed: list[Instance] = []
             came: list[Instance] = []  # nothing joined: refresh would change nothing
@@ -565,23 +574,30 @@ class Engine:
             why = memo.breaker
         else:
             self._refreshed.pop(domain, None)
+            census = None
+            if same and memo is not None and snap.available:  # a new snapshot, the same instances
+                before = list(memo.census.instances)
+                census = refresh_census_again(memo.census, latest.nodes, now)
             if before is None:
                 before = self.store.instances(domain)
             health_ = self._pipeline(domain, latest, now, before)
-            census = refresh_census(before, latest.nodes, now, snap.available)
+            if census is None:
+                census = refresh_census(before, latest.nodes, now, snap.available)
             after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
             dissolved = dissolve_complete_gangs(after) if census.gangs else None
             if dissolved is not None:
                 after, parts = dissolved, partition(dissolved)
                 changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
             why = self._breaker_check(census, latest)
-            if stamp is not None:
+            if stamp is not None and not came:
+                # without a join (a joining instance keeps timers a second refresh may reset),
                 # ``after`` is refresh's fixed point on this snapshot. Valid at once if nothing
                 # changed; else once the store holds exactly these objects (the commit below
                 # went through: checked by identity at the next iteration)
                 self._refreshed[domain] = _Refreshed(
-                    latest, stamp if dissolved is None and not changed else None, list(after),
-                    (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), why)
+                    latest, stamp if dissolved is None and not changed else None,
+                    Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
+                           census.known, census.missing, census.gangs, census.counted), why)
         notes_extra = self._breaker(domain, health_, why, now)
         if latest.free is None:
             latest.free = [n for n in latest.nodes.by_name.values() if n.state == "free" and n.cores_used < n.cores]

@@ -296,6 +296,8 @@ class Census:
     """Of ``known``, those whose node the snapshot does not list."""
     gangs: bool = False
     """Some instance belongs to a gang (``dissolve_complete_gangs`` has work to look at)."""
+    counted: bool = True
+    """``known`` was counted (not on an unavailable snapshot, which refreshes nothing)."""
 
 
 def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
@@ -303,7 +305,8 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
     """``refresh_parts``, also listing what changed and counting for the circuit breaker, with
     one node lookup per instance (see ``refresh_parts``)."""
     if not available:
-        return Census(list(instances), partition(instances), [], gangs=any(i.gang for i in instances))
+        return Census(list(instances), partition(instances), [], gangs=any(i.gang for i in instances),
+                      counted=False)
     index = nodes if isinstance(nodes, NodeIndex) else NodeIndex(nodes)
     ids, shorts = index.by_id, index.by_short
     out: list[Instance] = []
@@ -378,6 +381,61 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
                 pending.append(new)
                 active.append(new)
     return Census(out, (active, pending, joined, draining), changed, came, known, missing, gangs)
+
+
+def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census | None:
+    """``refresh_census(prev.instances, index, ...)`` for a new snapshot when the instances are
+    the very objects ``prev`` lists: which part each instance is in and ``known`` depend on the
+    instance alone, so only the timers and ``missing`` are looked at again — a shorter pass.
+    ``None`` when an instance joins in this refresh (its part changes: the full census does it)
+    or ``prev`` counted nothing (an unavailable snapshot)."""
+    if not prev.counted:
+        return None
+    ids, shorts = index.by_id, index.by_short
+    changed: list[Instance] = []
+    sub: dict[str, Instance] = {}
+    missing = 0
+    for inst in prev.instances:  # the same steps as refresh_census's, for speed too
+        node = ids.get(inst.instance_id) if ids else None
+        if node is None and shorts:
+            name = inst.node_name
+            node = shorts.get(name)
+            if node is None:
+                node = shorts.get(short_name(name))
+        state = inst.state
+        new = inst
+        if node is None:
+            if state == "joined":
+                if inst.idle_since is not None:
+                    new = replace(new, idle_since=None)
+                if inst.missing_since is None:
+                    new = replace(new, missing_since=now)
+            if (state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
+                    and not inst.terminate_sent):
+                missing += 1
+        else:
+            if inst.seen_at is None:
+                new = replace(new, seen_at=now)
+            if state == "joined":
+                ns = node.state
+                idle = ns == "free" and not node.jobs and not node.cores_used
+                if idle != (inst.idle_since is not None):
+                    new = replace(new, idle_since=now if idle else None)
+                if (ns == "down") != (inst.missing_since is not None):
+                    new = replace(new, missing_since=now if ns == "down" else None)
+            elif (state in PENDING_STATES and node.state in IN_SERVICE and not inst.terminate_sent
+                  and not inst.retire):
+                return None  # it joins
+        if new is not inst:
+            changed.append(new)
+            sub[inst.instance_id] = new
+    if not sub:
+        parts: Parts = (list(prev.parts[0]), list(prev.parts[1]), list(prev.parts[2]), list(prev.parts[3]))
+        return Census(list(prev.instances), parts, [], [], prev.known, missing, prev.gangs)
+    get = sub.get
+    after = [get(i.instance_id, i) for i in prev.instances]
+    a, p, j, d = ([get(i.instance_id, i) for i in part] for part in prev.parts)
+    return Census(after, (a, p, j, d), changed, [], prev.known, missing, prev.gangs)
 
 
 def dissolve_complete_gangs(instances: list[Instance]) -> list[Instance] | None:
