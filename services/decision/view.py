@@ -403,6 +403,9 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
             if node is None:
                 node = shorts.get(short_name(name))
         state = inst.state
+        if (node is not None and node.state == "busy" and state == "joined" and inst.idle_since is None
+                and inst.missing_since is None and inst.seen_at is not None):
+            continue  # most of them: joined, on a busy node, nothing to change (busy: not idle, not down)
         new = inst
         if node is None:
             if state == "joined":
