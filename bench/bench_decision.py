@@ -15,7 +15,13 @@ The baseline, in the same process on the same data: what a straightforward imple
 does every iteration — walk every queued job, every node and every instance with plain
 loops (next-fit packing, per-instance scans of the node list).
 
-Run: ``.venv/bin/python bench/bench_decision.py [--repeat 20] [--store]``
+``--scale`` / ``--scale-only`` (issue 15, item 4): the whole ``Engine.iterate`` with its SQLite
+store and leases at 10,000 nodes, 50,000 nodes and 1,000 domains — steady, and right after a new
+snapshot (with the snapshot's arrival timed apart) —, lease renewals of 1,000 domains in one
+transaction against one per domain, and (``--scale-only``, unless ``--no-rss``) the memory of
+the real ``epu run decision`` process on RabbitMQ (VmRSS/VmHWM from /proc).
+
+Run: ``.venv/bin/python bench/bench_decision.py [--repeat 20] [--store] [--scale | --scale-only]``
 """
 
 from __future__ import annotations
