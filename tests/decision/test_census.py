@@ -127,3 +127,63 @@ def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted()
     rnd = random.Random(1)
     prev = refresh_census(table(rnd, 10), NodeIndex([]), T0, False)
     assert refresh_census_again(prev, NodeIndex([]), T0) is None
+
+
+def _step_nodes(rnd: random.Random, names: list[str]) -> list[NodeInfo]:
+    out = []
+    for name in names:
+        if rnd.random() < 0.15:
+            continue
+        state = rnd.choice(["free", "free", "busy", "busy", "offline", "down"])
+        used = 1 if state == "busy" or (state == "offline" and rnd.random() < 0.5) else 0
+        out.append(NodeInfo(name=name, state=state, cores=1, cores_used=used, jobs=["j"] if used else []))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> None:
+    """Two engines on the same inputs — instance rows, snapshots (often the same one again),
+    node-command results, time — one with the refresh memo (``Store.domain_stamp``), one with it
+    switched off: every iteration sends the same commands and leaves the same instance table."""
+    from epu.common.messages import NodeCommandResult
+
+    from tests.decision.helpers import config, make_engine, snapshot
+
+    rnd = random.Random(seed)
+    cfg = config(domains={"d": {"max_nodes": 12, "sites": ["s1", "s2"],
+                                "params": {"idle_seconds": 30, "stall_seconds": 300}}})
+    seeded = [Instance(f"i{k}", "d", "s1" if k % 2 else "s2", f"n-i{k}", 1, rnd.choice(["joined", "pending", "started"]),
+                       T0 - 500, T0 - 500, joined_at=T0 - 400 if k % 3 else None, add_sent_at=T0 - 450,
+                       seen_at=T0 - 400) for k in range(10)]
+    engines = []
+    for memo in (True, False):
+        engine, bus, clock = make_engine(cfg=cfg)
+        engine.store.save_instances(seeded)
+        if not memo:
+            engine.store.domain_stamp = None  # type: ignore[attr-defined]  # getattr(...) is None: memo off
+        engines.append((engine, bus, clock))
+    names = [i.node_name for i in seeded]
+    snap = snapshot(nodes=_step_nodes(rnd, names), at=T0)
+    for step in range(60):
+        dt = rnd.choice([1, 5, 5, 20, 60])
+        if rnd.random() < 0.3:
+            snap = snapshot(nodes=_step_nodes(rnd, names), at=T0 + step * 100 + dt)
+        answer = rnd.random() < 0.5
+        deliver = rnd.random() < 0.5  # else the engine iterates on the snapshot it holds
+        seen = []
+        for engine, bus, clock in engines:
+            clock.advance(dt)
+            if deliver:
+                engine.on_snapshot(snap.model_copy(update={"taken_at": clock.now()}))  # a new object
+            bus.clear()
+            engine.iterate()
+            # re-sends go out in action-id order, and ids are random: compare and answer sorted
+            sent = sorted(bus.of("node.command"), key=lambda m: (m.action, m.instance_id))
+            commands = [(m.action, m.instance_id) for m in sent]
+            terminates = sorted(m.instance_id for m in bus.of("instance.terminate"))
+            if answer:
+                for m in sent:
+                    engine.on_node_result(NodeCommandResult(command_id=m.command_id, domain="d", action=m.action,
+                                                            node=m.node, ok=True))
+            seen.append((commands, terminates, engine.store.instances("d")))
+        assert seen[0] == seen[1], f"step {step}"
