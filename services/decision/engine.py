@@ -559,8 +559,15 @@ class Engine:
             # (its timers), the store now holds exactly the memo's objects, in its order
             before = self.store.instances(domain)
             mine = memo.census.instances
-            if len(before) == len(mine) and all(map(operator.is_, before, mine)):
-                memo.stamp = stamp
+            if len(before) == len(mine):
+                if all(map(operator.is_, before, mine)):
+                    memo.stamp = stamp
+                elif set(map(id, before)) == set(map(id, mine)):
+                    # the same objects, in the store's order now (it lists a written instance after
+                    # the others launched at the same moment): each is still its own refresh, only
+                    # the parts follow the order
+                    memo.census = replace(memo.census, instances=list(before), parts=partition(before))
+                    memo.stamp = stamp
         same = stamp is not None and memo is not None and memo.stamp == stamp
         if same and memo is not None and memo.latest is latest:
             # same snapshot, same instance objects: refreshing would change nothing again
