@@ -348,6 +348,26 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
                     engine.on_snapshot(s.model_copy(update={"taken_at": clock.now()}))
 
             run(f"full Engine.iterate after a new snapshot, {label} (SQLite)", new_snapshots)
+            flip = random.Random(7)
+
+            def churned_snapshots() -> None:
+                """1 % of the nodes changed since the last snapshot (a busy node freed, a free one
+                taken): their instances' idle timers change, the engine stores them."""
+                for k, (s, _) in enumerate(doms):
+                    nodes = list(s.nodes)
+                    for i in flip.sample(range(len(nodes)), max(1, len(nodes) // 100)):
+                        n = nodes[i]
+                        if n.state in ("busy", "free"):
+                            busy = n.state == "free"
+                            nodes[i] = n.model_copy(update={"state": "busy" if busy else "free",
+                                                            "cores_used": CORES if busy else 0,
+                                                            "jobs": [f"c{i}"] if busy else []})
+                    s = s.model_copy(update={"taken_at": clock.now(), "nodes": nodes})
+                    doms[k] = (s, doms[k][1])
+                    engine.on_snapshot(s)
+
+            run(f"full Engine.iterate after a new snapshot with 1 % of nodes changed, {label} (SQLite)",
+                churned_snapshots)
         if goal_ms is None:
             store_writes(store, [i for _, insts in doms for i in insts])
 

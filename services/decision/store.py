@@ -41,7 +41,7 @@ from epu.common.db import create_schema, make_engine
 from epu.common.messages import REGISTRY, Message
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
-from epu.services.decision.view import LIVE_STATES, Instance
+from epu.services.decision.view import LIVE_STATES, PENDING_STATES, Instance
 from sqlalchemy import (
     Boolean,
     Column,
@@ -248,15 +248,28 @@ class _Cache:
         iid, dom = inst.instance_id, inst.domain
         self.stamps[dom] = next(_STAMPS)
         self.sorted_live.pop(dom, None)
-        self.counts = self.type_counts = None
-        self.live.pop(iid, None)
+        old = self.live.pop(iid, None)
+        if old is not None:
+            self._count(old, -1)
         self.by_domain.get(dom, {}).pop(iid, None)
         self.ended.get(dom, {}).pop(iid, None)
         if inst.state in LIVE_STATES:
             self.live[iid] = inst
             self.by_domain.setdefault(dom, {})[iid] = inst
+            self._count(inst, 1)
         elif _needs_cleanup(inst):
             self.ended.setdefault(dom, {})[iid] = inst
+
+    def _count(self, inst: Instance, sign: int) -> None:
+        """Keep the per-site and per-type counts of ``live`` current (as ``count_per_site`` and
+        ``count_per_type`` would count them; a count down to 0 leaves no key)."""
+        if self.counts is not None:
+            per, unproven = self.counts
+            _bump(per, inst.site, sign)
+            if inst.state in PENDING_STATES:
+                _bump(unproven, inst.site, sign)
+        if self.type_counts is not None:
+            _bump(self.type_counts, (inst.site, inst.instance_type), sign)
 
     def add_open(self, o: _Open) -> None:
         assert self.open is not None
@@ -276,6 +289,14 @@ class _Cache:
                 ids.discard(action_id)
                 if not ids:
                     del self.open_by_target[o.target]
+
+
+def _bump(counts: dict[Any, int], key: Any, sign: int) -> None:
+    n = counts.get(key, 0) + sign
+    if n:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
 
 
 class Store:

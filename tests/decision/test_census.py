@@ -187,3 +187,23 @@ def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> Non
                                                             node=m.node, ok=True))
             seen.append((commands, terminates, engine.store.instances("d")))
         assert seen[0] == seen[1], f"step {step}"
+
+
+def test_the_stores_site_and_type_counts_follow_every_write() -> None:
+    """``Store.live_per_site``/``live_per_type`` are kept current write by write (not recounted
+    each iteration): after any sequence of writes they are what counting the live rows gives."""
+    from epu.services.decision.store import count_per_site, count_per_type
+
+    from tests.decision.helpers import open_store
+
+    rnd = random.Random(3)
+    store = open_store("sqlite://")
+    store.live_per_site(), store.live_per_type()  # the counts exist from now on
+    for _round in range(30):
+        batch = [Instance(f"i{rnd.randrange(40)}", "d", rnd.choice(["s1", "s2", "s3"]), "n", 1,
+                          rnd.choice([*STATES, "terminated", "failed"]), T0, T0,
+                          instance_type=rnd.choice(["", "big"])) for _ in range(rnd.randint(1, 6))]
+        store.save_instances({i.instance_id: i for i in batch}.values())
+        live = store.instances()
+        assert store.live_per_site() == count_per_site(live)
+        assert store.live_per_type() == count_per_type(live)
