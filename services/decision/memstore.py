@@ -36,7 +36,15 @@ from epu.common.messages import Message
 from epu.services.decision.lease import Fenced, Held
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
-from epu.services.decision.store import _STAMPS, ENDED, count_per_site, count_per_type, message_of, seed_merge
+from epu.services.decision.store import (
+    _LAUNCHED,
+    _STAMPS,
+    ENDED,
+    count_per_site,
+    count_per_type,
+    message_of,
+    seed_merge,
+)
 from epu.services.decision.view import LIVE_STATES, Instance
 from sqlalchemy.exc import IntegrityError
 
@@ -109,7 +117,7 @@ class MemoryStore:
         known = self.db.instances
         if self._order is None or self.db.generation != self._gen:  # (re)load, as Store does
             self._order = dict.fromkeys(i.instance_id for i in sorted((known[iid] for iid in self.db.live),
-                                                                      key=lambda i: i.launched_at))
+                                                                      key=_LAUNCHED))
             self._gen = self.db.generation
             self._stamps = {}  # listed anew: every domain gets a new stamp
         return (known[iid] for iid in self._order)
@@ -196,7 +204,7 @@ class MemoryStore:
     def instances(self, domain: str | None = None, live_only: bool = True) -> list[Instance]:
         if live_only:
             return sorted((i for i in self._live() if domain is None or i.domain == domain),
-                          key=lambda i: i.launched_at)
+                          key=_LAUNCHED)
         return sorted((i for i in self.db.instances.values() if domain is None or i.domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
 

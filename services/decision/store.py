@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -217,6 +218,8 @@ class _Open:
                 "done": False, "outcome": None}
 
 
+_LAUNCHED = operator.attrgetter("launched_at")
+"""The instance order key (a C getter: sorting 50,000 rows with a lambda costs milliseconds)."""
 _STAMPS = itertools.count(1)
 """Stamps of a domain's instance set (``Store.domain_stamp``): never reused, in any store or cache."""
 
@@ -503,12 +506,12 @@ class Store:
         if live_only:
             live = self._live()
             if domain is None:
-                return sorted(live.values(), key=lambda i: i.launched_at)  # stable: ties keep their order
+                return sorted(live.values(), key=_LAUNCHED)  # stable: ties keep their order
             c = self._cache
             ordered = c.sorted_live.get(domain)
             if ordered is None:  # sorted once per change of the domain's set, not per iteration
                 ordered = c.sorted_live[domain] = sorted(c.by_domain.get(domain, {}).values(),
-                                                         key=lambda i: i.launched_at)
+                                                         key=_LAUNCHED)
             return list(ordered)
         q = select(*[instances.c[f] for f in _INSTANCE_FIELDS])  # field order: Instance(*row)
         if domain is not None:
