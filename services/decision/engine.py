@@ -541,14 +541,12 @@ class Engine:
             h.healthy_since = now
         return h
 
-    def iterate_domain(self, domain: str, now: float,
-                       sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
-                       ) -> DecisionRecord | None:
-        latest = self._latest[domain]
-        current = self.store.current_config(domain)
-        assert current is not None
-        version, cfg = current
-        memory, iteration = self.store.memory(domain)
+    def _refresh(self, domain: str, latest: _Latest, now: float) -> tuple[
+            list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None]:
+        """The domain's instances refreshed from its latest snapshot: (before, after, parts,
+        changed, newly joined, dissolved gangs' list or None, the breaker's verdict) — from the
+        memo (``_Refreshed``) when the instances and the snapshot are the ones it was made on,
+        with the shorter pass when only the snapshot is new, else with the full census."""
         snap = latest.snapshot
         stamp_of = getattr(self.store, "domain_stamp", None)
         stamp = stamp_of(domain) if stamp_of is not None else None
@@ -574,7 +572,6 @@ class Engine:
             c = memo.census
             before = after = list(c.instances)
             parts = (list(c.parts[0]), list(c.parts[1]), list(c.parts[2]), list(c.parts[3]))
-            health_ = self._pipeline(domain, latest, now, before)
             changed: list[Instance] = []
             came: list[Instance] = []  # nothing joined: refresh would change nothing
             dissolved = None
@@ -587,7 +584,6 @@ class Engine:
                 census = refresh_census_again(memo.census, latest.nodes, now)
             if before is None:
                 before = self.store.instances(domain)
-            health_ = self._pipeline(domain, latest, now, before)
             if census is None:
                 census = refresh_census(before, latest.nodes, now, snap.available)
             after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
@@ -605,6 +601,19 @@ class Engine:
                     latest, stamp if dissolved is None and not changed else None,
                     Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
                            census.known, census.missing, census.gangs, census.counted), why)
+        return before, after, parts, changed, came, dissolved, why
+
+    def iterate_domain(self, domain: str, now: float,
+                       sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
+                       ) -> DecisionRecord | None:
+        latest = self._latest[domain]
+        current = self.store.current_config(domain)
+        assert current is not None
+        version, cfg = current
+        memory, iteration = self.store.memory(domain)
+        snap = latest.snapshot
+        before, after, parts, changed, came, dissolved, why = self._refresh(domain, latest, now)
+        health_ = self._pipeline(domain, latest, now, before)
         notes_extra = self._breaker(domain, health_, why, now)
         if latest.free is None:
             latest.free = [n for n in latest.nodes.by_name.values() if n.state == "free" and n.cores_used < n.cores]
