@@ -15,7 +15,13 @@ The baseline, in the same process on the same data: what a straightforward imple
 does every iteration — walk every queued job, every node and every instance with plain
 loops (next-fit packing, per-instance scans of the node list).
 
-Run: ``.venv/bin/python bench/bench_decision.py [--repeat 20] [--store]``
+``--scale`` / ``--scale-only`` (issue 15, item 4): the whole ``Engine.iterate`` with its SQLite
+store and leases at 10,000 nodes, 50,000 nodes and 1,000 domains — steady, and right after a new
+snapshot (with the snapshot's arrival timed apart) —, lease renewals of 1,000 domains in one
+transaction against one per domain, and (``--scale-only``, unless ``--no-rss``) the memory of
+the real ``epu run decision`` process on RabbitMQ (VmRSS/VmHWM from /proc).
+
+Run: ``.venv/bin/python bench/bench_decision.py [--repeat 20] [--store] [--scale | --scale-only]``
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ CORES = 8
 
 
 def make_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1,
-                burst: bool = False) -> tuple[SensorSnapshot, list[Instance]]:
+                burst: bool = False, now: float = NOW) -> tuple[SensorSnapshot, list[Instance]]:
     """A domain under a long queue. Steady: 90 % busy, 4 % free, 4 % draining with jobs, 2 % down,
     3 % more instances pending. Burst: 70 % busy, 20 % free, 10 % draining of which most are done
     (so ~1,000 removes plus the launches up to max_nodes in one iteration)."""
@@ -62,18 +68,18 @@ def make_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1,
         nodes.append(NodeInfo(name=node_name, state=state, cores=CORES, cores_used=used,
                               jobs=[f"r{i}"] if used else []))
         inst_state = "draining" if state == "offline" else "joined"
-        insts.append(Instance(f"{name}i{i}", name, f"s{i % 3}", node_name, CORES, inst_state, NOW - 3600,
-                              NOW - 3600, joined_at=NOW - 3000, idle_since=NOW - 100 if state == "free" else None,
-                              add_sent_at=NOW - 3500, missing_since=NOW - 60 if state == "down" else None,
-                              seen_at=NOW - 3000))  # steady state: the engine stored when it first saw it
+        insts.append(Instance(f"{name}i{i}", name, f"s{i % 3}", node_name, CORES, inst_state, now - 3600,
+                              now - 3600, joined_at=now - 3000, idle_since=now - 100 if state == "free" else None,
+                              add_sent_at=now - 3500, missing_since=now - 60 if state == "down" else None,
+                              seen_at=now - 3000))  # steady state: the engine stored when it first saw it
     for i in range(n_nodes * 3 // 100):
-        insts.append(Instance(f"{name}p{i}", name, "s0", f"{name}-p{i:06x}", CORES, "pending", NOW - 60, NOW - 60))
+        insts.append(Instance(f"{name}p{i}", name, "s0", f"{name}-p{i:06x}", CORES, "pending", now - 60, now - 60))
     jobs = []
     for j in range(n_jobs):
         r = rnd.random()
         cores, nn = (1, 1) if r < 0.9 else (4, 1) if r < 0.99 else (8, 4)
         jobs.append(QueuedJob(job_id=str(j), cores=cores, nodes=nn, wait_seconds=rnd.random() * 600))
-    snap = SensorSnapshot(domain=name, backend="bench", taken_at=NOW, jobs=jobs, nodes=nodes)
+    snap = SensorSnapshot(domain=name, backend="bench", taken_at=now, jobs=jobs, nodes=nodes)
     return snap, insts
 
 
@@ -208,10 +214,11 @@ def scenario_many(repeat: int, store: bool) -> None:
         full_engine(doms)
 
 
-def grouped_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1) -> tuple[SensorSnapshot, list[Instance]]:
+def grouped_domain(name: str, n_nodes: int, n_jobs: int, seed: int = 1,
+                   now: float = NOW) -> tuple[SensorSnapshot, list[Instance]]:
     """``make_domain``'s nodes and instances with the queue as the sensor now sends it: pending
     jobs grouped into shapes (90 % 1-core, 9 % 4-core, 1 % 4 nodes x 8 cores), not per-job records."""
-    snap, insts = make_domain(name, n_nodes, 0, seed)
+    snap, insts = make_domain(name, n_nodes, 0, seed, now=now)
     shapes = [JobShape(count=c, cores=cores, nodes=nn, reason="Resources", reason_class="resources",
                        max_wait_s=600.0)
               for c, cores, nn in ((n_jobs * 90 // 100, 1, 1), (n_jobs * 9 // 100, 4, 1), (n_jobs // 100, 8, 4)) if c]
@@ -227,7 +234,7 @@ def rss_mib() -> float:
 def scenario_scale(iterations: int) -> None:
     """The whole ``Engine.iterate`` with its store, at the issue's scales (item 4): one domain of
     10,000 nodes / 100,000 jobs, one of 50,000 / 500,000, and 1,000 domains of 100 nodes."""
-    print("## the whole Engine.iterate with its SQLite store (grouped snapshots, steady state)")
+    print("## the whole Engine.iterate with its SQLite store and leases (grouped snapshots)")
     for label, doms, max_nodes, goal_ms in (
             ("1 domain, 10k nodes / 100k jobs", lambda: [grouped_domain("big", 10_000, 100_000)], 9_900, 20),
             ("1 domain, 50k nodes / 500k jobs", lambda: [grouped_domain("huge", 50_000, 500_000)], 49_500, 50),
@@ -237,22 +244,59 @@ def scenario_scale(iterations: int) -> None:
         before = rss_mib()
         built = doms()
         t = time.process_time()
-        full_engine(built, max_nodes=max_nodes, label=label, iterations=iterations, goal_ms=goal_ms)
+        full_engine(built, max_nodes=max_nodes, label=label, iterations=iterations, goal_ms=goal_ms, fresh=True)
         after = rss_mib()
         RESULTS.doc.setdefault("scale_rss_mib", {})[label] = [round(before), round(after)]
         print(f"   (set-up {time.process_time() - t:.1f} s CPU; RSS {before:.0f} -> {after:.0f} MiB with "
               f"the bench's own copy of the snapshots)")
         del built
+    lease_renewals(1000)
+
+
+def lease_renewals(n: int, repeat: int = 5) -> None:
+    """Renewing the leases of ``n`` domains held by this engine, SQLite: one transaction for all
+    (``Leases.renew_many``, what ``Engine.iterate`` does now) against one ``hold`` — one
+    transaction, one commit — per domain (what it did before)."""
+    import tempfile
+
+    from epu.services.decision.lease import Leases
+    from epu.services.decision.store import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        leases = Leases(Store(f"sqlite:///{tmp}/l.db").create().engine, "bench", 15.0).create()
+        domains = [f"d{i:04d}" for i in range(n)]
+        for d in domains:
+            leases.hold(d, NOW)
+        at = [NOW]
+
+        def batched() -> None:
+            at[0] += 1
+            assert len(leases.renew_many(domains, at[0])) == n
+
+        def one_by_one() -> None:
+            at[0] += 1
+            assert all(leases.hold(d, at[0]) for d in domains)
+
+        med, _ = timed(batched, repeat, f"lease renewals, {n:,} domains, one transaction",
+                       f"lease renewals, {n:,} domains, one per domain")
+        bmed, _ = timed(one_by_one, repeat, f"lease renewals, {n:,} domains, one per domain")
+        print(f"lease renewals   : {n:,} domains in {med:.1f} ms (one transaction); one per domain "
+              f"{bmed:.1f} ms (x{bmed / med:.0f})")
 
 
 def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 nodes", iterations: int = 5,
-                goal_ms: float | None = None) -> None:
-    """The whole Engine.iterate (SQLite store, fake bus) over ``doms``, steady state."""
+                goal_ms: float | None = None, fresh: bool = False) -> None:
+    """The whole Engine.iterate over ``doms`` — SQLite store and leases as ``epu run decision``
+    has them, fake bus — in steady state: the same snapshots (the engine iterates every 5 s, the
+    sensor sends one every 60 s by default). With ``fresh``, also iterations each right after a
+    new snapshot of every domain (the same content, new objects: what the engine sees at each
+    sensor poll), and that snapshot's arrival (``Engine.on_snapshot``: digest, node index)."""
     import tempfile
 
     from epu.common.clock import ManualClock
     from epu.common.config import parse_config
     from epu.services.decision.engine import Engine
+    from epu.services.decision.lease import Leases
     from epu.services.decision.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -264,27 +308,220 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
         }, environ={})
         clock = ManualClock(NOW)
         store = Store(cfg.decision.store_url).create()
+        leases = Leases(store.engine, "bench", cfg.decision.lease_ttl()).create()
         sent = []
-        engine = Engine(cfg, store, sent.append, clock)
+        engine = Engine(cfg, store, sent.append, clock, leases=leases)
         store.save_instances([i for _, insts in doms for i in insts])
         for s, _ in doms:
             engine.on_snapshot(s)
         engine.iterate()  # first: launches everything the queue asks for
-        times, cpus = [], []
-        for _ in range(iterations):
-            clock.advance(5)
-            t, c = time.perf_counter(), time.process_time()
-            engine.iterate()
-            times.append(time.perf_counter() - t)
-            cpus.append(time.process_time() - c)
-        RESULTS.add(f"full Engine.iterate, {label} (SQLite)", unit="ms", wall=times, cpu=cpus, scale=1000,
-                    **({"goal_ms": goal_ms} if goal_ms else {}))
-        med = statistics.median(times) * 1000
-        goal = f"  goal <= {goal_ms:g} ms: {'MET' if med <= goal_ms else 'MISSED'}" if goal_ms else ""
-        print(f"full engine      : median {med:7.1f} ms (CPU {statistics.median(cpus) * 1000:.1f} ms) per iteration, "
-              f"{label}, incl. SQLite reads/writes (steady state){goal}")
+
+        def run(name: str, before=None) -> list[float]:
+            times, cpus, arrivals, arrival_cpus = [], [], [], []
+            for _ in range(iterations):
+                clock.advance(5)
+                if before is not None:
+                    t, c = time.perf_counter(), time.process_time()
+                    before()
+                    arrivals.append(time.perf_counter() - t)
+                    arrival_cpus.append(time.process_time() - c)
+                t, c = time.perf_counter(), time.process_time()
+                engine.iterate()
+                times.append(time.perf_counter() - t)
+                cpus.append(time.process_time() - c)
+            RESULTS.add(name, unit="ms", wall=times, cpu=cpus, scale=1000, **({"goal_ms": goal_ms} if goal_ms else {}))
+            med, cmed = statistics.median(times) * 1000, statistics.median(cpus) * 1000
+            goal = (f"  goal <= {goal_ms:g} ms: {'MET' if med <= goal_ms else 'MISSED'} (wall), "
+                    f"{'MET' if cmed <= goal_ms else 'MISSED'} (CPU)") if goal_ms else ""
+            print(f"{name}: median {med:7.1f} ms (CPU {cmed:.1f} ms, max {max(cpus) * 1000:.1f}){goal}")
+            if arrivals:
+                RESULTS.add(f"snapshot arrival (Engine.on_snapshot), {label}", unit="ms", wall=arrivals,
+                            cpu=arrival_cpus, scale=1000)
+                print(f"   arrival of the new snapshot(s): median {statistics.median(arrivals) * 1000:.1f} ms "
+                      f"(CPU {statistics.median(arrival_cpus) * 1000:.1f} ms), once per snapshot")
+            return times
+
+        run(f"full Engine.iterate, {label} (SQLite)")
+        if fresh:
+            def new_snapshots() -> None:
+                for s, _ in doms:
+                    engine.on_snapshot(s.model_copy(update={"taken_at": clock.now()}))
+
+            run(f"full Engine.iterate after a new snapshot, {label} (SQLite)", new_snapshots)
+            flip = random.Random(7)
+
+            def churned_snapshots() -> None:
+                """1 % of the nodes changed since the last snapshot (a busy node freed, a free one
+                taken): their instances' idle timers change, the engine stores them."""
+                for k, (s, _) in enumerate(doms):
+                    nodes = list(s.nodes)
+                    for i in flip.sample(range(len(nodes)), max(1, len(nodes) // 100)):
+                        n = nodes[i]
+                        if n.state in ("busy", "free"):
+                            busy = n.state == "free"
+                            nodes[i] = n.model_copy(update={"state": "busy" if busy else "free",
+                                                            "cores_used": CORES if busy else 0,
+                                                            "jobs": [f"c{i}"] if busy else []})
+                    s = s.model_copy(update={"taken_at": clock.now(), "nodes": nodes})
+                    doms[k] = (s, doms[k][1])
+                    engine.on_snapshot(s)
+
+            run(f"full Engine.iterate after a new snapshot with 1 % of nodes changed, {label} (SQLite)",
+                churned_snapshots)
         if goal_ms is None:
             store_writes(store, [i for _, insts in doms for i in insts])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The service's /metrics, unlabelled series only (name → value)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:  # noqa: S310 - localhost
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _healthy(port: int) -> bool:
+    """/healthz answers 200 only once connected with every consumer consuming."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:  # noqa: S310 - localhost
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+def _proc_status(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (peak RSS) of ``pid``, in MiB, from /proc/PID/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = cond()
+        except OSError:
+            got = None
+        if got:
+            return got
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def process_rss(n_nodes: int = 10_000, n_jobs: int = 100_000, settle_iterations: int = 3,
+                snapshots: int = 3) -> None:
+    """The memory goal on the real service: ``epu run decision`` in a subprocess on the real
+    RabbitMQ (a vhost of its own) and an SQLite store seeded with the domain's instance rows;
+    ``snapshots`` grouped snapshots of ``n_nodes`` nodes / ``n_jobs`` pending jobs published to
+    it one after the other (so the peak includes a new snapshot decoded while the engine holds the
+    last), each followed by ``settle_iterations`` iterations; then its VmRSS and VmHWM (peak) from
+    /proc/PID/status — the whole process: interpreter, libraries, broker connection, snapshot,
+    store working set. Also its own iteration times (``epu_decision_iteration_seconds``)."""
+    import subprocess
+    import tempfile
+    import uuid
+
+    from epu.common.broker import Publisher
+    from epu.common.config import load_config
+    from epu.services.decision.store import Store
+
+    vhost = f"epu-bench-{uuid.uuid4().hex[:6]}"
+    try:
+        subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
+        subprocess.run(["rabbitmqctl", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"], check=True,
+                       capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"process RSS: skipped, no RabbitMQ to run the service on ({exc})")
+        return
+    proc = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="epu-bench-") as tmp:
+            now = time.time()
+            snap, insts = grouped_domain("big", n_nodes, n_jobs, now=now)
+            store = Store(f"sqlite:///{tmp}/decision.db").create()
+            store.save_instances(insts)
+            store.engine.dispose()
+            port = _free_port()
+            path = Path(tmp) / "epu.toml"
+            path.write_text(f"""
+[broker]
+url = "amqp://guest:guest@127.0.0.1:5672/{vhost}"
+[decision]
+store_url = "sqlite:///{tmp}/decision.db"
+iteration_seconds = 1.0
+metrics_port = {port}
+[domains.big]
+max_nodes = {n_nodes - n_nodes // 100}
+cores_per_node = {CORES}
+sites = ["s0", "s1", "s2"]
+""" + "".join(f'[sites.s{i}]\ndriver = "epu-sim"\nquota = 100000\ncores = {CORES}\n' for i in range(3)))
+            log = open(Path(tmp) / "decision.log", "w")  # noqa: SIM115 - closed with the process
+            proc = subprocess.Popen([sys.executable, "-m", "epu", "run", "decision", "-c", str(path)],
+                                    stdout=log, stderr=subprocess.STDOUT)
+            _wait(lambda: _healthy(port), 120, "the service healthy (connected, consuming)")
+            idle = _proc_status(proc.pid)
+            pub = Publisher(load_config(path, environ={}).broker_obj(), source="bench")
+            first: dict[str, float] = {}
+            for k in range(snapshots):  # as the sensor does at each poll: a new snapshot, the old one dropped
+                pub.publish(snap.model_copy(update={"taken_at": time.time()}))
+                if k == 0:
+                    try:
+                        _wait(lambda: _metrics(port).get("epu_decision_active_domains") == 1.0, 120,
+                              "the domain active")
+                    except TimeoutError:
+                        print((Path(tmp) / "decision.log").read_text()[-3000:], file=sys.stderr)
+                        raise
+                    first = _metrics(port)
+                n_at = _metrics(port)["epu_decision_iteration_seconds_count"]
+                last = _wait(lambda: (m := _metrics(port))["epu_decision_iteration_seconds_count"]  # noqa: B023
+                             >= n_at + settle_iterations and m, 120,  # noqa: B023
+                             f"{settle_iterations} iterations with the snapshot")
+            pub.close()
+            n0 = first["epu_decision_iteration_seconds_count"]
+            status = _proc_status(proc.pid)
+            n = last["epu_decision_iteration_seconds_count"] - n0
+            mean_ms = (last["epu_decision_iteration_seconds_sum"] - first["epu_decision_iteration_seconds_sum"]) / n * 1000
+            RESULTS.doc["decision_process_mib"] = {
+                "what": f"epu run decision (subprocess, real RabbitMQ, SQLite), {n_nodes:,} nodes / {n_jobs:,} "
+                        f"pending jobs in a grouped snapshot ({snapshots} sent, one after the other), "
+                        f"{len(insts):,} instance rows, after {int(n)} iterations", "VmRSS_idle": round(idle["VmRSS"], 1),
+                "VmRSS": round(status["VmRSS"], 1), "VmHWM": round(status["VmHWM"], 1), "goal": 100,
+                "iteration_wall_ms_mean": round(mean_ms, 1)}
+            print(f"epu run decision : VmRSS {status['VmRSS']:.1f} MiB, peak (VmHWM) {status['VmHWM']:.1f} MiB "
+                  f"with {n_nodes:,} nodes / {n_jobs:,} jobs ({idle['VmRSS']:.1f} MiB before the snapshot); "
+                  f"its iterations {mean_ms:.1f} ms wall on average over {int(n)}  goal <= 100 MB: "
+                  f"{'MET' if status['VmRSS'] * 2**20 <= 100e6 else 'MISSED'} (RSS), "
+                  f"{'MET' if status['VmHWM'] * 2**20 <= 100e6 else 'MISSED'} (peak)")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60)
 
 
 def store_writes(store, rows) -> None:
@@ -335,11 +572,15 @@ def main() -> None:
                     "and 1,000 domains (about a minute more)")
     ap.add_argument("--scale-only", action="store_true", help="only --scale (its RSS figures then start from a "
                     "fresh process)")
+    ap.add_argument("--no-rss", action="store_true", help="with --scale-only: skip the memory of the real "
+                    "`epu run decision` process (it needs RabbitMQ)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
     if args.scale_only:
         with json_mode(args.json):
             scenario_scale(5)
+            if not args.no_rss:
+                process_rss()
         if args.json:
             RESULTS.emit()
         return

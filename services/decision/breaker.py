@@ -28,15 +28,29 @@ def check(instances: list[Instance], index: NodeIndex, snapshot: SensorSnapshot,
              if i.state in ("joined", "draining") and i.joined_at is not None and not i.removed
              and not i.terminate_sent]
     missing = sum(1 for i in known if index.find(i) is None)
-    if known and missing > max(ok_count, share * len(known)):
-        return f"{missing} of {len(known)} joined nodes missing from the snapshot at once"
-    if snapshot.running_jobs:
-        nodes = snapshot.nodes
-        reports_jobs = any(n.jobs for n in nodes) or not any(n.cores_used for n in nodes)
-        if reports_jobs:
-            visible = len({j for n in nodes for j in n.jobs})
-            hidden = snapshot.running_jobs - visible
-            if hidden > max(ok_count, share * snapshot.running_jobs):
-                return (f"{snapshot.running_jobs} jobs running but only {visible} on the {len(nodes)} "
-                        f"listed node(s)")
+    return missing_verdict(len(known), missing, share=share, ok_count=ok_count) or \
+        jobs_verdict(snapshot, share=share, ok_count=ok_count)
+
+
+def missing_verdict(known: int, missing: int, *, share: float, ok_count: int) -> str:
+    """The first question, on counts (``view.refresh_census`` counts them in its pass):
+    ``missing`` of the ``known`` joined nodes are not in the snapshot."""
+    if known and missing > max(ok_count, share * known):
+        return f"{missing} of {known} joined nodes missing from the snapshot at once"
+    return ""
+
+
+def jobs_verdict(snapshot: SensorSnapshot, *, share: float, ok_count: int) -> str:
+    """The second question, a function of the snapshot alone (the engine asks it once per
+    snapshot): does the node list hide most of ``running_jobs``?"""
+    if not snapshot.available or not snapshot.running_jobs:
+        return ""
+    nodes = snapshot.nodes
+    reports_jobs = any(n.jobs for n in nodes) or not any(n.cores_used for n in nodes)
+    if reports_jobs:
+        visible = len({j for n in nodes for j in n.jobs})
+        hidden = snapshot.running_jobs - visible
+        if hidden > max(ok_count, share * snapshot.running_jobs):
+            return (f"{snapshot.running_jobs} jobs running but only {visible} on the {len(nodes)} "
+                    f"listed node(s)")
     return ""

@@ -31,6 +31,7 @@ already made — so no launch is repeated (re-sends keep their id).
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -50,6 +51,7 @@ from epu.common.messages import (
     InstanceReport,
     Message,
     NodeCommandResult,
+    NodeInfo,
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
@@ -71,6 +73,7 @@ from epu.services.decision.policies import PolicyError, get_policy, validate_par
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import Store
 from epu.services.decision.view import (
+    Census,
     DomainView,
     Instance,
     JobDigest,
@@ -78,7 +81,8 @@ from epu.services.decision.view import (
     build_view,
     dissolve_complete_gangs,
     partition,
-    refresh_parts,
+    refresh_census,
+    refresh_census_again,
 )
 
 log = logging.getLogger("epu.decision")
@@ -92,6 +96,29 @@ class _Latest:
     digest: JobDigest
     nodes: NodeIndex
     received_at: float
+    free: list[NodeInfo] | None = None
+    """The snapshot's free workers (``DomainView.free_workers``), listed once per snapshot."""
+    jobs_verdict: str | None = None
+    """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), asked once."""
+
+
+@dataclass
+class _Refreshed:
+    """What an iteration derived from a domain's instances and snapshot: valid while both are
+    the same objects (``Store.domain_stamp``, or an identity check of the list, and the
+    ``_Latest``). ``refresh_census`` is idempotent — its result, refreshed again on the same
+    snapshot, stays as it is whatever the time — and the circuit breaker's counts are a function
+    of the same, so an iteration with nothing new skips the pass over every instance, and one
+    with only a new snapshot makes a shorter one (``refresh_census_again``)."""
+
+    latest: _Latest | None
+    """The snapshot it was refreshed on (None once the next one arrived)."""
+    stamp: int | None
+    """The store's stamp of the domain's instances this holds for (None: not confirmed yet)."""
+    census: Census
+    """The refresh: instances, parts, the breaker's counts (``refresh_census_again`` reuses them
+    on the next snapshot while the instances are these objects)."""
+    breaker: str | None
 
 
 @dataclass
@@ -140,6 +167,10 @@ class Engine:
         """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
         """Launch failures seen since the last iteration, per site (counted once there)."""
+        self._refreshed: dict[str, _Refreshed] = {}
+        """Per domain: the last iteration's refresh, while nothing changed (``_Refreshed``)."""
+        self._ending: dict[str, tuple[int, list[Instance]]] = {}
+        """Per domain: (instance stamp, its ``terminating`` instances) (``_unfinished_terminates``)."""
         self.iterations = 0
         for name, cfg in config.domains.items():
             try:
@@ -177,6 +208,9 @@ class Engine:
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [])
         self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now())
+        memo = self._refreshed.get(snap.domain)
+        if memo is not None:
+            memo.latest = None  # it was for the last snapshot: let that one go now
         return prev is None or prev.digest.shapes != digest.shapes
 
     def is_active(self, domain: str) -> bool:
@@ -194,6 +228,20 @@ class Engine:
         except Exception as exc:  # the store is busy or away: no lease this round, no action
             log.warning("lease check failed", extra={"domain": domain, "error": f"{type(exc).__name__}: {exc}"})
             return False
+
+    def _acting_domains(self, now: float) -> list[str]:
+        """``acting`` for every domain; the leases this engine holds renewed first in one
+        transaction when the leases can (``Leases.renew_many``), the rest one by one."""
+        renew_many = getattr(self.leases, "renew_many", None)
+        if renew_many is None:
+            return [d for d in self.domains if self.acting(d, now)]
+        fresh = [d for d in self.domains if self.is_active(d)]
+        try:
+            renewed = renew_many(fresh, now)
+        except Exception as exc:  # the store is busy or away: each domain's own check says so
+            log.warning("lease renewal failed", extra={"domains": len(fresh), "error": f"{type(exc).__name__}: {exc}"})
+            renewed = set()
+        return [d for d in fresh if d in renewed or self.acting(d, now)]
 
     def leadership(self, domain: str) -> str:
         """``active``, ``standby`` or ``fenced`` (see ``lease``)."""
@@ -214,6 +262,8 @@ class Engine:
         then); give the leases up."""
         self._latest.clear()
         self._health.clear()
+        self._refreshed.clear()
+        self._ending.clear()
         invalidate = getattr(self.store, "invalidate", None)
         if invalidate is not None:
             invalidate()
@@ -288,7 +338,7 @@ class Engine:
         node was drained first), so asking again is safe; a closed record ignores it."""
         after = 10 * self.settings.resend_seconds
         for domain in domains:
-            ending = [i for i in self.store.instances(domain) if i.state == "terminating"]
+            ending = self._terminating(domain)
             due = [i.instance_id for i in ending if now - i.state_at >= after
                    and now - self._asked_again.get(i.instance_id, i.state_at) >= after]
             for iid in due:
@@ -297,6 +347,18 @@ class Engine:
         if len(self._asked_again) > 1000:  # forget the ended ones now and then
             ending_ids = {i.instance_id for d in domains for i in self.store.instances(d) if i.state == "terminating"}
             self._asked_again = {k: v for k, v in self._asked_again.items() if k in ending_ids}
+
+    def _terminating(self, domain: str) -> list[Instance]:
+        """The domain's instances in ``terminating``, listed again only when its instances changed."""
+        stamp_of = getattr(self.store, "domain_stamp", None)
+        stamp = stamp_of(domain) if stamp_of is not None else None
+        cached = self._ending.get(domain)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        ending = [i for i in self.store.instances(domain) if i.state == "terminating"]
+        if stamp is not None:
+            self._ending[domain] = (stamp, ending)
+        return ending
 
     def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
         if evt.domain not in self.config.domains:
@@ -446,7 +508,7 @@ class Engine:
         now = self.clock.now()
         self.iterations += 1
         records = []
-        active = [d for d in self.domains if self.acting(d, now)]
+        active = self._acting_domains(now)
         if active:
             self._sync()
         if set(active) - self._was_active:
@@ -518,6 +580,68 @@ class Engine:
             h.healthy_since = now
         return h
 
+    def _refresh(self, domain: str, latest: _Latest, now: float) -> tuple[
+            list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None]:
+        """The domain's instances refreshed from its latest snapshot: (before, after, parts,
+        changed, newly joined, dissolved gangs' list or None, the breaker's verdict) — from the
+        memo (``_Refreshed``) when the instances and the snapshot are the ones it was made on,
+        with the shorter pass when only the snapshot is new, else with the full census."""
+        snap = latest.snapshot
+        stamp_of = getattr(self.store, "domain_stamp", None)
+        stamp = stamp_of(domain) if stamp_of is not None else None
+        memo = self._refreshed.get(domain)
+        before = None
+        if stamp is not None and memo is not None and memo.stamp != stamp:
+            # the instances changed since: if only by this engine storing the memo's own refresh
+            # (its timers), the store now holds exactly the memo's objects, in its order
+            before = self.store.instances(domain)
+            mine = memo.census.instances
+            if len(before) == len(mine):
+                if all(map(operator.is_, before, mine)):
+                    memo.stamp = stamp
+                elif set(map(id, before)) == set(map(id, mine)):
+                    # the same objects, in the store's order now (it lists a written instance after
+                    # the others launched at the same moment): each is still its own refresh, only
+                    # the parts follow the order
+                    memo.census = replace(memo.census, instances=list(before), parts=partition(before))
+                    memo.stamp = stamp
+        same = stamp is not None and memo is not None and memo.stamp == stamp
+        if same and memo is not None and memo.latest is latest:
+            # same snapshot, same instance objects: refreshing would change nothing again
+            c = memo.census
+            before = after = list(c.instances)
+            parts = (list(c.parts[0]), list(c.parts[1]), list(c.parts[2]), list(c.parts[3]))
+            changed: list[Instance] = []
+            came: list[Instance] = []  # nothing joined: refresh would change nothing
+            dissolved = None
+            why = memo.breaker
+        else:
+            self._refreshed.pop(domain, None)
+            census = None
+            if same and memo is not None and snap.available:  # a new snapshot, the same instances
+                before = list(memo.census.instances)
+                census = refresh_census_again(memo.census, latest.nodes, now)
+            if before is None:
+                before = self.store.instances(domain)
+            if census is None:
+                census = refresh_census(before, latest.nodes, now, snap.available)
+            after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
+            dissolved = dissolve_complete_gangs(after) if census.gangs else None
+            if dissolved is not None:
+                after, parts = dissolved, partition(dissolved)
+                changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
+            why = self._breaker_check(census, latest)
+            if stamp is not None and not came:
+                # without a join (a joining instance keeps timers a second refresh may reset),
+                # ``after`` is refresh's fixed point on this snapshot. Valid at once if nothing
+                # changed; else once the store holds exactly these objects (the commit below
+                # went through: checked by identity at the next iteration)
+                self._refreshed[domain] = _Refreshed(
+                    latest, stamp if dissolved is None and not changed else None,
+                    Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
+                           census.known, census.missing, census.gangs, census.counted), why)
+        return before, after, parts, changed, came, dissolved, why
+
     def iterate_domain(self, domain: str, now: float,
                        sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
                        ) -> DecisionRecord | None:
@@ -525,28 +649,26 @@ class Engine:
         current = self.store.current_config(domain)
         assert current is not None
         version, cfg = current
-        before = self.store.instances(domain)
         memory, iteration = self.store.memory(domain)
         snap = latest.snapshot
+        before, after, parts, changed, came, dissolved, why = self._refresh(domain, latest, now)
         health_ = self._pipeline(domain, latest, now, before)
-        after, parts = refresh_parts(before, latest.nodes, now, snap.available)
-        dissolved = dissolve_complete_gangs(after)
-        if dissolved is not None:
-            after, parts = dissolved, partition(dissolved)
-        changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]  # refresh keeps unchanged ones
-        notes_extra = self._breaker(domain, health_, after, latest, now)
+        notes_extra = self._breaker(domain, health_, why, now)
+        if latest.free is None:
+            latest.free = [n for n in latest.nodes.by_name.values() if n.state == "free" and n.cores_used < n.cores]
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,
                           nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
-                          cleanup=self.store.cleanup(domain) if snap.available else [])
+                          cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free)
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
             view.catalogue = self.catalogue(domain, cfg, live, now)
             if snap.available:
                 notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
-        joined = [a for a, b in zip(after, before, strict=True) if a.state == "joined" and b.state != "joined"]
+        joined = [a for a, b in zip(after, before, strict=True) if a is not b and a.state == "joined"
+                  and b.state != "joined"] if dissolved is not None else came
         successes = {i.site: record_success(health[i.site]) for i in joined
                      if i.site in health and health[i.site].failures}
         health.update(successes)
@@ -643,14 +765,22 @@ class Engine:
             del self._failures[s]
         return out
 
-    def _breaker(self, domain: str, h: _Health, instances: list[Instance], latest: _Latest,
-                 now: float) -> list[str]:
-        """Evaluate the circuit breaker on the latest snapshot; notes when it opens or closes."""
+    def _breaker_check(self, census: Census, latest: _Latest) -> str | None:
+        """Why the latest snapshot is implausible ("" = it is fine; None = unavailable, not judged):
+        ``breaker.check`` on the refresh's counts, its snapshot-only half once per snapshot."""
         snap = latest.snapshot
         if not snap.available:
+            return None
+        share, ok = self.settings.breaker_missing_share, self.settings.breaker_ok_count
+        if latest.jobs_verdict is None:
+            latest.jobs_verdict = breaker.jobs_verdict(snap, share=share, ok_count=ok)
+        return breaker.missing_verdict(census.known, census.missing, share=share, ok_count=ok) or latest.jobs_verdict
+
+    def _breaker(self, domain: str, h: _Health, why: str | None, now: float) -> list[str]:
+        """Evaluate the circuit breaker on the latest snapshot (``why``: ``_breaker_check``'s
+        verdict); notes when it opens or closes."""
+        if why is None:
             return []
-        why = breaker.check(instances, latest.nodes, snap, share=self.settings.breaker_missing_share,
-                            ok_count=self.settings.breaker_ok_count)
         notes: list[str] = []
         if why and not h.breaker:
             h.breaker, h.breaker_since = why, now

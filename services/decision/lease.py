@@ -101,6 +101,27 @@ class Leases:
                 return self._standby(domain)
             return self._won(domain, row.epoch + 1, now)
 
+    def renew_many(self, domains: list[str], now: float) -> set[str]:
+        """Renew, in one transaction, the leases of ``domains`` this engine holds; returns those
+        renewed (one commit per iteration, not one per domain: 1,000 domains made 1,000 commits).
+        The others — a lease to take, or one another engine took meanwhile — are ``hold``'s,
+        one by one, as before (the caller's)."""
+        mine = [(d, self.held[d]) for d in dict.fromkeys(domains) if d in self.held]
+        if not mine:
+            return set()
+        with self.engine.begin() as conn:
+            conn.execute(_RENEW, [{"d": d, "h": self.holder, "e": h.epoch, "x": now + self.ttl} for d, h in mine])
+            ours: set[str] = set()
+            for i in range(0, len(mine), 500):  # under every backend's bound-parameter limit
+                chunk = {d: h.epoch for d, h in mine[i:i + 500]}
+                rows = conn.execute(select(leases.c.domain, leases.c.holder, leases.c.epoch)
+                                    .where(leases.c.domain.in_(list(chunk))))
+                ours.update(r.domain for r in rows if r.holder == self.holder and r.epoch == chunk[r.domain])
+        for d, h in mine:
+            if d in ours:  # the renewal matched (same holder and epoch): ours until now + ttl
+                self._won(d, h.epoch, now)
+        return ours
+
     def _ensure_row(self, domain: str) -> None:
         if domain in self._rows:
             return

@@ -223,7 +223,7 @@ class Cycle:
                 action = self._next_step(inst)
                 if action is not None:
                     claim(inst, action)
-        if not view.breaker:
+        if not view.breaker and view.cleanup:
             live_names = {short_name(i.node_name) for i in view.instances}
             for inst in view.cleanup:
                 node = view.node_of(inst)

@@ -36,7 +36,15 @@ from epu.common.messages import Message
 from epu.services.decision.lease import Fenced, Held
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
-from epu.services.decision.store import ENDED, count_per_site, count_per_type, message_of, seed_merge
+from epu.services.decision.store import (
+    _LAUNCHED,
+    _STAMPS,
+    ENDED,
+    count_per_site,
+    count_per_type,
+    message_of,
+    seed_merge,
+)
 from epu.services.decision.view import LIVE_STATES, Instance
 from sqlalchemy.exc import IntegrityError
 
@@ -88,6 +96,8 @@ class MemoryStore:
         self._order: dict[str, None] | None = None
         """Instance ids in the order ``Store``'s working set would list them (None: reload)."""
         self._gen = -1
+        self._stamps: dict[str, int] = {}
+        """Domain → stamp of its instances as listed (``Store.domain_stamp``); reset on reload."""
 
     def create(self) -> MemoryStore:
         return self
@@ -107,8 +117,9 @@ class MemoryStore:
         known = self.db.instances
         if self._order is None or self.db.generation != self._gen:  # (re)load, as Store does
             self._order = dict.fromkeys(i.instance_id for i in sorted((known[iid] for iid in self.db.live),
-                                                                      key=lambda i: i.launched_at))
+                                                                      key=_LAUNCHED))
             self._gen = self.db.generation
+            self._stamps = {}  # listed anew: every domain gets a new stamp
         return (known[iid] for iid in self._order)
 
     @contextmanager
@@ -193,9 +204,14 @@ class MemoryStore:
     def instances(self, domain: str | None = None, live_only: bool = True) -> list[Instance]:
         if live_only:
             return sorted((i for i in self._live() if domain is None or i.domain == domain),
-                          key=lambda i: i.launched_at)
+                          key=_LAUNCHED)
         return sorted((i for i in self.db.instances.values() if domain is None or i.domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
+
+    def domain_stamp(self, domain: str) -> int:
+        """As ``Store.domain_stamp``: equal stamps, the same instance objects in the same order."""
+        self._live()
+        return self._stamps.setdefault(domain, next(_STAMPS))
 
     def cleanup(self, domain: str) -> list[Instance]:
         known = self.db.instances
@@ -218,6 +234,7 @@ class MemoryStore:
             for inst in items:
                 iid = inst.instance_id
                 self.db.instances[iid] = inst
+                self._stamps[inst.domain] = next(_STAMPS)
                 if order is not None:  # Store's working set moves a written instance last
                     order.pop(iid, None)
                 if inst.state in LIVE_STATES:

@@ -29,7 +29,9 @@ broker connection drops and when a domain becomes active for it.
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -40,7 +42,7 @@ from epu.common.db import create_schema, make_engine
 from epu.common.messages import REGISTRY, Message
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
-from epu.services.decision.view import LIVE_STATES, Instance
+from epu.services.decision.view import LIVE_STATES, PENDING_STATES, Instance
 from sqlalchemy import (
     Boolean,
     Column,
@@ -216,6 +218,12 @@ class _Open:
                 "done": False, "outcome": None}
 
 
+_LAUNCHED = operator.attrgetter("launched_at")
+"""The instance order key (a C getter: sorting 50,000 rows with a lambda costs milliseconds)."""
+_STAMPS = itertools.count(1)
+"""Stamps of a domain's instance set (``Store.domain_stamp``): never reused, in any store or cache."""
+
+
 @dataclass
 class _Cache:
     configs: dict[str, tuple[int, DomainConfig] | None] = field(default_factory=dict)
@@ -228,33 +236,70 @@ class _Cache:
     sites: dict[str, SiteHealth] | None = None
     open: dict[str, _Open] | None = None
     open_by_target: dict[str, set[str]] = field(default_factory=dict)
+    open_by_domain: dict[str, dict[str, _Open]] = field(default_factory=dict)
+    """The open actions per domain: per-domain questions (``overdue``, ``in_flight``) must not
+    scan every domain's actions (1,000 domains made that quadratic)."""
+    stamps: dict[str, int] = field(default_factory=dict)
+    """Domain → stamp of its live instance set, new on every change (``Store.domain_stamp``)."""
+    sorted_live: dict[str, list[Instance]] = field(default_factory=dict)
+    """Domain → its live instances, oldest launch first (``Store.instances``), until one changes."""
+    counts: tuple[dict[str, int], dict[str, int]] | None = None
+    type_counts: dict[tuple[str, str], int] | None = None
 
     def put(self, inst: Instance) -> None:
         assert self.live is not None
         iid, dom = inst.instance_id, inst.domain
-        self.live.pop(iid, None)
+        self.stamps[dom] = next(_STAMPS)
+        self.sorted_live.pop(dom, None)
+        old = self.live.pop(iid, None)
+        if old is not None:
+            self._count(old, -1)
         self.by_domain.get(dom, {}).pop(iid, None)
         self.ended.get(dom, {}).pop(iid, None)
         if inst.state in LIVE_STATES:
             self.live[iid] = inst
             self.by_domain.setdefault(dom, {})[iid] = inst
+            self._count(inst, 1)
         elif _needs_cleanup(inst):
             self.ended.setdefault(dom, {})[iid] = inst
+
+    def _count(self, inst: Instance, sign: int) -> None:
+        """Keep the per-site and per-type counts of ``live`` current (as ``count_per_site`` and
+        ``count_per_type`` would count them; a count down to 0 leaves no key)."""
+        if self.counts is not None:
+            per, unproven = self.counts
+            _bump(per, inst.site, sign)
+            if inst.state in PENDING_STATES:
+                _bump(unproven, inst.site, sign)
+        if self.type_counts is not None:
+            _bump(self.type_counts, (inst.site, inst.instance_type), sign)
 
     def add_open(self, o: _Open) -> None:
         assert self.open is not None
         self.open[o.action_id] = o
         self.open_by_target.setdefault(o.target, set()).add(o.action_id)
+        self.open_by_domain.setdefault(o.domain, {})[o.action_id] = o
 
     def close(self, action_id: str) -> None:
         assert self.open is not None
         o = self.open.pop(action_id, None)
         if o is not None:
+            mine = self.open_by_domain.get(o.domain)
+            if mine is not None:
+                mine.pop(action_id, None)
             ids = self.open_by_target.get(o.target)
             if ids is not None:
                 ids.discard(action_id)
                 if not ids:
                     del self.open_by_target[o.target]
+
+
+def _bump(counts: dict[Any, int], key: Any, sign: int) -> None:
+    n = counts.get(key, 0) + sign
+    if n:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
 
 
 class Store:
@@ -460,14 +505,27 @@ class Store:
         unless ``live_only=False`` (that one reads the database: it is for tools)."""
         if live_only:
             live = self._live()
-            items = live.values() if domain is None else self._cache.by_domain.get(domain, {}).values()
-            return sorted(items, key=lambda i: i.launched_at)  # stable: ties keep their order
+            if domain is None:
+                return sorted(live.values(), key=_LAUNCHED)  # stable: ties keep their order
+            c = self._cache
+            ordered = c.sorted_live.get(domain)
+            if ordered is None:  # sorted once per change of the domain's set, not per iteration
+                ordered = c.sorted_live[domain] = sorted(c.by_domain.get(domain, {}).values(),
+                                                         key=_LAUNCHED)
+            return list(ordered)
         q = select(*[instances.c[f] for f in _INSTANCE_FIELDS])  # field order: Instance(*row)
         if domain is not None:
             q = q.where(instances.c.domain == domain)
         with self.engine.connect() as conn:
             return [_fix(Instance(*r)) for r in conn.execute(q.order_by(instances.c.launched_at,
                                                                          instances.c.instance_id))]
+
+    def domain_stamp(self, domain: str) -> int:
+        """A stamp of the domain's live instance set in the working set: equal stamps mean the same
+        instance objects, unchanged (a write to any of them, or a reload, gives a new stamp). The
+        engine keys what it derives from the instances on it (``Engine.iterate_domain``)."""
+        self._live()
+        return self._cache.stamps.setdefault(domain, next(_STAMPS))
 
     def cleanup(self, domain: str) -> list[Instance]:
         """Instances that ended without their batch node confirmed removed (preempted, vanished,
@@ -539,11 +597,19 @@ class Store:
 
     def live_per_site(self) -> tuple[dict[str, int], dict[str, int]]:
         """(live instances per site, launched-but-not-joined per site), over every domain."""
-        return count_per_site(self._live().values())
+        live = self._live()
+        c = self._cache
+        if c.counts is None:  # counted again only after an instance changed
+            c.counts = count_per_site(live.values())
+        return dict(c.counts[0]), dict(c.counts[1])
 
     def live_per_type(self) -> dict[tuple[str, str], int]:
         """Live instances per (site, instance type), over every domain (what a type quota counts)."""
-        return count_per_type(self._live().values())
+        live = self._live()
+        c = self._cache
+        if c.type_counts is None:
+            c.type_counts = count_per_type(live.values())
+        return dict(c.type_counts)
 
     # ------------------------------------------------------------------ sites
     def site_health(self) -> dict[str, SiteHealth]:
@@ -585,7 +651,7 @@ class Store:
         if c.open is None:
             with self.engine.connect() as conn:
                 rows = conn.execute(select(actions).where(actions.c.done.is_(False))).all()
-            c.open, c.open_by_target = {}, {}
+            c.open, c.open_by_target, c.open_by_domain = {}, {}, {}
             for r in rows:
                 m = r._mapping
                 c.add_open(_Open(m["action_id"], m["domain"], m["kind"], m["target"], m["site"], m["reason"],
@@ -667,25 +733,30 @@ class Store:
 
     def unsent_or_due(self, domains: list[str], now: float, resend_seconds: float) -> list[Message]:
         """Open actions never sent, or sent longer than ``resend_seconds`` ago (oldest first)."""
-        want = set(domains)
+        self._open()
+        by_domain = self._cache.open_by_domain
         due = now - resend_seconds
-        out = [o for o in self._open().values()
-               if o.domain in want and (o.sent_at is None or o.sent_at <= due)]
+        out = [o for d in dict.fromkeys(domains) for o in by_domain.get(d, {}).values()
+               if o.sent_at is None or o.sent_at <= due]
         out.sort(key=lambda o: (o.created_at, o.action_id))
         return [o.msg() for o in out]
 
     def overdue(self, domain: str, sent_before: float) -> bool:
         """Is a launch or terminate of ``domain`` first sent before ``sent_before`` still unanswered?
         (The provisioner acknowledges each within a second when it is up.)"""
-        return any(o.domain == domain and o.kind in ("launch", "terminate") and o.attempts > 0
-                   and o.created_at < sent_before for o in self._open().values())
+        return any(o.kind in ("launch", "terminate") and o.attempts > 0 and o.created_at < sent_before
+                   for o in self._open_of(domain))
+
+    def _open_of(self, domain: str) -> Iterable[_Open]:
+        self._open()
+        return self._cache.open_by_domain.get(domain, {}).values()
 
     def in_flight(self, domain: str) -> set[tuple[str, str]]:
-        return {(o.target, o.kind) for o in self._open().values() if o.domain == domain}
+        return {(o.target, o.kind) for o in self._open_of(domain)}
 
     def open_sent_at(self, domain: str) -> list[float | None]:
         """When each open action of ``domain`` was last sent (None: never)."""
-        return [o.sent_at for o in self._open().values() if o.domain == domain]
+        return [o.sent_at for o in self._open_of(domain)]
 
     def complete(self, *, action_id: str | None = None, target: str | None = None,
                  kinds: tuple[str, ...] = (), outcome: str, conn: Connection | None = None) -> int:

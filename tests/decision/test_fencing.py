@@ -144,3 +144,23 @@ def test_policy_changes_are_held_to_ceilings_from_the_configuration() -> None:
         "dropping a site lowers the ceiling below max_nodes 10"
     assert not e.on_policy_change(PolicyChange(change_id="c1", domain="capped", max_nodes=7)).applied
     assert e.on_policy_change(PolicyChange(change_id="c2", domain="capped", max_nodes=6)).applied
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_renewing_many_leases_at_once_renews_only_those_still_held(backend: str, tmp_path,
+                                                                    request: pytest.FixtureRequest) -> None:
+    """``Leases.renew_many`` (one transaction per iteration for every domain held): it extends
+    exactly the leases this engine still holds — same holder, same epoch — and leaves a lease
+    another engine took to ``hold``, which then reports it lost (fenced)."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    a = Leases(Store(url).create().engine, "A", TTL).create()
+    b = Leases(Store(url).create().engine, "B", TTL).create()
+    assert a.hold("d1", T0) and a.hold("d2", T0)
+    assert a.renew_many(["d1", "d2"], T0 + 5) == {"d1", "d2"}
+    assert a.row("d1")[2] == a.row("d2")[2] == T0 + 5 + TTL
+    assert b.hold("d2", T0 + 5 + TTL + 1)  # A's lease on d2 ran out: B takes it (a new epoch)
+    assert a.renew_many(["d1", "d2", "d3"], T0 + 5 + TTL + 1) == {"d1"}  # d3: never held, not taken here
+    assert a.row("d3") is None
+    assert a.row("d2")[0] == "B" and a.row("d1") == ("A", 1, T0 + 6 + 2 * TTL)
+    assert not a.hold("d2", T0 + 5 + TTL + 1) and a.state("d2", True) == "fenced"
+    assert a.renew_many([], T0) == set()

@@ -1,0 +1,209 @@
+"""The engine's one pass per instance (``view.refresh_census``) and its shorter pass on a new
+snapshot when the instances did not change (``refresh_census_again``): both must give exactly
+what the plain definitions give — refresh, then partition, then the circuit breaker's counts by
+looking each node up — on random instance tables and snapshots (names with domains and upper
+case, nodes with and without identities, every state)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from epu.common.messages import NodeInfo
+from epu.services.decision.view import (
+    ACTIVE_STATES,
+    Census,
+    Instance,
+    NodeIndex,
+    partition,
+    refresh_census,
+    refresh_census_again,
+)
+
+T0 = 1_700_000_000.0
+STATES = ["requested", "pending", "started", "joined", "draining", "terminating"]
+NODE_STATES = ["free", "busy", "offline", "down", "unknown"]
+
+
+def table(rnd: random.Random, n: int) -> list[Instance]:
+    out = []
+    for i in range(n):
+        state = rnd.choice(STATES)
+        out.append(Instance(
+            f"i{i}", "d", "s1", rnd.choice([f"n{i}", f"N{i}.example.org", f"n{i}.cluster"]), 4, state, T0, T0,
+            joined_at=rnd.choice([None, T0]), idle_since=rnd.choice([None, T0]),
+            missing_since=rnd.choice([None, T0]), seen_at=rnd.choice([None, T0]),
+            removed=rnd.random() < 0.1, terminate_sent=rnd.random() < 0.1,
+            retire=rnd.choice(["", "", "", "scale-down"]), gang=rnd.choice(["", "", "", "g1:2"])))
+    return out
+
+
+def snapshot_nodes(rnd: random.Random, n: int, ids: bool) -> NodeIndex:
+    nodes = []
+    for i in range(n):
+        if rnd.random() < 0.2:
+            continue  # absent
+        state = rnd.choice(NODE_STATES)
+        jobs = ["j"] if rnd.random() < 0.4 else []
+        nodes.append(NodeInfo(name=rnd.choice([f"n{i}", f"n{i}.example.org"]), state=state, cores=4,
+                              cores_used=rnd.choice([0, 0, 2]), jobs=jobs,
+                              instance_id=f"i{i}" if ids and rnd.random() < 0.5 else None))
+    return NodeIndex(nodes)
+
+
+def expected(insts: list[Instance], index: NodeIndex, now: float) -> Census:
+    """The definitions, one after the other (what the engine did before the census)."""
+    out = refresh_census(insts, index, now, True).instances  # refresh itself is checked below
+    known = [i for i in out if i.state in ("joined", "draining") and i.joined_at is not None and not i.removed
+             and not i.terminate_sent]
+    return Census(out, partition(out), [a for a, b in zip(out, insts, strict=True) if a is not b],
+                  [a for a, b in zip(out, insts, strict=True) if a.state == "joined" and b.state != "joined"],
+                  len(known), sum(1 for i in known if index.find(i) is None), any(i.gang for i in out))
+
+
+def refreshed_one(inst: Instance, index: NodeIndex, now: float) -> Instance:
+    """``refresh``'s rules for one instance, written plainly (docs of ``view.refresh_parts``)."""
+    node = index.find(inst)
+    if node is not None and inst.seen_at is None:
+        inst = Instance(**{**_fields(inst), "seen_at": now})
+    if inst.state == "joined":
+        idle = node is not None and node.state == "free" and not node.jobs and not node.cores_used
+        if idle != (inst.idle_since is not None):
+            inst = Instance(**{**_fields(inst), "idle_since": now if idle else None})
+        lost = node is None or node.state == "down"
+        if lost != (inst.missing_since is not None):
+            inst = Instance(**{**_fields(inst), "missing_since": now if lost else None})
+    elif (inst.state in ("requested", "pending", "started") and node is not None and node.state in ("free", "busy")
+          and not inst.terminate_sent and not inst.retire):
+        idle = node.state == "free" and not node.jobs and not node.cores_used
+        inst = Instance(**{**_fields(inst), "state": "joined", "state_at": now, "joined_at": now,
+                           "idle_since": now if idle else None})
+    return inst
+
+
+def _fields(inst: Instance) -> dict:
+    return {f: getattr(inst, f) for f in Instance.__dataclass_fields__}
+
+
+def same(a: Census, b: Census) -> None:
+    assert a.instances == b.instances
+    assert a.parts == b.parts
+    assert a.changed == b.changed and a.joined == b.joined
+    assert (a.known, a.missing, a.gangs) == (b.known, b.missing, b.gangs)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_census_is_refresh_then_partition_then_the_breakers_counts(seed: int) -> None:
+    rnd = random.Random(seed)
+    insts = table(rnd, 60)
+    index = snapshot_nodes(rnd, 60, ids=seed % 2 == 0)
+    got = refresh_census(insts, index, T0 + 10, True)
+    assert got.instances == [refreshed_one(i, index, T0 + 10) for i in insts]
+    assert all(a is b for a, b in zip(got.instances, insts, strict=True) if a == b)  # unchanged: the same object
+    same(got, expected(insts, index, T0 + 10))
+    again = refresh_census(got.instances, index, T0 + 20, True)
+    if not got.joined:  # a fixed point, whatever the time (what the engine's memo relies on)
+        assert again.changed == [] and again.instances == got.instances
+    assert all(i.state not in ACTIVE_STATES or i in got.parts[0] or i.retire or i.terminate_sent
+               for i in got.instances)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_shorter_pass_on_a_new_snapshot_gives_the_census(seed: int) -> None:
+    rnd = random.Random(seed)
+    first = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
+    prev = refresh_census(table(rnd, 60), first, T0 + 10, True)
+    later = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
+    got = refresh_census_again(prev, later, T0 + 20)
+    full = refresh_census(prev.instances, later, T0 + 20, True)
+    if got is None:  # only when an instance joins (its part changes)
+        assert full.joined
+        return
+    assert not full.joined
+    same(got, full)
+
+
+def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted() -> None:
+    rnd = random.Random(1)
+    prev = refresh_census(table(rnd, 10), NodeIndex([]), T0, False)
+    assert refresh_census_again(prev, NodeIndex([]), T0) is None
+
+
+def _step_nodes(rnd: random.Random, names: list[str]) -> list[NodeInfo]:
+    out = []
+    for name in names:
+        if rnd.random() < 0.15:
+            continue
+        state = rnd.choice(["free", "free", "busy", "busy", "offline", "down"])
+        used = 1 if state == "busy" or (state == "offline" and rnd.random() < 0.5) else 0
+        out.append(NodeInfo(name=name, state=state, cores=1, cores_used=used, jobs=["j"] if used else []))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> None:
+    """Two engines on the same inputs — instance rows, snapshots (often the same one again),
+    node-command results, time — one with the refresh memo (``Store.domain_stamp``), one with it
+    switched off: every iteration sends the same commands and leaves the same instance table."""
+    from epu.common.messages import NodeCommandResult
+
+    from tests.decision.helpers import config, make_engine, snapshot
+
+    rnd = random.Random(seed)
+    cfg = config(domains={"d": {"max_nodes": 12, "sites": ["s1", "s2"],
+                                "params": {"idle_seconds": 30, "stall_seconds": 300}}})
+    seeded = [Instance(f"i{k}", "d", "s1" if k % 2 else "s2", f"n-i{k}", 1, rnd.choice(["joined", "pending", "started"]),
+                       T0 - 500, T0 - 500, joined_at=T0 - 400 if k % 3 else None, add_sent_at=T0 - 450,
+                       seen_at=T0 - 400) for k in range(10)]
+    engines = []
+    for memo in (True, False):
+        engine, bus, clock = make_engine(cfg=cfg)
+        engine.store.save_instances(seeded)
+        if not memo:
+            engine.store.domain_stamp = None  # type: ignore[attr-defined]  # getattr(...) is None: memo off
+        engines.append((engine, bus, clock))
+    names = [i.node_name for i in seeded]
+    snap = snapshot(nodes=_step_nodes(rnd, names), at=T0)
+    for step in range(60):
+        dt = rnd.choice([1, 5, 5, 20, 60])
+        if rnd.random() < 0.3:
+            snap = snapshot(nodes=_step_nodes(rnd, names), at=T0 + step * 100 + dt)
+        answer = rnd.random() < 0.5
+        deliver = rnd.random() < 0.5  # else the engine iterates on the snapshot it holds
+        seen = []
+        for engine, bus, clock in engines:
+            clock.advance(dt)
+            if deliver:
+                engine.on_snapshot(snap.model_copy(update={"taken_at": clock.now()}))  # a new object
+            bus.clear()
+            engine.iterate()
+            # re-sends go out in action-id order, and ids are random: compare and answer sorted
+            sent = sorted(bus.of("node.command"), key=lambda m: (m.action, m.instance_id))
+            commands = [(m.action, m.instance_id) for m in sent]
+            terminates = sorted(m.instance_id for m in bus.of("instance.terminate"))
+            if answer:
+                for m in sent:
+                    engine.on_node_result(NodeCommandResult(command_id=m.command_id, domain="d", action=m.action,
+                                                            node=m.node, ok=True))
+            seen.append((commands, terminates, engine.store.instances("d")))
+        assert seen[0] == seen[1], f"step {step}"
+
+
+def test_the_stores_site_and_type_counts_follow_every_write() -> None:
+    """``Store.live_per_site``/``live_per_type`` are kept current write by write (not recounted
+    each iteration): after any sequence of writes they are what counting the live rows gives."""
+    from epu.services.decision.store import count_per_site, count_per_type
+
+    from tests.decision.helpers import open_store
+
+    rnd = random.Random(3)
+    store = open_store("sqlite://")
+    store.live_per_site(), store.live_per_type()  # the counts exist from now on
+    for _round in range(30):
+        batch = [Instance(f"i{rnd.randrange(40)}", "d", rnd.choice(["s1", "s2", "s3"]), "n", 1,
+                          rnd.choice([*STATES, "terminated", "failed"]), T0, T0,
+                          instance_type=rnd.choice(["", "big"])) for _ in range(rnd.randint(1, 6))]
+        store.save_instances({i.instance_id: i for i in batch}.values())
+        live = store.instances()
+        assert store.live_per_site() == count_per_site(live)
+        assert store.live_per_type() == count_per_type(live)
