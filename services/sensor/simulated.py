@@ -121,6 +121,9 @@ class SimulatedBatch:
         self._seq = itertools.count()
         self._ids = itertools.count(1)
         self._now = self.clock.now()
+        self._dirty = True
+        """Something a scheduling pass reads changed since the last pass that started nothing
+        (see ``_schedule``)."""
         self.submitted = 0
         self._completed = 0
         self.available = True
@@ -158,6 +161,7 @@ class SimulatedBatch:
                                           features=frozenset(features), blocked=blocked))
                 ids.append(name)
             self.submitted += count
+            self._dirty = True
             self._schedule()
             return ids
 
@@ -166,6 +170,7 @@ class SimulatedBatch:
             for job in self._queue:
                 if job.job_id == job_id or job.array_id == job_id:
                     job.held = False
+            self._dirty = True
             self._schedule()
 
     @property
@@ -212,6 +217,7 @@ class SimulatedBatch:
             if node is not None:
                 node.memory_mb, node.gpus = memory_mb, gpus
                 node.features, node.partitions = frozenset(features), frozenset(partitions)
+                self._dirty = True
                 self._schedule()
 
     def add_node(self, name: str, cores: int, *, instance_id: str | None = None, up: bool = True) -> bool:
@@ -352,6 +358,7 @@ class SimulatedBatch:
                                       output=", ".join(sorted(existing.jobs)))
             self._requeue_jobs_of(existing, "node removed by force")
             del self._nodes[node]
+            self._dirty = True
             self._schedule()
             return CommandOutcome(True, changed=True, output=f"node {node} removed")
 
@@ -367,6 +374,7 @@ class SimulatedBatch:
                 job = self._running.get(job_id)
                 if job is not None:
                     job.end_time = math.inf  # its heap entry goes stale: it never ends by itself
+            self._dirty = True  # the head job's reservation moves
             return sorted(node.jobs)
 
     def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
@@ -400,8 +408,10 @@ class SimulatedBatch:
 
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
+        self._dirty = True
 
     def _touch(self, node: SimNode) -> None:
+        self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
         state = node.state()
         if state != node.last_state:
             node.last_state = state
@@ -428,6 +438,7 @@ class SimulatedBatch:
 
     def _finish(self, job: SimJob) -> None:
         del self._running[job.job_id]
+        self._dirty = True
         for name in job.placed_on:
             node = self._nodes.get(name)
             if node is not None:
@@ -487,20 +498,46 @@ class SimulatedBatch:
         return float("inf")
 
     def _schedule(self) -> None:
-        free = {n.name: n.free_cores for n in self._nodes.values() if n.usable()}
-        if not free or not self._queue:
+        """One FIFO + backfill pass over the queue, only when it can start something.
+
+        Why passes are skipped: a pass reads the queue, the nodes (usable, free cores, resources)
+        and the running jobs (their end times make the head job's reservation), plus ``now`` in
+        the backfill test ``now + duration <= shadow``. If none of the first changed since a pass
+        that started nothing, this pass starts nothing either: fits are the same, the reservation
+        is the same, and a later ``now`` only makes backfill harder. So every mutation sets
+        ``_dirty`` (``_touch``, ``_add``, ``_finish``...), a pass that started a job leaves it set
+        (its starts changed what the next pass reads), and a clean call returns at once. Within a
+        pass free capacity only shrinks, so a request shape that did not fit stays unfit until
+        the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``).
+        The placements are exactly those of the full re-fit (tests/sensor/test_simulated.py,
+        the replay digests of tests/sim)."""
+        if not self._dirty:
             return
+        self._dirty = False  # a start below sets it again
+        free = {n.name: n.free_cores for n in self._nodes.values() if n.usable()}
+        if not self._queue or not any(c > 0 for c in free.values()):
+            return  # every job needs at least one core
+        avail = {name: c for name, c in free.items() if c > 0}
+        unfit: set[tuple] = set()
         shadow: float | None = None
         remaining: list[SimJob] = []
         for job in self._queue:
             if job.held or job.blocked:
                 remaining.append(job)
                 continue
-            placement = self._fit(job, free)
-            if placement is not None and (shadow is None or self._now + job.duration <= shadow):
+            key = (job.cores, job.nodes, job.queue, job.features, job.memory_mb, job.gpus)
+            placement = None if key in unfit or len(avail) < job.nodes else self._fit(job, avail)
+            if placement is None:
+                unfit.add(key)
+            elif shadow is None or self._now + job.duration <= shadow:
                 self._start(job, placement)
                 for name in placement:
                     free[name] -= job.cores
+                    left = avail[name] - job.cores
+                    if left > 0:
+                        avail[name] = left
+                    else:
+                        del avail[name]
                 continue
             if shadow is None:  # first job that cannot start: it holds the reservation
                 shadow = self._shadow_time(job, free)
@@ -512,6 +549,7 @@ class SimulatedBatch:
         job.end_time = self._now + job.duration
         job.placed_on = placement
         self._running[job.job_id] = job
+        self._dirty = True
         for name in placement:
             node = self._nodes[name]
             node.jobs[job.job_id] = job.cores
