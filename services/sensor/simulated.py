@@ -279,26 +279,33 @@ class SimulatedBatch:
                 jobs.append(self._queued(job, job.job_id, 1))
             for key, n in arrays.items():
                 jobs.append(self._queued(first[key], f"{key[0]}[]", n))
-            nodes = [NodeInfo(name=n.name, state=n.state(), cores=n.cores, cores_used=n.used,  # type: ignore[arg-type]
-                              jobs=sorted(n.jobs), state_since=n.state_since, native_state=n.state(),
-                              instance_id=n.instance_id, job_ends=self._job_ends(n), memory_mb=n.memory_mb,
-                              memory_used_mb=self._used(n, "memory_mb"), gpus=n.gpus,
-                              gpus_used=self._used(n, "gpus"), features=sorted(n.features),
-                              partitions=sorted(n.partitions))
-                     for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+            nodes = [self._node_info(n) for n in sorted(self._nodes.values(), key=lambda n: n.name)]
             shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
                                            for j in self._queue) else []
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
 
-    def _job_ends(self, node: SimNode) -> list[float]:
-        """Expected end of each job on ``node`` (start + time limit; 0 = no limit), sorted by job id."""
-        ends = []
-        for job_id in sorted(node.jobs):
-            job = self._running.get(job_id)
-            ends.append(job.start_time + job.time_limit if job and job.time_limit and job.start_time is not None
-                        else 0.0)
-        return ends
+    def _node_info(self, n: SimNode) -> NodeInfo:
+        """What the batch system reports of ``n``: one pass over its jobs gives their ids, expected
+        ends (start + time limit, 0 = no limit; sorted by job id) and the memory and GPUs they
+        hold — a snapshot of every node is read every poll."""
+        ids = sorted(n.jobs)
+        running = self._running
+        ends: list[float] = []
+        memory = gpus = 0
+        for job_id in ids:
+            job = running.get(job_id)
+            if job is None:
+                ends.append(0.0)
+                continue
+            ends.append(job.start_time + job.time_limit if job.time_limit and job.start_time is not None else 0.0)
+            memory += job.memory_mb
+            gpus += job.gpus
+        state = n.state()
+        return NodeInfo(name=n.name, state=state, cores=n.cores, cores_used=sum(n.jobs.values()),  # type: ignore[arg-type]
+                        jobs=ids, state_since=n.state_since, native_state=state, instance_id=n.instance_id,
+                        job_ends=ends, memory_mb=n.memory_mb, memory_used_mb=memory, gpus=n.gpus, gpus_used=gpus,
+                        features=sorted(n.features), partitions=sorted(n.partitions))
 
     def _shapes(self) -> list[JobShape]:
         """Pending jobs grouped with their time limits (only when some job has one: otherwise the
@@ -514,8 +521,10 @@ class SimulatedBatch:
         if not self._dirty:
             return
         self._dirty = False  # a start below sets it again
-        free = {n.name: n.free_cores for n in self._nodes.values() if n.usable()}
-        if not self._queue or not any(c > 0 for c in free.values()):
+        if not self._queue:
+            return
+        free = {n.name: n.cores - sum(n.jobs.values()) for n in self._nodes.values() if not n.offline and not n.down}
+        if not any(c > 0 for c in free.values()):
             return  # every job needs at least one core
         avail = {name: c for name, c in free.items() if c > 0}
         unfit: set[tuple] = set()
