@@ -29,9 +29,10 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from epu.common.clock import Clock, RealClock
-from epu.common.messages import JobShape, NodeInfo, QueuedJob
+from epu.common.messages import JobShape, NodeInfo, QueuedJob, group_jobs
 from epu.services.sensor.backend import (
     BackendUnavailable,
     CommandOutcome,
@@ -76,6 +77,24 @@ class SimNode:
         if self.offline:
             return "offline"
         return "busy" if self.used >= self.cores else "free"
+
+
+SAMPLE_JOBS = 20
+"""Per-job records a snapshot keeps with ``group_at_source`` (for operators)."""
+
+
+class _Row(NamedTuple):
+    """A pending job (or array) as ``QueuedJob`` would carry it, without the model."""
+
+    job_id: str
+    cores: int
+    nodes: int
+    queue: str
+    submit_time: float
+    wait_seconds: float
+    state: str
+    count: int
+    memory_mb: int = 0
 
 
 @dataclass
@@ -134,6 +153,12 @@ class SimulatedBatch:
         """Called with the ``SimJob`` when it starts (``epu simulate`` measures waits)."""
         self.on_finish: list = []
         """Called with the ``SimJob`` when it completes."""
+        self.group_at_source = False
+        """Report pending work as shapes grouped here, with only a sample of per-job records
+        (``Observation``'s contract for backends that group at the source): the shapes the sensor
+        core would have grouped from every record, without building a ``QueuedJob`` per pending
+        job per read. The simulators (``epu.sim.batch``) turn it on; tests of the job records
+        keep every one."""
         for name, cores in (nodes or {}).items():
             self._add(name, cores)
 
@@ -267,7 +292,7 @@ class SimulatedBatch:
             if not self.available:
                 raise BackendUnavailable(self.unavailable_reason)
             self._advance()
-            jobs: list[QueuedJob] = []
+            rows: list[_Row] = []
             arrays: dict[tuple[str, bool], int] = {}
             first: dict[tuple[str, bool], SimJob] = {}
             for job in self._queue:
@@ -276,12 +301,19 @@ class SimulatedBatch:
                     arrays[key] = arrays.get(key, 0) + 1
                     first.setdefault(key, job)
                     continue
-                jobs.append(self._queued(job, job.job_id, 1))
+                rows.append(self._row(job, job.job_id, 1))
             for key, n in arrays.items():
-                jobs.append(self._queued(first[key], f"{key[0]}[]", n))
+                rows.append(self._row(first[key], f"{key[0]}[]", n))
             nodes = [self._node_info(n) for n in sorted(self._nodes.values(), key=lambda n: n.name)]
             shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
                                            for j in self._queue) else []
+            if self.group_at_source:
+                if not shapes and rows:
+                    shapes = group_jobs(rows)  # type: ignore[arg-type] # the rows quack like QueuedJobs
+                rows = rows[:SAMPLE_JOBS]
+            jobs = [QueuedJob(job_id=r.job_id, cores=r.cores, nodes=r.nodes, queue=r.queue, submit_time=r.submit_time,
+                              wait_seconds=r.wait_seconds, state=r.state, count=r.count)  # type: ignore[arg-type]
+                    for r in rows]
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
 
@@ -408,10 +440,9 @@ class SimulatedBatch:
         self._advance()
         return self._nodes.get(node), None
 
-    def _queued(self, job: SimJob, job_id: str, count: int) -> QueuedJob:
-        return QueuedJob(job_id=job_id, cores=job.cores, nodes=job.nodes, queue=job.queue,
-                         submit_time=job.submit_time, wait_seconds=max(0.0, self._now - job.submit_time),
-                         state="held" if job.held else "queued", count=count)
+    def _row(self, job: SimJob, job_id: str, count: int) -> _Row:
+        return _Row(job_id, job.cores, job.nodes, job.queue, job.submit_time, max(0.0, self._now - job.submit_time),
+                    "held" if job.held else "queued", count)
 
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
