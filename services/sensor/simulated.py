@@ -59,6 +59,11 @@ class SimNode:
     features: frozenset[str] = frozenset()
     partitions: frozenset[str] = frozenset()
     """Partitions it serves (empty: every one)."""
+    version: int = 0
+    """Moved by every change of its jobs or state (``SimulatedBatch._touch``): with the fields read
+    directly, what says the last ``NodeInfo`` built for it is still true."""
+    reported: tuple[tuple, NodeInfo] | None = None
+    """(key, the NodeInfo) of the last snapshot: reused while the key is the same (immutable)."""
 
     @property
     def used(self) -> int:
@@ -320,7 +325,18 @@ class SimulatedBatch:
     def _node_info(self, n: SimNode) -> NodeInfo:
         """What the batch system reports of ``n``: one pass over its jobs gives their ids, expected
         ends (start + time limit, 0 = no limit; sorted by job id) and the memory and GPUs they
-        hold — a snapshot of every node is read every poll."""
+        hold. A snapshot of every node is read every poll and most nodes did not change since the
+        last one: the last ``NodeInfo`` (immutable) is reused while nothing it was built from moved
+        (``SimNode.version`` and the fields set from outside)."""
+        key = (n.version, n.instance_id, n.state_since, n.offline, n.down, n.cores, n.memory_mb, n.gpus,
+               n.features, n.partitions)
+        if n.reported is not None and n.reported[0] == key:
+            return n.reported[1]
+        info = self._build_node_info(n)
+        n.reported = (key, info)
+        return info
+
+    def _build_node_info(self, n: SimNode) -> NodeInfo:
         ids = sorted(n.jobs)
         running = self._running
         ends: list[float] = []
@@ -450,6 +466,7 @@ class SimulatedBatch:
 
     def _touch(self, node: SimNode) -> None:
         self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
+        node.version += 1
         state = node.state()
         if state != node.last_state:
             node.last_state = state
