@@ -20,7 +20,9 @@ of these holds, and wakes at each of these thresholds besides ``fastpath.next_wa
 A skipped iteration would still have recorded that the engine iterated (the pipeline check's
 ``last_iteration``), so the skip does that too. Only one engine: with two, a lease left
 unrenewed lets the other one take over, so a scenario with several engines runs them all
-(``lazy_engines``). Exactness is tested the way ``epu simulate`` tests its own: the same run,
+(``Simulation(skip_idle=...)`` picks this class only then). Inputs must reach the engine through
+the process (the bus) for a skip to notice them: a test that calls ``proc.engine`` directly should
+run with ``skip_idle=False``. Exactness is tested the way ``epu simulate`` tests its own: the same run,
 event for event, with and without skipping (tests/sim/test_replay.py).
 """
 
