@@ -66,8 +66,8 @@ BENCH_ARGS_reaction = --trials 200 --baseline-trials 10
 BENCH_ARGS_reconcile = --nodes 50 500 --repeat 30
 BENCH_ARGS_provisioner = --launches 1000
 BENCH_ARGS_messaging = --no-cluster
-BENCH_ARGS_sim = --seeds 1
-BENCH_ARGS_simulate = 0.25 1
+BENCH_ARGS_sim = --seeds 2
+BENCH_ARGS_simulate = 1 1
 BENCH_ARGS_ctxbroker =
 define run_bench
 echo "== bench/bench_$(or $(BENCH_SCRIPT_$(1)),$(1)).py $(BENCH_ARGS_$(1)) --json"; start=$$(date +%s); \

@@ -12,7 +12,7 @@ and the virtual time they cover. Two workloads on a domain of up to 50 nodes:
 
 Each over ``--seeds`` seeds; min / median / max of the per-run rate and the total. The target
 of issue 11 is 1,000 simulated hours per CPU minute; see docs/performance.md for where the time
-goes (now the simulated batch system's scheduler, then the engine's iteration).
+goes (now shared by the sensor's snapshots, the provisioner's polls and the engine).
 
     .venv/bin/python bench/bench_sim.py [--seeds 5]
 """

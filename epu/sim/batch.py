@@ -83,6 +83,7 @@ class SimBatchSystem:
         self.report_identity = report_identity
         self.register_seconds = register_seconds
         self.inner = SimulatedBatch(clock)
+        self.inner.group_at_source = True  # shapes, not a record per pending job (see SimulatedBatch)
         self.inner.on_kill.append(self._killed)
         self.lost_node_seconds = 0.0
         """How long the batch system takes to notice that a preempted VM's daemon is gone

@@ -97,7 +97,7 @@ def lost_create_answer() -> Scenario:
                         lost_answer_rate=0.2, transient_error_rate=0.1, listing_lag_seconds=20.0, client_tokens=False))],
                     workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(20, 60)),
                     stresses="cloud: a create whose answer is lost (timeout after success) — neither leaked "
-                             "nor launched twice; adopted by its launch-id tag", seeds_in_ci=2)
+                             "nor launched twice; adopted by its launch-id tag")
 
 
 @scenario
@@ -174,7 +174,7 @@ def second_deployment() -> Scenario:
                     hours=3.0, provisioners=[ProvisionerSpec("prov-1"),
                                              ProvisionerSpec("staging", store="staging", managed=False)],
                     setup=_staging,
-                    stresses="issue 11: the orphan sweep trusts any store (default deployment tag)")
+                    stresses="issue 11: the orphan sweep trusts any store (default deployment tag)", seeds_in_ci=1)
 
 
 @scenario
@@ -227,14 +227,14 @@ def _replace_store(restore: bool) -> Callable[[Simulation], None]:
 def new_store() -> Scenario:
     return Scenario("new-store", "the provisioner restarts on a new, empty store database",
                     hours=4.0, setup=_replace_store(restore=False),
-                    stresses="issue 11: a new store sweeps the live instances it does not know")
+                    stresses="issue 11: a new store sweeps the live instances it does not know", seeds_in_ci=1)
 
 
 @scenario
 def restored_store() -> Scenario:
     return Scenario("restored-store", "the provisioner's store database is restored from an older backup",
                     hours=4.0, setup=_replace_store(restore=True),
-                    stresses="issue 11: a restored store sweeps the instances launched since the backup")
+                    stresses="issue 11: a restored store sweeps the instances launched since the backup", seeds_in_ci=1)
 
 
 # ---------------------------------------------------------------------- batch system and names
@@ -349,7 +349,7 @@ def mixed_shapes() -> Scenario:
                     workload=Workload(arrivals_per_hour=0.0, burst_per_hour=0.0),
                     setup=mixed_jobs,
                     stresses="issue 13: the right type per partition, no node for limit-blocked or "
-                             "unsatisfiable jobs, back to zero with them pending")
+                             "unsatisfiable jobs, back to zero with them pending", seeds_in_ci=2)
 
 
 @scenario
@@ -388,7 +388,7 @@ def spot_preemption() -> Scenario:
                                       duration=(600.0, 2400.0)),
                     setup=slow_lost_node_detection,
                     stresses="issue 13: a preempted node's jobs requeued by EPU (scontrol requeue), the node "
-                             "removed and its capacity replaced; never counted as our kill")
+                             "removed and its capacity replaced; never counted as our kill", seeds_in_ci=2)
 
 
 @scenario

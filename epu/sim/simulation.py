@@ -28,6 +28,7 @@ from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import SimCloud
 from epu.sim.invariants import Checker, Violation, max_cores
+from epu.sim.lazy import SimLazyEngineProc
 from epu.sim.processes import (
     EngineProc,
     OperatorProc,
@@ -100,7 +101,8 @@ class RunResult:
 
 class Simulation:
     def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None, *,
-                 sqlite_provisioner_stores: bool = False, sqlite_decision_store: bool = False) -> None:
+                 sqlite_provisioner_stores: bool = False, sqlite_decision_store: bool = False,
+                 skip_idle: bool = True) -> None:
         self.scenario = scenario
         self.seed = seed
         self.world = World(seed)
@@ -139,7 +141,10 @@ class Simulation:
         else:
             self.decision_db = MemoryDecisionDatabase()
             self.decision_faults.attach_memory(self.decision_db, self.world, _Nobody)
-        self.engines = [EngineProc(self.world, self.bus, f"engine-{i + 1}", self.config, self.decision_db,
+        engine_cls = EngineProc
+        if skip_idle and scenario.engines == 1 and not sqlite_decision_store:
+            engine_cls = SimLazyEngineProc  # idle iterations skipped, exactly (``epu.sim.lazy``)
+        self.engines = [engine_cls(self.world, self.bus, f"engine-{i + 1}", self.config, self.decision_db,
                                    self.decision_faults) for i in range(scenario.engines)]
         self.provisioner_faults: dict[str, StoreFaults] = {}
         in_memory = scenario.setup is None and not sqlite_provisioner_stores

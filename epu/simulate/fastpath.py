@@ -13,7 +13,8 @@ threshold. ``LazyEngineProc`` runs exactly those and skips the rest (they still 
 The thresholds are found generically, not per policy: every timestamp of every live instance,
 of the policy's memory and of open actions, plus every duration-like parameter of the policy
 (a name ending in ``_seconds`` or ``_s``) and every duration the policy keeps in its memory
-(measured boot times), the resend period and billing periods. A policy whose decision moves
+(measured boot times), the resend period and billing periods, and the engine's own timers (an
+offering's capacity cooldown, the spot fallback). A policy whose decision moves
 with time in ways no such scan can list (``start-time`` compares running jobs' expected ends
 with now + a boot time) is named in ``DEMAND_SENSITIVE``: while jobs wait, each of its
 iterations runs. A policy that keeps a timer under another name would be woken late — which is
@@ -107,6 +108,13 @@ def next_wake(engine: Any, domain: str, now: float) -> float:
     for h in store.site_health().values():
         if h.backoff_until > now:
             best = min(best, h.backoff_until)
+    # the engine's own timers: an offering cooling down after a capacity error, spot held back
+    for until in getattr(engine, "cooldown", {}).values():
+        if until > now:
+            best = min(best, until)
+    spot = getattr(engine, "spot_failures", {}).get(domain)
+    if spot is not None:
+        best = min(best, max(now, spot[1] + engine.settings.spot_fallback_seconds))
     return best
 
 

@@ -18,6 +18,7 @@ store faults).
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -73,6 +74,11 @@ class MemoryDatabase:
     """Insertion (rowid) order, as SQLite scans a table or an index on one value."""
     live: dict[str, dict[str, None]] = field(default_factory=dict)
     """site → ids of its records not terminated or failed, in insertion order."""
+    ended: list[tuple[float, str]] = field(default_factory=list)
+    """(updated_at, id) each time a record was stored terminated or failed, sorted: with ``live``,
+    what ``list`` of live or recently ended records reads instead of every record ever (a month of
+    ``epu simulate`` holds tens of thousands). Entries of a record stored again are kept (the
+    record itself is checked)."""
     transitions: list[dict[str, Any]] = field(default_factory=list)
     """Row ``id`` is its index + 1 (ids are never reused: rows are never deleted)."""
     unpublished: dict[int, None] = field(default_factory=dict)
@@ -87,7 +93,7 @@ class MemoryDatabase:
         with self.lock:
             return MemoryDatabase(
                 launches={k: replace(v) for k, v in self.launches.items()}, instances=dict(self.instances),
-                live={k: dict(v) for k, v in self.live.items()}, transitions=[dict(t) for t in self.transitions],
+                live={k: dict(v) for k, v in self.live.items()}, ended=list(self.ended), transitions=[dict(t) for t in self.transitions],
                 unpublished=dict(self.unpublished), by_instance={k: list(v) for k, v in self.by_instance.items()},
                 meta=dict(self.meta), misses=dict(self.misses), sightings=dict(self.sightings))
 
@@ -148,6 +154,7 @@ class MemoryStore:
         live = db.live.setdefault(rec.site, {})
         if rec.state in _ENDED:
             live.pop(rec.instance_id, None)
+            bisect.insort(db.ended, (rec.updated_at, rec.instance_id))
         else:
             live[rec.instance_id] = None
 
@@ -228,13 +235,32 @@ class MemoryStore:
              states: tuple[str, ...] | list[str] | None = None, active_only: bool = False,
              live_or_updated_since: float | None = None) -> list[InstanceRecord]:
         with self.db.lock:
-            out = [r for r in self.db.instances.values()
+            out = [r for r in self._candidates(states, active_only, live_or_updated_since)
                    if (live_or_updated_since is None or r.state not in _ENDED
                        or r.updated_at >= live_or_updated_since)
                    and (not domain or r.domain == domain) and (not site or r.site == site)
                    and (not states or r.state in states) and (not active_only or r.state not in _ENDED)]
         out.sort(key=lambda r: (r.created_at, r.instance_id))
         return out
+
+    def _candidates(self, states: tuple[str, ...] | list[str] | None, active_only: bool,
+                    since: float | None) -> Iterable[InstanceRecord]:
+        """A superset of the records ``list`` keeps, each once: the live ones (``db.live``) plus,
+        for ``live_or_updated_since``, those stored ended since then (``db.ended``); every record
+        when the filters may keep old ended ones. The caller filters and sorts, so the answer is
+        the full scan's."""
+        db = self.db
+        live_only = active_only or (states is not None and len(states) > 0 and not any(s in _ENDED for s in states))
+        if not live_only and since is None:
+            return db.instances.values()
+        ids: dict[str, None] = {}
+        for site_ids in db.live.values():
+            ids.update(site_ids)
+        if not live_only:
+            ended = db.ended
+            for _, iid in ended[bisect.bisect_left(ended, (since, "")):]:
+                ids[iid] = None
+        return [db.instances[i] for i in ids]
 
     def advance(self, instance_id: str, new_state: str, now: float, *, reason: str = "",
                 error_kind: str | None = None, cloud_id: str | None = None,

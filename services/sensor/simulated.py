@@ -29,9 +29,10 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from epu.common.clock import Clock, RealClock
-from epu.common.messages import JobShape, NodeInfo, QueuedJob
+from epu.common.messages import JobShape, NodeInfo, QueuedJob, group_jobs
 from epu.services.sensor.backend import (
     BackendUnavailable,
     CommandOutcome,
@@ -58,6 +59,11 @@ class SimNode:
     features: frozenset[str] = frozenset()
     partitions: frozenset[str] = frozenset()
     """Partitions it serves (empty: every one)."""
+    version: int = 0
+    """Moved by every change of its jobs or state (``SimulatedBatch._touch``): with the fields read
+    directly, what says the last ``NodeInfo`` built for it is still true."""
+    reported: tuple[tuple, NodeInfo] | None = None
+    """(key, the NodeInfo) of the last snapshot: reused while the key is the same (immutable)."""
 
     @property
     def used(self) -> int:
@@ -76,6 +82,24 @@ class SimNode:
         if self.offline:
             return "offline"
         return "busy" if self.used >= self.cores else "free"
+
+
+SAMPLE_JOBS = 20
+"""Per-job records a snapshot keeps with ``group_at_source`` (for operators)."""
+
+
+class _Row(NamedTuple):
+    """A pending job (or array) as ``QueuedJob`` would carry it, without the model."""
+
+    job_id: str
+    cores: int
+    nodes: int
+    queue: str
+    submit_time: float
+    wait_seconds: float
+    state: str
+    count: int
+    memory_mb: int = 0
 
 
 @dataclass
@@ -121,6 +145,9 @@ class SimulatedBatch:
         self._seq = itertools.count()
         self._ids = itertools.count(1)
         self._now = self.clock.now()
+        self._dirty = True
+        """Something a scheduling pass reads changed since the last pass that started nothing
+        (see ``_schedule``)."""
         self.submitted = 0
         self._completed = 0
         self.available = True
@@ -131,6 +158,12 @@ class SimulatedBatch:
         """Called with the ``SimJob`` when it starts (``epu simulate`` measures waits)."""
         self.on_finish: list = []
         """Called with the ``SimJob`` when it completes."""
+        self.group_at_source = False
+        """Report pending work as shapes grouped here, with only a sample of per-job records
+        (``Observation``'s contract for backends that group at the source): the shapes the sensor
+        core would have grouped from every record, without building a ``QueuedJob`` per pending
+        job per read. The simulators (``epu.sim.batch``) turn it on; tests of the job records
+        keep every one."""
         for name, cores in (nodes or {}).items():
             self._add(name, cores)
 
@@ -158,6 +191,7 @@ class SimulatedBatch:
                                           features=frozenset(features), blocked=blocked))
                 ids.append(name)
             self.submitted += count
+            self._dirty = True
             self._schedule()
             return ids
 
@@ -166,6 +200,7 @@ class SimulatedBatch:
             for job in self._queue:
                 if job.job_id == job_id or job.array_id == job_id:
                     job.held = False
+            self._dirty = True
             self._schedule()
 
     @property
@@ -212,6 +247,7 @@ class SimulatedBatch:
             if node is not None:
                 node.memory_mb, node.gpus = memory_mb, gpus
                 node.features, node.partitions = frozenset(features), frozenset(partitions)
+                self._dirty = True
                 self._schedule()
 
     def add_node(self, name: str, cores: int, *, instance_id: str | None = None, up: bool = True) -> bool:
@@ -261,7 +297,7 @@ class SimulatedBatch:
             if not self.available:
                 raise BackendUnavailable(self.unavailable_reason)
             self._advance()
-            jobs: list[QueuedJob] = []
+            rows: list[_Row] = []
             arrays: dict[tuple[str, bool], int] = {}
             first: dict[tuple[str, bool], SimJob] = {}
             for job in self._queue:
@@ -270,29 +306,54 @@ class SimulatedBatch:
                     arrays[key] = arrays.get(key, 0) + 1
                     first.setdefault(key, job)
                     continue
-                jobs.append(self._queued(job, job.job_id, 1))
+                rows.append(self._row(job, job.job_id, 1))
             for key, n in arrays.items():
-                jobs.append(self._queued(first[key], f"{key[0]}[]", n))
-            nodes = [NodeInfo(name=n.name, state=n.state(), cores=n.cores, cores_used=n.used,  # type: ignore[arg-type]
-                              jobs=sorted(n.jobs), state_since=n.state_since, native_state=n.state(),
-                              instance_id=n.instance_id, job_ends=self._job_ends(n), memory_mb=n.memory_mb,
-                              memory_used_mb=self._used(n, "memory_mb"), gpus=n.gpus,
-                              gpus_used=self._used(n, "gpus"), features=sorted(n.features),
-                              partitions=sorted(n.partitions))
-                     for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+                rows.append(self._row(first[key], f"{key[0]}[]", n))
+            nodes = [self._node_info(n) for n in sorted(self._nodes.values(), key=lambda n: n.name)]
             shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
                                            for j in self._queue) else []
+            if self.group_at_source:
+                if not shapes and rows:
+                    shapes = group_jobs(rows)  # type: ignore[arg-type] # the rows quack like QueuedJobs
+                rows = rows[:SAMPLE_JOBS]
+            jobs = [QueuedJob(job_id=r.job_id, cores=r.cores, nodes=r.nodes, queue=r.queue, submit_time=r.submit_time,
+                              wait_seconds=r.wait_seconds, state=r.state, count=r.count)  # type: ignore[arg-type]
+                    for r in rows]
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
 
-    def _job_ends(self, node: SimNode) -> list[float]:
-        """Expected end of each job on ``node`` (start + time limit; 0 = no limit), sorted by job id."""
-        ends = []
-        for job_id in sorted(node.jobs):
-            job = self._running.get(job_id)
-            ends.append(job.start_time + job.time_limit if job and job.time_limit and job.start_time is not None
-                        else 0.0)
-        return ends
+    def _node_info(self, n: SimNode) -> NodeInfo:
+        """What the batch system reports of ``n``: one pass over its jobs gives their ids, expected
+        ends (start + time limit, 0 = no limit; sorted by job id) and the memory and GPUs they
+        hold. A snapshot of every node is read every poll and most nodes did not change since the
+        last one: the last ``NodeInfo`` (immutable) is reused while nothing it was built from moved
+        (``SimNode.version`` and the fields set from outside)."""
+        key = (n.version, n.instance_id, n.state_since, n.offline, n.down, n.cores, n.memory_mb, n.gpus,
+               n.features, n.partitions)
+        if n.reported is not None and n.reported[0] == key:
+            return n.reported[1]
+        info = self._build_node_info(n)
+        n.reported = (key, info)
+        return info
+
+    def _build_node_info(self, n: SimNode) -> NodeInfo:
+        ids = sorted(n.jobs)
+        running = self._running
+        ends: list[float] = []
+        memory = gpus = 0
+        for job_id in ids:
+            job = running.get(job_id)
+            if job is None:
+                ends.append(0.0)
+                continue
+            ends.append(job.start_time + job.time_limit if job.time_limit and job.start_time is not None else 0.0)
+            memory += job.memory_mb
+            gpus += job.gpus
+        state = n.state()
+        return NodeInfo(name=n.name, state=state, cores=n.cores, cores_used=sum(n.jobs.values()),  # type: ignore[arg-type]
+                        jobs=ids, state_since=n.state_since, native_state=state, instance_id=n.instance_id,
+                        job_ends=ends, memory_mb=n.memory_mb, memory_used_mb=memory, gpus=n.gpus, gpus_used=gpus,
+                        features=sorted(n.features), partitions=sorted(n.partitions))
 
     def _shapes(self) -> list[JobShape]:
         """Pending jobs grouped with their time limits (only when some job has one: otherwise the
@@ -352,6 +413,7 @@ class SimulatedBatch:
                                       output=", ".join(sorted(existing.jobs)))
             self._requeue_jobs_of(existing, "node removed by force")
             del self._nodes[node]
+            self._dirty = True
             self._schedule()
             return CommandOutcome(True, changed=True, output=f"node {node} removed")
 
@@ -367,6 +429,7 @@ class SimulatedBatch:
                 job = self._running.get(job_id)
                 if job is not None:
                     job.end_time = math.inf  # its heap entry goes stale: it never ends by itself
+            self._dirty = True  # the head job's reservation moves
             return sorted(node.jobs)
 
     def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
@@ -393,15 +456,17 @@ class SimulatedBatch:
         self._advance()
         return self._nodes.get(node), None
 
-    def _queued(self, job: SimJob, job_id: str, count: int) -> QueuedJob:
-        return QueuedJob(job_id=job_id, cores=job.cores, nodes=job.nodes, queue=job.queue,
-                         submit_time=job.submit_time, wait_seconds=max(0.0, self._now - job.submit_time),
-                         state="held" if job.held else "queued", count=count)
+    def _row(self, job: SimJob, job_id: str, count: int) -> _Row:
+        return _Row(job_id, job.cores, job.nodes, job.queue, job.submit_time, max(0.0, self._now - job.submit_time),
+                    "held" if job.held else "queued", count)
 
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
+        self._dirty = True
 
     def _touch(self, node: SimNode) -> None:
+        self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
+        node.version += 1
         state = node.state()
         if state != node.last_state:
             node.last_state = state
@@ -428,6 +493,7 @@ class SimulatedBatch:
 
     def _finish(self, job: SimJob) -> None:
         del self._running[job.job_id]
+        self._dirty = True
         for name in job.placed_on:
             node = self._nodes.get(name)
             if node is not None:
@@ -487,20 +553,48 @@ class SimulatedBatch:
         return float("inf")
 
     def _schedule(self) -> None:
-        free = {n.name: n.free_cores for n in self._nodes.values() if n.usable()}
-        if not free or not self._queue:
+        """One FIFO + backfill pass over the queue, only when it can start something.
+
+        Why passes are skipped: a pass reads the queue, the nodes (usable, free cores, resources)
+        and the running jobs (their end times make the head job's reservation), plus ``now`` in
+        the backfill test ``now + duration <= shadow``. If none of the first changed since a pass
+        that started nothing, this pass starts nothing either: fits are the same, the reservation
+        is the same, and a later ``now`` only makes backfill harder. So every mutation sets
+        ``_dirty`` (``_touch``, ``_add``, ``_finish``...), a pass that started a job leaves it set
+        (its starts changed what the next pass reads), and a clean call returns at once. Within a
+        pass free capacity only shrinks, so a request shape that did not fit stays unfit until
+        the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``).
+        The placements are exactly those of the full re-fit (tests/sensor/test_simulated.py,
+        the replay digests of tests/sim)."""
+        if not self._dirty:
             return
+        self._dirty = False  # a start below sets it again
+        if not self._queue:
+            return
+        free = {n.name: n.cores - sum(n.jobs.values()) for n in self._nodes.values() if not n.offline and not n.down}
+        if not any(c > 0 for c in free.values()):
+            return  # every job needs at least one core
+        avail = {name: c for name, c in free.items() if c > 0}
+        unfit: set[tuple] = set()
         shadow: float | None = None
         remaining: list[SimJob] = []
         for job in self._queue:
             if job.held or job.blocked:
                 remaining.append(job)
                 continue
-            placement = self._fit(job, free)
-            if placement is not None and (shadow is None or self._now + job.duration <= shadow):
+            key = (job.cores, job.nodes, job.queue, job.features, job.memory_mb, job.gpus)
+            placement = None if key in unfit or len(avail) < job.nodes else self._fit(job, avail)
+            if placement is None:
+                unfit.add(key)
+            elif shadow is None or self._now + job.duration <= shadow:
                 self._start(job, placement)
                 for name in placement:
                     free[name] -= job.cores
+                    left = avail[name] - job.cores
+                    if left > 0:
+                        avail[name] = left
+                    else:
+                        del avail[name]
                 continue
             if shadow is None:  # first job that cannot start: it holds the reservation
                 shadow = self._shadow_time(job, free)
@@ -512,6 +606,7 @@ class SimulatedBatch:
         job.end_time = self._now + job.duration
         job.placed_on = placement
         self._running[job.job_id] = job
+        self._dirty = True
         for name in placement:
             node = self._nodes[name]
             node.jobs[job.job_id] = job.cores
