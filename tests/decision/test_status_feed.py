@@ -114,3 +114,16 @@ def test_status_built_from_columns_is_the_validated_message():
     clock.advance(1)  # a new snapshot with the joined node gone: another digest
     e.on_snapshot(snapshot(at=clock.now(), nodes=[]))
     assert status_parts(e, "d", clock.now(), None).digest() != parts.digest()
+
+
+def test_status_wire_body_is_model_dump_byte_for_byte():
+    """``EngineStatus.to_wire`` shares each instance's field map instead of copying it: the same
+    map, key order and bytes as ``model_dump`` (the wire contract unchanged)."""
+    from epu.common.codec import packb
+
+    e, bus, clock, _launches = _joined_engine()
+    (st,) = StatusFeed(e, bus).after_iteration([], clock.now())
+    wire, dumped = st.to_wire(), st.model_dump(mode="python")
+    assert wire == dumped and list(wire) == list(dumped)
+    assert [list(i) for i in wire["instances"]] == [list(i) for i in dumped["instances"]]
+    assert packb(wire) == packb(dumped)
