@@ -21,7 +21,7 @@ snapshot (with the snapshot's arrival timed apart) —, lease renewals of 1,000 
 transaction against one per domain, and (``--scale-only``, unless ``--no-rss``) the memory of
 the real ``epu run decision`` process on RabbitMQ (VmRSS/VmHWM from /proc).
 
-Run: ``.venv/bin/python bench/bench_decision.py [--repeat 20] [--store] [--scale | --scale-only]``
+Run: ``.venv/bin/python bench/bench_decision.py [--repeat 20] [--store] [--scale | --scale-only | --rss-only]``
 """
 
 from __future__ import annotations
@@ -574,8 +574,16 @@ def main() -> None:
                     "fresh process)")
     ap.add_argument("--no-rss", action="store_true", help="with --scale-only: skip the memory of the real "
                     "`epu run decision` process (it needs RabbitMQ)")
+    ap.add_argument("--rss-only", action="store_true", help="only the memory of the real `epu run decision` "
+                    "process (about a minute; it needs RabbitMQ)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (bench/benchjson.py)")
     args = ap.parse_args()
+    if args.rss_only:
+        with json_mode(args.json):
+            process_rss()
+        if args.json:
+            RESULTS.emit()
+        return
     if args.scale_only:
         with json_mode(args.json):
             scenario_scale(5)

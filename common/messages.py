@@ -710,6 +710,15 @@ class EngineStatus(Message):
     def routing_key(self) -> str:
         return f"decision.status.{self.domain}"
 
+    def to_wire(self) -> dict[str, Any]:
+        """What ``model_dump`` makes, key for key (so the same bytes), but each instance's map is
+        the instance's own field map, not a copy: its fields are plain values (str, int, float,
+        bool, None), and with 10,000 instances the copies are megabytes more at the moment of
+        publishing (issue 15 item 4). The body is packed, never changed."""
+        body = self.model_dump(mode="python", exclude={"instances"})
+        instances = [i.__dict__ for i in self.instances]
+        return {name: instances if name == "instances" else body[name] for name in type(self).model_fields}
+
 
 @register
 class PolicyChange(Message):

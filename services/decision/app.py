@@ -16,10 +16,13 @@ is not acted on. ``/healthz`` says per domain ``active``, ``standby`` or ``fence
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from epu.common.clock import Clock
@@ -34,6 +37,21 @@ from prometheus_client import Counter, Gauge, Histogram
 
 INPUT_TYPES = {"sensor.snapshot", "instance.state", "instance.report", "node.result"}
 LEADERSHIP = ("active", "standby", "fenced")
+
+
+def _malloc_trim() -> Callable[[], Any]:
+    """glibc's ``malloc_trim(0)``, or a no-op elsewhere. Why: decoding a big snapshot and the
+    iteration after it free tens of MB of small blocks that glibc keeps mapped; trimming after an
+    iteration hands them back, so VmRSS stays near what is live (it cannot lower VmHWM, the peak)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim if hasattr(libc, "malloc_trim") else _no_trim
+    except OSError:
+        return _no_trim
+
+
+def _no_trim(_pad: int = 0) -> int:
+    return 0
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
@@ -131,6 +149,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             breaker.labels(d).set(1 if d in open_ else 0)
 
     feed = StatusFeed(engine, service.publish)
+    trim = _malloc_trim()
 
     def iteration() -> None:
         started = time.monotonic()
@@ -141,6 +160,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         seconds.observe(time.monotonic() - started)
         observe()
         feed.after_iteration(records, service.clock.now())  # what `epu status` shows at once
+        trim(0)  # ~0.3 ms after a new snapshot's iteration, ~0.03 ms otherwise
 
     service.every(config.decision.iteration_seconds, iteration, name="iteration")
     service.engine = engine  # type: ignore[attr-defined]  # tests and the demo look inside

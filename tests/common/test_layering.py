@@ -48,3 +48,20 @@ def test_no_generic_top_level_import() -> None:
            for folder in ("common", "services", "epu", "tests", "bench")
            for p, m in imports(ROOT / folder) if m.split(".")[0] in ("common", "services")]
     assert bad == []
+
+
+def test_epu_run_decision_imports_no_other_roles_libraries() -> None:
+    """What ``epu run decision`` loads (the CLI's parser, then the decision app) stays the
+    decision engine's own: another role's libraries would be megabytes of a 100 MB budget
+    (issue 15 item 4), and a control host need not have them installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from epu.cli import build_parser; build_parser(); "
+            "import epu.services.decision.app; print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                timeout=60).stdout.split())
+    assert "epu.services.decision.app" in loaded
+    other_roles = {"libcloud", "fastapi", "uvicorn", "starlette", "httpx", "matplotlib", "numpy", "hypothesis",
+                   "epu.services.ctxbroker.app", "epu.services.provisioner.app", "epu.services.sensor.app"}
+    assert loaded & other_roles == set()

@@ -98,3 +98,32 @@ def test_the_board_renders_the_engines_view_and_every_instance():
     text = console.export_text()
     assert "queue-demand v0" in text and "breaker open: 3 of 4 nodes [missing]" in text
     assert "i1 s1 joined" in text and "in batch" in text and "i2 s1 started" in text and "not in batch" in text
+
+
+def test_status_built_from_columns_is_the_validated_message():
+    """The feed builds the instances column-wise (``StatusParts``): the result is what validating
+    the same fields as a message gives, every field in place, and the digest ignores only ``at``."""
+    from epu.services.decision.statusfeed import status_parts
+
+    e, _bus, clock, _launches = _joined_engine()
+    parts = status_parts(e, "d", clock.now(), None)
+    st = parts.build()
+    assert st == EngineStatus.model_validate(st.model_dump()) and len(st.instances) == 2
+    assert all(isinstance(i, InstanceStatus) and i.since > 0 and i.state for i in st.instances)
+    assert status_parts(e, "d", clock.now() + 5, None).digest() == parts.digest()
+    clock.advance(1)  # a new snapshot with the joined node gone: another digest
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[]))
+    assert status_parts(e, "d", clock.now(), None).digest() != parts.digest()
+
+
+def test_status_wire_body_is_model_dump_byte_for_byte():
+    """``EngineStatus.to_wire`` shares each instance's field map instead of copying it: the same
+    map, key order and bytes as ``model_dump`` (the wire contract unchanged)."""
+    from epu.common.codec import packb
+
+    e, bus, clock, _launches = _joined_engine()
+    (st,) = StatusFeed(e, bus).after_iteration([], clock.now())
+    wire, dumped = st.to_wire(), st.model_dump(mode="python")
+    assert wire == dumped and list(wire) == list(dumped)
+    assert [list(i) for i in wire["instances"]] == [list(i) for i in dumped["instances"]]
+    assert packb(wire) == packb(dumped)
