@@ -53,8 +53,10 @@ def prefix() -> str:
 
 @pytest.fixture
 def broker(rabbit_url: str, prefix: str) -> Broker:
-    """A Broker on the real RabbitMQ, with names unique to this test."""
-    return Broker(rabbit_url, Topology(prefix=prefix, quorum=True))
+    """A Broker on the real RabbitMQ, with names unique to this test. The connect timeout is
+    longer than production's 5 s: on the shared 2-core machine the AMQP handshake itself has taken
+    over 5 s under load, and no test here is about how fast a connect to a live broker gives up."""
+    return Broker(rabbit_url, Topology(prefix=prefix, quorum=True), connect_timeout=20.0)
 
 
 @pytest.fixture
