@@ -313,6 +313,13 @@ class SimNodeDriver(NodeDriver):
         name, tags and address never change), so a listing of a quiet site builds nothing."""
 
     def _node(self, vm: VM) -> Node:
+        last = self._listed.get(vm.cloud_id)
+        if (last is not None and last[0] is not NodeState.PENDING and vm.terminated_at is None
+                and last[2] == vm.interruption_at):
+            # Running, or failed to boot: so it stays until it is terminated (virtual time only
+            # moves on; boot_at and boot_fails are fixed at creation). A quiet listing's node
+            # answered without working out its state again.
+            return last[1]
         now = self.cloud.world.t
         if vm.terminated_at is not None:
             state = NodeState.TERMINATED
@@ -322,7 +329,6 @@ class SimNodeDriver(NodeDriver):
             state = NodeState.PENDING
         else:
             state = NodeState.RUNNING
-        last = self._listed.get(vm.cloud_id)
         if last is not None and last[0] is state and last[2] == vm.interruption_at:
             return last[1]
         ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"

@@ -421,9 +421,12 @@ class ProvisionerProc(Proc):
         """Armed by a fault: die right after a create call returned, before the store knows."""
         self.queue = queue
         self.alerts: list[tuple[float, Message]] = []
+        self._reported: dict[str, Any] = {}
+        """``publish_reports``' cache of events by record (emptied at each boot, as a restart would)."""
         bus.subscribe(queue, "competing", self, self._handle)
 
     def boot(self) -> None:
+        self._reported = {}
         if self.databases is not None:
             mem = MemoryStore(self.databases.setdefault(self.store_url, MemoryDatabase()), self.store_url)
             self.store_faults.attach_memory(mem, self.world, self)
@@ -499,7 +502,8 @@ class ProvisionerProc(Proc):
         from epu.services.provisioner.app import publish_reports
 
         assert self.store is not None
-        publish_reports(self, self.store, self.config.provisioner.report_horizon_seconds)  # type: ignore[arg-type]
+        publish_reports(self, self.store, self.config.provisioner.report_horizon_seconds,  # type: ignore[arg-type]
+                        cache=self._reported)
 
     def _handle(self, msg: Message) -> None:
         assert self.prov is not None

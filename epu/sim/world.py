@@ -47,7 +47,9 @@ class World:
         self.seed = seed
         self.start = start
         self.t = start
-        self._queue: list[Event] = []
+        self._queue: list[tuple[float, int, Event]] = []
+        """(at, seq, event): the heap compares the tuple's numbers in C, not ``Event.__lt__`` in
+        Python (the same order: ``seq`` is unique, so the event itself is never compared)."""
         self._seq = itertools.count()
         self._rngs: dict[str, random.Random] = {}
         self._digest = hashlib.blake2b(digest_size=16)
@@ -69,7 +71,7 @@ class World:
     # ------------------------------------------------------------------ scheduling
     def at(self, when: float, fn: Callable[[], None], label: str = "") -> Event:
         ev = Event(max(when, self.t), next(self._seq), fn, label)
-        heapq.heappush(self._queue, ev)
+        heapq.heappush(self._queue, (ev.at, ev.seq, ev))
         return ev
 
     def after(self, delay: float, fn: Callable[[], None], label: str = "") -> Event:
@@ -93,8 +95,8 @@ class World:
     def run_until(self, end: float) -> None:
         queue = self._queue
         hooks = self.after_event
-        while queue and queue[0].at <= end:
-            ev = heapq.heappop(queue)
+        while queue and queue[0][0] <= end:
+            ev = heapq.heappop(queue)[2]
             if ev.cancelled:
                 continue
             self.t = ev.at

@@ -29,7 +29,7 @@ from epu.services.provisioner.drivers import make_driver
 from epu.services.provisioner.metrics import ProvisionerMetrics
 from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
 from epu.services.provisioner.runner import CallObserver, RetryPolicy
-from epu.services.provisioner.store import Store
+from epu.services.provisioner.store import InstanceRecord, Store
 from epu.services.provisioner.userdata import UserdataRenderer, worker_contexts
 from libcloud.compute.base import NodeDriver
 
@@ -126,32 +126,49 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     service.on_start.append(prov.discover_all)
     service.every(pc.discover_seconds, prov.discover_all, name="discover")
     offered = domain_sites(config.domains, config.sites)
+    reported: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
     service.every(pc.report_seconds, lambda: publish_reports(service, prov.store, pc.report_horizon_seconds,
-                                                             prov.catalogues, offered),
+                                                             prov.catalogues, offered, reported),
                   name="report")
     return service
 
 
 def publish_reports(service: Service, store: Store, horizon: float, catalogues: Catalogues | None = None,
-                    domain_sites: dict[str, list[str]] | None = None) -> int:
+                    domain_sites: dict[str, list[str]] | None = None,
+                    cache: dict[str, tuple[InstanceRecord, InstanceEvent]] | None = None) -> int:
     """Anti-entropy: per domain, the current state of every instance this provisioner knows
     (live, or ended within ``horizon``) as one ``instance.report``, with the instance types its
     sites were found to offer (``catalogues``, for the domains of ``domain_sites``: a domain
     without instances gets a report when one of its sites discovered types). Returns how many
-    were sent."""
+    were sent.
+
+    ``cache`` (the caller's, kept between calls): each record's event of the last report,
+    handed out again while the store returns the same record object (records are immutable:
+    a change is a new object). A quiet cluster's report was mostly rebuilding these events;
+    the events are frozen, so sharing one between reports changes nothing a receiver sees."""
     from collections import defaultdict
 
     from epu.common.messages import InstanceReport
 
     now = service.clock.now()
     by_domain: dict[str, list[InstanceEvent]] = defaultdict(list)
+    kept: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
     for r in store.list(live_or_updated_since=now - horizon):  # not every record ever (O(history))
         if r.terminal and r.updated_at < now - horizon:
             continue
-        by_domain[r.domain].append(InstanceEvent(
-            instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
-            node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
-            error_kind=r.error_kind, at=r.updated_at))
+        hit = cache.get(r.instance_id) if cache is not None else None
+        if hit is not None and hit[0] is r:
+            event = hit[1]
+        else:
+            event = InstanceEvent(
+                instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
+                node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
+                error_kind=r.error_kind, at=r.updated_at)
+        kept[r.instance_id] = (r, event)
+        by_domain[r.domain].append(event)
+    if cache is not None:
+        cache.clear()
+        cache.update(kept)
     offered = {d: catalogues.offered(names) for d, names in (domain_sites or {}).items()} if catalogues else {}
     sent = 0
     for domain in [*by_domain, *(d for d, o in offered.items() if o and d not in by_domain)]:

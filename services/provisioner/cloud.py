@@ -20,6 +20,7 @@ deployment; which of them this store may sweep is ``reconcile``'s business.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -265,6 +266,9 @@ class LibcloudSite:
         self.store_id: str | None = None
         self._converted: dict[int, tuple[Node, CloudNode]] = {}
         """The last listing's nodes and what they converted to (see ``nodes``)."""
+        self._last_listing: tuple[str, tuple[Node, ...], tuple[CloudNode, ...]] | None = None
+        """The last listing (deployment, the driver's Nodes, our answer): handed back whole
+        when the driver returns the very same Node objects in the same order."""
         self._create_params, takes_any = keyword_names(driver.create_node)
         self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
@@ -365,12 +369,19 @@ class LibcloudSite:
         # simulators' clouds do; libcloud's real drivers build new ones) is not converted again:
         # the poll of a large, quiet site was mostly this conversion. Identity-checked, and only
         # the last listing is kept.
+        listing = self.driver.list_nodes()
+        last = self._last_listing
+        if (last is not None and last[0] == deployment and len(last[1]) == len(listing)
+                and all(map(operator.is_, last[1], listing))):
+            return list(last[2])  # the very same Node objects as last time: the same answer
         seen, converted = self._converted, {}
-        for node in self.driver.list_nodes():
-            hit = seen.get(id(node))
+        for node in listing:
+            key = id(node)
+            hit = seen.get(key)
             cn = hit[1] if hit is not None and hit[0] is node else to_cloud_node(node)
-            converted[id(node)] = (node, cn)
+            converted[key] = (node, cn)
             if cn.tags.get(TAG_DEPLOYMENT) == deployment:
                 out.append(cn)
         self._converted = converted
+        self._last_listing = (deployment, tuple(listing), tuple(out))
         return out

@@ -24,6 +24,7 @@ re-adopt, adopt, sweep (capped), re-drive — is decided by the pure functions o
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import signal
 import threading
@@ -142,6 +143,9 @@ class Provisioner:
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
         self._publish_lock = threading.Lock()
+        self._steady: dict[str, tuple[tuple[CloudNode, ...], tuple[InstanceRecord, ...], core.Rules]] = {}
+        """Per site, the inputs of the last poll whose ``observe`` found every node listed and
+        nothing to do (``Plan.steady``); see ``poll``."""
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ------------------------------------------------------------------ events
@@ -488,8 +492,21 @@ class Provisioner:
         if listing is None:
             return 0
         world = self._world(site_name, *listing, sightings=False)
+        rules = self.rules()
+        records = tuple(world.records.values())
+        last = self._steady.pop(site_name, None)
+        if (last is not None and not world.misses and last[2] == rules and _same(last[0], world.nodes)
+                and _same(last[1], records)):
+            # The very objects of a steady poll (records and nodes are immutable; a change is a
+            # new object) and no miss: ``observe`` would plan nothing again (``Plan.steady``).
+            # A node gone from the listing makes it differ, so every miss is still counted.
+            self._steady[site_name] = last
+            return 0
+        plan = core.observe(world, rules)
+        if plan.steady:
+            self._steady[site_name] = (world.nodes, records, rules)
         report = ReconcileReport(site_name)
-        self._carry_out(site_name, core.observe(world, self.rules()), report)
+        self._carry_out(site_name, plan, report)
         return report.transitions
 
     def reconcile(self, site_name: str, resume_after: float | None = None) -> ReconcileReport:
@@ -651,6 +668,11 @@ class Provisioner:
     def shutdown(self, wait: bool = True) -> None:
         for r in self.runners.values():
             r.shutdown(wait=wait)
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """The same objects in the same order (identity, not equality: a cheap exact test)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _named_deployment(sites: dict[str, Site]) -> str | None:

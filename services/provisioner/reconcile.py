@@ -39,10 +39,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from epu.common.messages import PREEMPTED_REASON
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
-from epu.services.provisioner.states import check_transition
+from epu.services.provisioner.states import TERMINAL_INSTANCE_STATES, check_transition
 from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
 
 # --------------------------------------------------------------------------- inputs
@@ -216,6 +217,12 @@ class Plan:
     """Orphans inside their grace period (cloud ids)."""
     withheld: list[str] = field(default_factory=list)
     """Destroys the cap refused or deferred (cloud ids)."""
+    steady: bool = False
+    """Set by ``observe``: every watched record's node was listed and nothing is to be done.
+    ``observe`` is a pure function of the listing, the records, the misses and the rules, and
+    with every node listed the listing time plays no part: the same inputs again (the same
+    objects — records and nodes are immutable) give the same empty plan
+    (``Provisioner.poll`` skips it then)."""
 
     def of(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]
@@ -243,17 +250,39 @@ def observe(world: World, rules: Rules) -> Plan:
     plan = Plan()
     nodes = ours(world, rules)
     watched = set()
+    site, misses = world.site, world.misses
+    absent = False
     for rec in world.records.values():
-        if rec.site != world.site or rec.terminal or rec.cloud_id is None:
+        if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
             continue  # a launch in flight owns a record without a node
-        watched.add(rec.instance_id)
+        iid = rec.instance_id
+        watched.add(iid)
         node = nodes.get(rec.cloud_id)
         if node is None:
+            absent = True
             _absent(plan, world, rules, rec)
-        else:
+        elif not _quiet(rec, node, misses):
             _present(plan, world, rec, node)
     plan.actions += [ClearMiss(iid) for iid in world.misses if iid not in watched]  # closed since: forget
+    plan.steady = not absent and not plan.actions
     return plan
+
+
+def _quiet(rec: InstanceRecord, node: CloudNode, misses: Mapping[str, Miss]) -> bool:
+    """Would ``_present`` plan nothing for this pair? The common case of a poll — a listed
+    node whose state moves its record nowhere (the same state, or behind a ``joined`` record)
+    — answered without building anything. Exactly ``_present``'s conditions, negated: no miss
+    to clear, not presumed gone, no allowed transition, no new address, no interruption notice.
+    Anything else goes through ``_present``."""
+    return (rec.presumed_gone_at is None and node.interruption_at is None
+            and (not node.ip or node.ip == rec.ip) and rec.instance_id not in misses
+            and not (node.state and _moves(rec.state, node.state)))
+
+
+@lru_cache(maxsize=256)
+def _moves(current: str, new: str) -> bool:
+    """``check_transition(current, new).allowed``, remembered (a pure function of two states)."""
+    return check_transition(current, new).allowed
 
 
 def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> None:

@@ -72,11 +72,31 @@ def invalid_command_result(body: bytes, reason: str, domain: str) -> tuple[NodeC
     return result, env_id if isinstance(env_id, str) and len(env_id) <= 128 else None
 
 
-def estimated_bytes(snap: SensorSnapshot) -> int:
+def estimated_bytes(snap: SensorSnapshot, memo: dict[int, tuple[NodeInfo, int]] | None = None) -> int:
     """A generous upper bound of the wire size (no encoding): per node and shape a fixed
-    allowance plus the node job ids and names."""
-    node_part = sum(120 + len(n.name) + len(n.instance_id or "") + sum(len(j) + 2 for j in n.jobs) for n in snap.nodes)
+    allowance plus the node job ids and names.
+
+    ``memo`` (the caller's, kept between snapshots): each node's share by the ``NodeInfo``
+    object (immutable), so a node reported again as the very same object — a backend that
+    reuses unchanged nodes' infos — is not measured again. Left holding this snapshot's nodes."""
+    if memo is None:
+        node_part = sum(_node_bytes(n) for n in snap.nodes)
+    else:
+        node_part = 0
+        fresh: dict[int, tuple[NodeInfo, int]] = {}
+        for n in snap.nodes:
+            key = id(n)
+            hit = memo.get(key)
+            size = hit[1] if hit is not None and hit[0] is n else _node_bytes(n)
+            fresh[key] = (n, size)
+            node_part += size
+        memo.clear()
+        memo.update(fresh)
     return 4096 + node_part + 400 * len(snap.shapes) + 200 * len(snap.jobs)
+
+
+def _node_bytes(n: NodeInfo) -> int:
+    return 120 + len(n.name) + len(n.instance_id or "") + sum(len(j) + 2 for j in n.jobs)
 
 
 def snapshot_bytes(snap: SensorSnapshot) -> int:
@@ -139,6 +159,8 @@ class SensorCore:
         self.reads = 0
         self.oversize_snapshots = 0
         self._since = StateSince()
+        self._node_bytes: dict[int, tuple[NodeInfo, int]] = {}
+        """``estimated_bytes``' memo of the last snapshot's nodes."""
 
     # ------------------------------------------------------------------ snapshots
     def tick(self) -> None:
@@ -170,7 +192,7 @@ class SensorCore:
         """The snapshot if it fits ``max_snapshot_bytes``; else without per-node job ids (a busy
         node still shows its ``cores_used``); else an unavailable snapshot saying why."""
         limit = self.schedule.max_snapshot_bytes
-        if estimated_bytes(snap) * 2 < limit:
+        if estimated_bytes(snap, self._node_bytes) * 2 < limit:
             return snap  # far below the limit: no need to encode it once more to know
         size = snapshot_bytes(snap)
         if size <= limit:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -139,6 +140,8 @@ class SimulatedBatch:
         self.queue_name = queue
         self._lock = threading.RLock()
         self._nodes: dict[str, SimNode] = {}
+        self._order: tuple[tuple[SimNode, ...], list[SimNode]] | None = None
+        """The nodes (insertion order) and the same sorted by name, of the last snapshot."""
         self._queue: list[SimJob] = []
         self._running: dict[str, SimJob] = {}
         self._ends: list[tuple[float, int, str]] = []  # (end_time, seq, job_id) heap
@@ -309,7 +312,7 @@ class SimulatedBatch:
                 rows.append(self._row(job, job.job_id, 1))
             for key, n in arrays.items():
                 rows.append(self._row(first[key], f"{key[0]}[]", n))
-            nodes = [self._node_info(n) for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+            nodes = [self._node_info(n) for n in self._by_name()]
             shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
                                            for j in self._queue) else []
             if self.group_at_source:
@@ -321,6 +324,18 @@ class SimulatedBatch:
                     for r in rows]
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
+
+    def _by_name(self) -> list[SimNode]:
+        """The nodes sorted by name; the last order again while the very same node objects are
+        there in the same insertion order (the last order holds them, so no new node can reuse
+        an old one's id)."""
+        nodes = tuple(self._nodes.values())
+        last = self._order
+        if last is not None and len(last[0]) == len(nodes) and all(map(operator.is_, last[0], nodes)):
+            return last[1]
+        order = sorted(nodes, key=lambda n: n.name)
+        self._order = (nodes, order)
+        return order
 
     def _node_info(self, n: SimNode) -> NodeInfo:
         """What the batch system reports of ``n``: one pass over its jobs gives their ids, expected

@@ -371,3 +371,113 @@ def test_the_provisioner_tells_the_engine_of_a_notice_once(make_provisioner) -> 
     assert (evt.instance_id, evt.state, evt.seq, evt.interruption_at) == ("L1", rec.state, rec.seq, T + 120)
     assert evt.reason.startswith("interruption notice from the cloud")
     assert prov.store.get("L1").seq == rec.seq  # nothing stored
+
+
+# --------------------------------------------------------------------------- the quiet poll
+
+
+def test_a_quiet_pair_is_exactly_one_present_plans_nothing_for() -> None:
+    """``observe`` answers the common pair (a listed node that moves its record nowhere) without
+    ``_present``: over every record state, node state, address, presumption, miss and notice,
+    ``_quiet`` never holds when ``_present`` would plan something — so skipping it is exact — and
+    holds whenever it would plan nothing, but for a node with a notice (rare; always judged)."""
+    from itertools import product
+
+    from epu.services.provisioner.reconcile import _present, _quiet
+
+    states = ["requested", "pending", "started", "joined", "draining", "terminating"]
+    for (rstate, nstate, rip, nip, presumed, missed, notice) in product(
+            states, [*states, "terminated", "failed", None], ["10.0.0.1", None], ["10.0.0.1", "10.0.0.2", None],
+            [None, T - 50], [False, True], [None, T + 120]):
+        r = rec("a", rstate, "c1", presumed=presumed, ip=rip)
+        n = replace(node("c1", "a", nstate, ip=nip), interruption_at=notice)
+        misses = {"a": miss("a", 1, T - 15)} if missed else {}
+        w = world([n], [r], misses.values())
+        plan = core.Plan()
+        _present(plan, w, r, n)
+        case = (rstate, nstate, rip, nip, presumed, missed, notice)
+        if _quiet(r, n, w.misses):
+            assert plan.actions == [], case  # never skips a thing to do
+        elif notice is None:
+            assert plan.actions != [], case  # and without a notice (rare: always judged) skips all else
+
+
+def test_a_poll_is_steady_only_when_every_node_is_listed_and_nothing_is_to_do() -> None:
+    quiet = [rec("a", "joined", "c1"), rec("b", "started", "c2")]
+    listed = [node("c1", "a"), node("c2", "b")]
+    assert core.observe(world(listed, quiet), RULES).steady
+    assert not core.observe(world(listed[:1], quiet), RULES).steady  # b not listed: a miss
+    assert not core.observe(world(listed, [rec("a", "pending", "c1"), quiet[1]]), RULES).steady  # a moves on
+    assert not core.observe(world(listed, quiet, [miss("a", 1, T - 15)]), RULES).steady  # a miss to clear
+
+
+class _SameNodes:
+    """A driver that hands back the same ``Node`` object while a node is unchanged (as the
+    simulators' clouds do), and can hide nodes from its listings."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.hidden: set[str] = set()
+        self._last: dict[str, object] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def list_nodes(self, *args, **kwargs):
+        out = []
+        for n in self.inner.list_nodes():
+            key = (n.state, tuple(n.public_ips), tuple(n.private_ips))
+            last = self._last.get(n.id)
+            if last is not None and last[0] == key:
+                n = last[1]
+            self._last[n.id] = (key, n)
+            if n.id not in self.hidden:
+                out.append(n)
+        return out
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_steady_poll_is_skipped_and_every_miss_still_counted(tmp_path, skip, monkeypatch) -> None:
+    """Polls that see the very same nodes and records as a steady one are skipped; a node gone
+    from the listing ends that at once: a miss on every poll, presumed gone at the same poll
+    (the same trace with the skip on and off)."""
+    from epu.common.clock import ManualClock
+    from epu.common.messages import LaunchRequest
+    from epu.services.provisioner import provisioner as pmod
+    from epu.services.provisioner.cloud import LibcloudSite
+    from epu.services.provisioner.memstore import MemoryStore
+    from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+    from epu.services.provisioner.sim import SimulatedNodeDriver
+
+    from tests.provisioner.conftest import FAST_RETRY, Events, site_config
+
+    if not skip:
+        monkeypatch.setattr(pmod, "_same", lambda a, b: False)
+    observed = []
+    real_observe = core.observe
+    monkeypatch.setattr(pmod.core, "observe", lambda w, r: observed.append(w.listed_at) or real_observe(w, r))
+    clock = ManualClock()
+    driver = _SameNodes(SimulatedNodeDriver(path=str(tmp_path / "c.db"), boot_time_min=10, boot_time_max=10,
+                                            clock=clock, seed=1))
+    prov = Provisioner(MemoryStore(), {"s": LibcloudSite("s", site_config(), driver, "epu")}, Events(), clock=clock,
+                       settings=ProvisionerSettings(deployment="epu", retry=FAST_RETRY, vanish_misses=3,
+                                                    vanish_min_seconds=60))
+    try:
+        for lid in ("L1", "L2"):
+            prov.handle_launch(LaunchRequest(launch_id=lid, domain="d", site="s", node_name=lid))
+        assert prov.wait_idle(10)
+        trace = []
+        for i in range(12):
+            clock.advance(15)
+            if i == 4:
+                driver.hidden.add(prov.store.get("L2").cloud_id)
+            prov.poll("s")
+            misses = prov.store.misses("s")
+            trace.append((i, prov.store.get("L1").state, prov.store.get("L2").presumed_gone,
+                          misses["L2"].count if "L2" in misses else 0))
+    finally:
+        prov.shutdown(wait=True)
+    assert [t[3] for t in trace] == [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]  # a miss on every poll it is absent
+    assert [t[2] for t in trace] == [False] * 8 + [True] * 4  # 3 misses and 60 s: at the 5th miss
+    assert all(t[1] == "started" for t in trace)
+    assert len(observed) == (10 if skip else 12)  # steady at the 2nd poll: the 3rd and 4th skipped

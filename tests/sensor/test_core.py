@@ -265,3 +265,23 @@ def test_remove_with_requeue_puts_a_preempted_nodes_jobs_back_and_removes_it(clo
     clock.advance(60)
     core.tick()
     assert bus.snapshots()[-1].running_jobs == 2  # the requeued jobs run again elsewhere
+
+
+def test_the_size_estimate_with_its_memo_is_the_one_without(clock: ManualClock) -> None:
+    """The memo of each node's share (by the very NodeInfo object) changes no estimate, as
+    nodes fill, empty, come and go from one snapshot to the next."""
+    from epu.services.sensor.core import estimated_bytes
+
+    b = SimulatedBatch(clock, nodes={f"w{i}": 2 for i in range(5)})
+    core, _, _ = make(clock, b)
+    memo: dict = {}
+    for step in range(8):
+        if step == 2:
+            b.submit(cores=1, count=6, duration=30)
+        if step == 4:
+            b.add_node("w9", 4)
+        if step == 5:
+            b.execute("remove", "w9")
+        snap = core.read()
+        assert estimated_bytes(snap, memo) == estimated_bytes(snap)
+        clock.advance(20)

@@ -147,3 +147,14 @@ def test_state_since_moves_only_on_change(clock: ManualClock) -> None:
     assert b.snapshot().nodes[0].state_since == t0 + 5
     clock.advance(10)
     assert b.snapshot().nodes[0].state_since == t0 + 15
+
+
+def test_a_node_removed_and_added_again_is_the_new_one_in_the_snapshot(clock: ManualClock) -> None:
+    """The sorted node order is reused only while the very same nodes are there: a node removed
+    and added again under its name (the same names, in the same order) is reported anew."""
+    b = SimulatedBatch(clock, nodes={"a": 1, "b": 1})
+    assert states(b) == {"a": ("free", 0), "b": ("free", 0)}
+    assert b.execute("remove", "b").ok and b.add_node("b", 4)
+    assert [(n.name, n.cores) for n in b.snapshot().nodes] == [("a", 1), ("b", 4)]
+    b.add_node("0", 2)
+    assert [n.name for n in b.snapshot().nodes] == ["0", "a", "b"]
