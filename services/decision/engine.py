@@ -599,7 +599,7 @@ class Engine:
             if len(before) == len(mine):
                 if all(map(operator.is_, before, mine)):
                     memo.stamp = stamp
-                elif set(map(id, before)) == set(map(id, mine)):
+                elif len(ids := set(map(id, mine))) == len(mine) and ids.issuperset(map(id, before)):
                     # the same objects, in the store's order now (it lists a written instance after
                     # the others launched at the same moment): each is still its own refresh, only
                     # the parts follow the order
@@ -639,7 +639,8 @@ class Engine:
                 self._refreshed[domain] = _Refreshed(
                     latest, stamp if dissolved is None and not changed else None,
                     Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
-                           census.known, census.missing, census.gangs, census.counted), why)
+                           census.known, census.missing, census.gangs, census.counted,
+                           *((census.quiet, census.rest) if dissolved is None else (None, None))), why)
         return before, after, parts, changed, came, dissolved, why
 
     def iterate_domain(self, domain: str, now: float,
