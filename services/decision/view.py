@@ -281,6 +281,7 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIn
     Absence never removes anything: a draining node missing from a snapshot is not "removed"
     (only the sensor's successful ``remove`` says so, ``Engine.on_node_result``)."""
     r = refresh_census(instances, nodes, now, available)
+    assert r.parts is not None  # the full census partitions in its pass
     return r.instances, r.parts
 
 
@@ -290,7 +291,8 @@ class Census:
     next, gathered in the same pass (each pass over 50,000 instances is milliseconds)."""
 
     instances: list[Instance]
-    parts: Parts
+    parts: Parts | None
+    """active/pending/joined/draining of ``instances`` (``None``: not computed yet, ``partition``)."""
     changed: list[Instance]
     """The instances refresh replaced (new timers or states: to be stored)."""
     joined: list[Instance] = field(default_factory=list)
@@ -472,7 +474,8 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
             changed.append(new)
     q, r = (quiet, rest) if gather else (None, None)
     if not changed:
-        parts: Parts = (list(prev.parts[0]), list(prev.parts[1]), list(prev.parts[2]), list(prev.parts[3]))
+        was = prev.parts if prev.parts is not None else partition(prev.instances)
+        parts: Parts = (list(was[0]), list(was[1]), list(was[2]), list(was[3]))
         return Census(list(prev.instances), parts, [], [], prev.known, missing, prev.gangs, quiet=q, rest=r)
     # the changed ones in the instances' order, put in their places (their parts do not change:
     # a new timer or seen_at only), then the parts again in one pass

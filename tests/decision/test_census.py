@@ -152,6 +152,8 @@ def test_the_shorter_pass_chained_over_snapshots_gives_the_census(seed: int) -> 
             return
         same(got, full)
         prev = got
+        if rnd.random() < 0.3:
+            prev.parts = None  # as the engine leaves it after the store reordered (partitioned when needed)
 
 
 def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted() -> None:
