@@ -93,7 +93,7 @@ def short_name(name: str) -> str:
 class NodeIndex:
     """A snapshot's nodes, found by instance identity, then by short name (see module docstring)."""
 
-    __slots__ = ("by_id", "by_name", "by_short", "busy_short")
+    __slots__ = ("by_id", "by_name", "by_short", "busy_short", "idle_short")
 
     def __init__(self, nodes: dict[str, NodeInfo] | list[NodeInfo] | None = None) -> None:
         items = list(nodes.values()) if isinstance(nodes, dict) else list(nodes or [])
@@ -112,6 +112,10 @@ class NodeIndex:
         """Short names whose node is busy, when no node carries an instance id (None then):
         ``refresh_census_again`` finds which quiet instances' nodes stopped being busy with one
         set difference instead of 50,000 look-ups. Built once per snapshot, on arrival."""
+        self.idle_short: frozenset[str] | None = frozenset(
+            k for k, n in self.by_short.items() if n.state == "free" and not n.jobs and not n.cores_used
+        ) if not self.by_id else None
+        """Likewise, short names whose node is idle (free, no job, no core used)."""
 
     def find(self, inst: Instance) -> NodeInfo | None:
         node = self.by_id.get(inst.instance_id)
@@ -306,11 +310,13 @@ class Census:
     """Some instance belongs to a gang (``dissolve_complete_gangs`` has work to look at)."""
     counted: bool = True
     """``known`` was counted (not on an unavailable snapshot, which refreshes nothing)."""
-    quiet: dict[str, Instance] | None = None
-    """Node name → the instance ``refresh_census_again`` skipped on it: joined, seen, found by
-    its (short) node name on a busy node, no timer running — most of them. On the next snapshot
-    only those whose node is no longer busy (a set difference) and ``rest`` are looked at.
-    ``None``: not gathered (the full census does not; nor when nodes carry instance ids)."""
+    quiet: tuple[dict[str, Instance], dict[str, Instance], dict[str, Instance]] | None = None
+    """Node name → the instance ``refresh_census_again`` found unchanged on it, found by its own
+    (short) node name: joined on a busy node with no timer running (most of them); joined and
+    idle on an idle node; draining on a node the snapshot lists. On the next snapshot only those
+    whose node left that class (set differences: ``NodeIndex.busy_short``, ``idle_short``,
+    ``by_short``) and ``rest`` are looked at. ``None``: not gathered (the full census does not;
+    nor when nodes carry instance ids)."""
     rest: list[Instance] | None = None
     """With ``quiet``: every other instance (looked at on each new snapshot)."""
 
@@ -411,20 +417,22 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
     if not prev.counted:
         return None
     ids, shorts = index.by_id, index.by_short
-    busy = index.busy_short
-    gather = busy is not None
+    busy, idle_names = index.busy_short, index.idle_short
+    gather = busy is not None and idle_names is not None
     quiet_before = prev.quiet if gather else None
     if quiet_before is not None and prev.rest is not None:
-        assert busy is not None
+        assert busy is not None and idle_names is not None
         # taken over, not copied (a copy of 50,000 entries is milliseconds): ``prev`` keeps no
         # quiet set, so a second use of it takes the plain pass (the same result)
-        quiet, look = quiet_before, list(prev.rest)
+        quiet, quiet_idle, quiet_drain = quiet_before
+        look = list(prev.rest)
         prev.quiet = prev.rest = None
-        for n in list(filterfalse(busy.__contains__, quiet)):
-            look.append(quiet.pop(n))
+        for names, q in ((busy, quiet), (idle_names, quiet_idle), (shorts, quiet_drain)):
+            for n in list(filterfalse(names.__contains__, q)):
+                look.append(q.pop(n))
     else:
         look = prev.instances
-        quiet = {}
+        quiet, quiet_idle, quiet_drain = {}, {}, {}
     rest: list[Instance] = []
     changed: list[Instance] = []
     missing = 0
@@ -445,6 +453,20 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
                 else:
                     rest.append(inst)
             continue
+        if gather and node is not None and inst.seen_at is not None and inst.missing_since is None:
+            if (state == "joined" and inst.idle_since is not None and node.state == "free" and not node.jobs
+                    and not node.cores_used):  # idle, and its node still is: nothing to change
+                if name in idle_names and name not in quiet_idle:
+                    quiet_idle[name] = inst
+                else:
+                    rest.append(inst)
+                continue
+            if state == "draining":  # listed and seen: nothing to change, not missing
+                if name in shorts and name not in quiet_drain:
+                    quiet_drain[name] = inst
+                else:
+                    rest.append(inst)
+                continue
         new = inst
         if node is None:
             if state == "joined":
@@ -472,7 +494,7 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
             rest.append(new)
         if new is not inst:
             changed.append(new)
-    q, r = (quiet, rest) if gather else (None, None)
+    q, r = ((quiet, quiet_idle, quiet_drain), rest) if gather else (None, None)
     if not changed:
         was = prev.parts if prev.parts is not None else partition(prev.instances)
         parts: Parts = (list(was[0]), list(was[1]), list(was[2]), list(was[3]))

@@ -126,8 +126,9 @@ def test_the_shorter_pass_on_a_new_snapshot_gives_the_census(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_the_shorter_pass_chained_over_snapshots_gives_the_census(seed: int) -> None:
     """Snapshot after snapshot, each shorter pass from the last one's result — the quiet
-    instances (joined, on a busy node) found by a set difference of the busy names — gives what
-    the full census gives; mostly busy nodes, node names shared by several instances, nodes with
+    instances (joined on a busy or an idle node, draining on a listed one) found by set
+    differences of the snapshot's names — gives what the full census gives; mostly busy or idle
+    nodes, node names shared by several instances, nodes with
     identities in some snapshots (no quiet set then)."""
     rnd = random.Random(seed)
     insts = table(rnd, 60)
@@ -139,8 +140,15 @@ def test_the_shorter_pass_chained_over_snapshots_gives_the_census(seed: int) -> 
 
     def nodes() -> NodeIndex:
         ix = snapshot_nodes(rnd, 60, ids=rnd.random() < 0.2)
-        return NodeIndex([NodeInfo(**{**n.model_dump(), "state": "busy"}) if rnd.random() < 0.7 else n
-                          for n in ix.by_name.values()])
+        out = []
+        for n in ix.by_name.values():
+            r = rnd.random()
+            if r < 0.6:
+                n = NodeInfo(**{**n.model_dump(), "state": "busy"})
+            elif r < 0.8:  # idle
+                n = NodeInfo(**{**n.model_dump(), "state": "free", "jobs": [], "cores_used": 0})
+            out.append(n)
+        return NodeIndex(out)
 
     prev = refresh_census(insts, nodes(), T0 + 10, True)
     for step in range(6):
