@@ -599,17 +599,21 @@ class Engine:
             if len(before) == len(mine):
                 if all(map(operator.is_, before, mine)):
                     memo.stamp = stamp
-                elif set(map(id, before)) == set(map(id, mine)):
+                elif len(ids := set(map(id, mine))) == len(mine) and ids.issuperset(map(id, before)):
                     # the same objects, in the store's order now (it lists a written instance after
                     # the others launched at the same moment): each is still its own refresh, only
                     # the parts follow the order
-                    memo.census = replace(memo.census, instances=list(before), parts=partition(before))
+                    # (partitioned when needed: after a new snapshot that changes timers, the
+                    # shorter pass partitions its own result instead)
+                    memo.census = replace(memo.census, instances=list(before), parts=None)
                     memo.stamp = stamp
         same = stamp is not None and memo is not None and memo.stamp == stamp
         if same and memo is not None and memo.latest is latest:
             # same snapshot, same instance objects: refreshing would change nothing again
             c = memo.census
             before = after = list(c.instances)
+            if c.parts is None:
+                c.parts = partition(c.instances)
             parts = (list(c.parts[0]), list(c.parts[1]), list(c.parts[2]), list(c.parts[3]))
             changed: list[Instance] = []
             came: list[Instance] = []  # nothing joined: refresh would change nothing
@@ -626,6 +630,7 @@ class Engine:
             if census is None:
                 census = refresh_census(before, latest.nodes, now, snap.available)
             after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
+            assert parts is not None  # both passes partition their result
             dissolved = dissolve_complete_gangs(after) if census.gangs else None
             if dissolved is not None:
                 after, parts = dissolved, partition(dissolved)
@@ -639,7 +644,8 @@ class Engine:
                 self._refreshed[domain] = _Refreshed(
                     latest, stamp if dissolved is None and not changed else None,
                     Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
-                           census.known, census.missing, census.gangs, census.counted), why)
+                           census.known, census.missing, census.gangs, census.counted,
+                           *((census.quiet, census.rest) if dissolved is None else (None, None))), why)
         return before, after, parts, changed, came, dissolved, why
 
     def iterate_domain(self, domain: str, now: float,
