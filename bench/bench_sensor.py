@@ -57,6 +57,7 @@ from epu.common.messages import Envelope  # noqa: E402
 from epu.services.sensor.core import PollSchedule, SensorCore  # noqa: E402
 from epu.services.sensor.dedupe import MemoryCommandLog  # noqa: E402
 from epu.services.sensor.htcondor.autoformat import JOB_AF, STARTD_AF, render  # noqa: E402
+from epu.services.sensor.htcondor.canned import CannedCondor  # noqa: E402
 from epu.services.sensor.htcondor.parse import JOB_PROJECTION, STARTD_PROJECTION  # noqa: E402
 from epu.services.sensor.runner import CommandResult  # noqa: E402
 from epu.services.sensor.slurm.text import SEP  # noqa: E402
@@ -216,37 +217,6 @@ class CannedRunner:
         key = name + (" --json" if "--json" in argv else "")
         out = self.outputs[key]
         return CommandResult(tuple(argv), 0, out if isinstance(out, str) else out.decode(), "")
-
-
-class CannedCondor:
-    """The parts of ``htcondor2`` the backend reads through, answering with prepared ads."""
-
-    def __init__(self, jobs: list[Any], slots: list[Any]) -> None:
-        import htcondor2
-
-        self.AdTypes, self.DaemonTypes = htcondor2.AdTypes, htcondor2.DaemonTypes
-        self.jobs, self.slots = jobs, slots
-
-    def Collector(self, pool: str | None = None) -> Any:  # noqa: N802
-        outer = self
-
-        class Collector:
-            def locateAll(self, daemon_type: Any) -> list[Any]:  # noqa: N802
-                return [{"Name": "schedd"}]
-
-            def query(self, ad_type: Any = None, constraint: Any = None, projection: Any = None) -> list[Any]:
-                return outer.slots
-
-        return Collector()
-
-    def Schedd(self, ad: Any = None) -> Any:  # noqa: N802
-        outer = self
-
-        class Schedd:
-            def query(self, constraint: str = "", projection: Any = ()) -> list[Any]:
-                return outer.jobs
-
-        return Schedd()
 
 
 def end_to_end(backend: Any) -> Callable[[], Any]:

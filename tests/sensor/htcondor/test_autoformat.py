@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import classad2
-import htcondor2
 import pytest
 from epu.common.clock import ManualClock
 from epu.services.sensor.backend import BackendUnavailable
@@ -20,6 +19,7 @@ from epu.services.sensor.htcondor.autoformat import (
     render,
 )
 from epu.services.sensor.htcondor.backend import JOB_CONSTRAINT, HTCondorBackend
+from epu.services.sensor.htcondor.canned import CannedCondor, projected
 from epu.services.sensor.htcondor.parse import JOB_PROJECTION, STARTD_PROJECTION
 from epu.services.sensor.runner import CommandResult
 
@@ -46,18 +46,6 @@ def ads(name: str) -> list[Any]:
     return list(classad2.parseAds((FIXTURES / name).read_text()))
 
 
-def projected(ads: list[Any], projection: list[str]) -> list[Any]:
-    """What a schedd/collector query with this projection returns: only those attributes."""
-    out = []
-    for ad in ads:
-        p = classad2.ClassAd()
-        for name in projection:
-            if name in ad:
-                p[name] = ad.lookup(name)
-        out.append(p)
-    return out
-
-
 class Tools:
     """A runner answering condor_q / condor_status with fixed text, recording the command lines."""
 
@@ -74,41 +62,11 @@ class Tools:
         return CommandResult(tuple(argv), 0, self.out[name], "")
 
 
-class Bindings:
-    """The parts of ``htcondor2`` a read goes through, answering with prepared ads."""
-
-    AdTypes, DaemonTypes = htcondor2.AdTypes, htcondor2.DaemonTypes
-
-    def __init__(self, jobs: list[Any], slots: list[Any]) -> None:
-        self.jobs, self.slots = jobs, slots
-
-    def Collector(self, pool: str | None = None) -> Any:  # noqa: N802
-        outer = self
-
-        class Collector:
-            def locateAll(self, daemon_type: Any) -> list[Any]:  # noqa: N802
-                return [{"Name": "schedd"}]
-
-            def query(self, ad_type: Any = None, constraint: Any = None, projection: Any = None) -> list[Any]:
-                return outer.slots
-
-        return Collector()
-
-    def Schedd(self, ad: Any = None) -> Any:  # noqa: N802
-        outer = self
-
-        class Schedd:
-            def query(self, constraint: str = "", projection: Any = ()) -> list[Any]:
-                return [a for a in outer.jobs if classad2.ExprTree(constraint).eval(a) is True]
-
-        return Schedd()
-
-
 def both(job_ads: list[Any], slot_ads: list[Any], template: dict[str, Any] | None) -> tuple[Any, Any]:
     jobs, slots = projected(job_ads, JOB_PROJECTION), projected(slot_ads, STARTD_PROJECTION)
     live = [a for a in jobs if classad2.ExprTree(JOB_CONSTRAINT).eval(a) is True]  # what condor_q -constraint prints
     clock = ManualClock(NOW)
-    b = HTCondorBackend(Bindings(jobs, slots), clock=clock, template=template).snapshot()
+    b = HTCondorBackend(CannedCondor(jobs, slots, filter_jobs=True), clock=clock, template=template).snapshot()
     a = HTCondorBackend(runner=Tools(render(live, JOB_AF), render(slots, STARTD_AF)), read_format="af",
                         clock=clock, template=template).snapshot()
     return b, a
