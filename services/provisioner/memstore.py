@@ -36,6 +36,7 @@ from epu.services.provisioner.store import (
     Miss,
     Sighting,
     Transition,
+    cloud_field_values,
     new_identity_value,
 )
 from sqlalchemy.exc import IntegrityError
@@ -305,17 +306,9 @@ class MemoryStore:
 
     def set_cloud_fields(self, instance_id: str, *, cloud_id: str | None = None, ip: str | None = None,
                          now: float | None = None, site: str | None = None) -> None:
-        values: dict[str, Any] = {}
-        if cloud_id is not None:
-            values["cloud_id"] = cloud_id
-        if ip is not None:
-            values["ip"] = ip
-        if site is not None:
-            values["site"] = site
+        values = cloud_field_values(cloud_id=cloud_id, ip=ip, site=site, now=now)
         if not values:
             return
-        if now is not None:
-            values["updated_at"] = now
         with self._tx() as write:
             write()
             rec = self.db.instances.get(instance_id)

@@ -509,17 +509,9 @@ class Store:
                          now: float | None = None, site: str | None = None) -> None:
         """Remember what the cloud told us without a state change (e.g. an IP that came late, or
         where the node of a record found by its launch id lives)."""
-        values: dict[str, Any] = {}
-        if cloud_id is not None:
-            values["cloud_id"] = cloud_id
-        if ip is not None:
-            values["ip"] = ip
-        if site is not None:
-            values["site"] = site
+        values = cloud_field_values(cloud_id=cloud_id, ip=ip, site=site, now=now)
         if not values:
             return
-        if now is not None:
-            values["updated_at"] = now
         with self._tx() as conn:
             conn.execute(update(instances).where(instances.c.instance_id == instance_id).values(**values))
 
@@ -750,3 +742,14 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
     def _begin_immediate(conn: Any) -> None:
         read_only = conn.get_execution_options().get("epu_read_only")
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def cloud_field_values(*, cloud_id: str | None, ip: str | None, site: str | None,
+                       now: float | None) -> dict[str, Any]:
+    """The columns ``set_cloud_fields`` writes, one definition for every store: only what the
+    cloud told us, and ``updated_at`` only when something is written."""
+    values: dict[str, Any] = {k: v for k, v in (("cloud_id", cloud_id), ("ip", ip), ("site", site))
+                              if v is not None}
+    if values and now is not None:
+        values["updated_at"] = now
+    return values

@@ -128,6 +128,13 @@ class SlurmTestCluster:
         """Only the variables that differ from the process environment."""
         return {"SLURM_CONF": str(self.conf_path)}
 
+    def sensor_backend(self) -> Any:
+        """EPU's Slurm backend reading this cluster (full node lists, no bitstring truncation)."""
+        from epu.services.sensor.runner import CommandRunner
+        from epu.services.sensor.slurm.backend import SlurmBackend
+
+        return SlurmBackend(CommandRunner(timeout=30, env={**self.client_env, "SLURM_BITSTR_LEN": "0"}))
+
     def log_path(self, daemon: str) -> Path:
         return self.workdir / "log" / f"{daemon}.log"
 

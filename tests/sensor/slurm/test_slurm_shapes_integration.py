@@ -23,7 +23,6 @@ from collections.abc import Iterator
 
 import pytest
 from epu.common.testing import wait_for
-from epu.services.sensor.runner import CommandRunner
 from epu.services.sensor.slurm.backend import SlurmBackend
 
 from tests.support.slurm import SlurmNodeSpec, SlurmPartitionSpec, SlurmTestCluster
@@ -50,7 +49,7 @@ def cluster() -> Iterator[SlurmTestCluster]:
 
 @pytest.fixture(scope="module")
 def backend(cluster: SlurmTestCluster) -> SlurmBackend:
-    return SlurmBackend(CommandRunner(timeout=30, env={**cluster.client_env, "SLURM_BITSTR_LEN": "0"}))
+    return cluster.sensor_backend()
 
 
 @pytest.fixture(scope="module")
