@@ -283,6 +283,30 @@ class _Observed:
             self.owner.crash_at_commit = ""
             raise Crash(f"{self.owner.name} killed after committing a plan, before sending it")
 
+    def commit_plans(self, writes: list[Any]) -> dict[str, Exception]:
+        """``commit_plan``'s observation and crashes for an iteration's plans stored together:
+        each plan's site health before it is the store's overlaid with the earlier plans' (as if
+        committed one by one); the world hears of the plans that were stored, in order."""
+        health: dict[str, Any] | None = None
+        for w in writes:
+            if w.plan.sites:
+                health = self.site_health() if health is None else health
+                w.plan._health_before = dict(health)  # for the blame check (invariant 6)
+            if health is not None:
+                health.update(w.plan.sites)
+        if self.owner.crash_at_commit == "before":
+            self.owner.crash_at_commit = ""
+            raise Crash(f"{self.owner.name} killed before committing a plan")
+        failed: dict[str, Exception] = super().commit_plans(writes)  # type: ignore[misc]
+        for w in writes:
+            if w.domain not in failed:
+                for fn in self.owner.on_commit:
+                    fn(self.owner, w.domain, w.plan)
+        if self.owner.crash_at_commit == "after" and len(failed) < len(writes):
+            self.owner.crash_at_commit = ""
+            raise Crash(f"{self.owner.name} killed after committing a plan, before sending it")
+        return failed
+
     def store_actions(self, domain: str, plan: Any, now: float, **kw: Any) -> None:
         super().store_actions(domain, plan, now, **kw)  # type: ignore[misc]
         for fn in self.owner.on_commit:

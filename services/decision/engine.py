@@ -71,7 +71,7 @@ from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
 from epu.services.decision.policies import PolicyError, get_policy, validate_params
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
-from epu.services.decision.store import Store
+from epu.services.decision.store import PlanWrite, Store
 from epu.services.decision.view import (
     Census,
     DomainView,
@@ -119,6 +119,23 @@ class _Refreshed:
     """The refresh: instances, parts, the breaker's counts (``refresh_census_again`` reuses them
     on the next snapshot while the instances are these objects)."""
     breaker: str | None
+
+
+@dataclass
+class _Prepared:
+    """A domain's iteration up to its commit (``Engine._prepare``): what to store (``write``,
+    None: nothing) and, once stored, what to send and record."""
+
+    domain: str
+    plan: Plan
+    now: float
+    iteration: int
+    view: DomainView
+    policy: str
+    version: int
+    always: bool
+    """Publish a decision record even without actions (the notes are an event)."""
+    write: PlanWrite | None
 
 
 @dataclass
@@ -171,6 +188,8 @@ class Engine:
         """Per domain: the last iteration's refresh, while nothing changed (``_Refreshed``)."""
         self._ending: dict[str, tuple[int, list[Instance]]] = {}
         """Per domain: (instance stamp, its ``terminating`` instances) (``_unfinished_terminates``)."""
+        self._launched: Counter[tuple[str, str]] = Counter()
+        """(site, type) → launches planned in this iteration, not committed yet (``_live_per_type``)."""
         self.iterations = 0
         for name, cfg in config.domains.items():
             try:
@@ -504,7 +523,14 @@ class Engine:
 
     # ------------------------------------------------------------------ iterations
     def iterate(self) -> list[DecisionRecord]:
-        """One iteration over every domain this engine is active for, then due re-sends."""
+        """One iteration over every domain this engine is active for, then due re-sends.
+
+        Every domain's plan is prepared first, then all plans that write are committed in one
+        transaction (``Store.commit_plans``: one savepoint and one lease check per domain), then
+        each committed plan is sent, in domain order. Store-before-send holds for every command
+        (all were durable, under the lease, before the first send); a fenced domain, or one whose
+        write failed, sends nothing and is tried again at the next iteration — the others go on.
+        At 1,000 domains this is one commit per iteration instead of one per domain."""
         now = self.clock.now()
         self.iterations += 1
         records = []
@@ -518,16 +544,29 @@ class Engine:
                 invalidate()
         self._was_active = set(active)
         sites = self._site_context() if active else None  # read once, kept current below
-        for domain in list(active):
+        self._launched = Counter()
+        prepared: list[_Prepared] = []
+        for domain in active:
             try:
-                record = self.iterate_domain(domain, now, sites)
-            except Fenced as exc:
-                log.warning("fenced: another engine holds the domain now; nothing committed or sent",
-                            extra={"domain": domain, "reason": str(exc)})
-                active.remove(domain)
-                continue
+                prepared.append(self._prepare(domain, now, sites))
             except Exception:
                 log.exception("iteration failed", extra={"domain": domain})
+        failed = self._commit([p.write for p in prepared if p.write is not None])
+        for p in prepared:
+            why = failed.get(p.domain)
+            if isinstance(why, Fenced):
+                log.warning("fenced: another engine holds the domain now; nothing committed or sent",
+                            extra={"domain": p.domain, "reason": str(why)})
+                active.remove(p.domain)
+                continue
+            if why is not None:
+                log.error("iteration failed: its plan was not stored, nothing sent (tried again next iteration)",
+                          exc_info=why, extra={"domain": p.domain})
+                continue
+            try:
+                record = self._send_prepared(p)
+            except Exception:
+                log.exception("iteration failed", extra={"domain": p.domain})
                 continue
             if record is not None:
                 records.append(record)
@@ -538,6 +577,27 @@ class Engine:
             log.exception("re-send failed")
             self._publish_failed(active)
         return records
+
+    def _commit(self, writes: list[PlanWrite]) -> dict[str, Exception]:
+        """Store the plans of an iteration, all in one transaction when the store can
+        (``commit_plans``); returns the domains whose plan was not stored, with why. A failure of
+        the transaction as a whole (its commit) fails every domain: nothing is sent."""
+        if not writes:
+            return {}
+        commit_plans = getattr(self.store, "commit_plans", None)
+        if commit_plans is None:  # a store without the batch: one transaction per domain
+            failed: dict[str, Exception] = {}
+            for w in writes:
+                try:
+                    self.store.commit_plan(w.domain, w.plan, w.now, w.memory, w.iteration, w.refreshed,
+                                           fence=w.fence)
+                except Exception as exc:
+                    failed[w.domain] = exc
+            return failed
+        try:
+            return dict(commit_plans(writes))
+        except Exception as exc:
+            return {w.domain: exc for w in writes}
 
     def _placement_input(self, cfg: Any, health: dict[str, SiteHealth], live: dict[str, int],
                          unproven: dict[str, int]) -> PlacementInput:
@@ -651,6 +711,22 @@ class Engine:
     def iterate_domain(self, domain: str, now: float,
                        sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
                        ) -> DecisionRecord | None:
+        """One domain's iteration on its own: prepare, commit (raises ``Fenced`` when the lease
+        is gone: nothing stored, nothing sent), send. ``iterate`` does the same for all domains
+        with one commit."""
+        self._launched = Counter()
+        p = self._prepare(domain, now, sites)
+        if p.write is not None:
+            w = p.write
+            self.store.commit_plan(domain, w.plan, now, w.memory, w.iteration, w.refreshed, fence=w.fence)
+        return self._send_prepared(p)
+
+    def _prepare(self, domain: str, now: float,
+                 sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
+                 ) -> _Prepared:
+        """Everything of a domain's iteration up to its commit: refresh, view, policy, plan; the
+        iteration's site context (``sites``) counts its launches at once, so the next domain's
+        placement sees them (a plan that then fails to commit only made the others more careful)."""
         latest = self._latest[domain]
         current = self.store.current_config(domain)
         assert current is not None
@@ -680,24 +756,29 @@ class Engine:
         health.update(successes)
         for i in joined:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
-        for site, why in self._take_failures(cfg).items():
-            decision.failed_sites.setdefault(site, why)
+        for site, why_ in self._take_failures(cfg).items():
+            decision.failed_sites.setdefault(site, why_)
         out = plan(view, decision, self._placement_input(cfg, health, live, unproven),
                    self.store.in_flight(domain))
         out.sites = {**successes, **out.sites}
+        write = None
         if out.actions or changed or out.sites or (decision.memory is not None and decision.memory != memory):
             iteration += 1
-            self.store.commit_plan(domain, out, now, decision.memory, iteration, changed,
-                                   fence=self._fence(domain, now))
+            write = PlanWrite(domain, out, now, decision.memory, iteration, changed, self._fence(domain, now))
         health.update(out.sites)
         for p in out.actions:
             if p.kind == "launch":
                 live[p.site] = live.get(p.site, 0) + 1
                 unproven[p.site] = unproven.get(p.site, 0) + 1
+                inst = out.instances.get(p.instance_id)
+                self._launched[(p.site, inst.instance_type if inst is not None else p.instance_type)] += 1
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
-        return self._send(domain, out, now, iteration, out.notes, view, cfg.policy, version,
-                          always=bool(notes_extra))
+        return _Prepared(domain, out, now, iteration, view, cfg.policy, version, bool(notes_extra), write)
+
+    def _send_prepared(self, p: _Prepared) -> DecisionRecord | None:
+        return self._send(p.domain, p.plan, p.now, p.iteration, p.plan.notes, p.view, p.policy, p.version,
+                          always=p.always)
 
     def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
         """The domain's offers now: its sites' types, their rooms, minus offerings cooling down
@@ -708,8 +789,16 @@ class Engine:
         if self._spot_off(domain, now):
             excluded |= {(t.site, t.name) for t in types if t.spot}
         return build_catalogue(types, cfg,
-                               {n: self.site_infos[n].quota for n in names}, live, self.store.live_per_type(),
+                               {n: self.site_infos[n].quota for n in names}, live, self._live_per_type(),
                                frozenset(excluded))
+
+    def _live_per_type(self) -> dict[tuple[str, str], int]:
+        """The store's live instances per (site, type), plus this iteration's launches not
+        committed yet (``iterate`` commits every domain's plan after all are prepared)."""
+        counts = self.store.live_per_type()
+        for key, n in self._launched.items():
+            counts[key] = counts.get(key, 0) + n
+        return counts
 
     def _offer(self, site: str, instance_type: str) -> Any:
         return next((t for t in self.types.get(site, []) if t.name == instance_type), None)

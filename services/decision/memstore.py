@@ -40,6 +40,7 @@ from epu.services.decision.store import (
     _LAUNCHED,
     _STAMPS,
     ENDED,
+    PlanWrite,
     count_per_site,
     count_per_type,
     message_of,
@@ -294,20 +295,38 @@ class MemoryStore:
                     fence: Callable[[Any], None] | None = None) -> None:
         """As ``Store.commit_plan``: nothing of the plan is stored if ``fence`` raises."""
         with self._write() as conn:
-            if fence is not None:
-                fence(conn)
-            self._new_actions(plan)
-            self.save_instances([*refreshed, *plan.instances.values()], conn)
-            self.save_sites(plan.sites.values(), conn)
-            self._insert_actions(domain, plan, now)
-            for p in plan.actions:
-                if p.kind == "terminate":
-                    self.complete(target=p.instance_id, kinds=("launch", "add", "offline", "online"),
-                                  outcome="superseded by terminate", conn=conn)
-            st = self._state(domain)
-            st["iteration"] = iteration
-            if memory is not None:
-                st["memory"] = json.dumps(memory)
+            self._plan_rows(conn, PlanWrite(domain, plan, now, memory, iteration, refreshed, fence))
+
+    def commit_plans(self, writes: list[PlanWrite]) -> dict[str, Exception]:
+        """As ``Store.commit_plans``: one write transaction; a domain whose lease check or
+        action ids fail stores nothing (each is checked before any of its rows is touched, so
+        there is nothing to roll back) and is returned with the error."""
+        failed: dict[str, Exception] = {}
+        with self._write() as conn:
+            for w in writes:
+                try:
+                    self._plan_rows(conn, w)
+                except Exception as exc:
+                    failed[w.domain] = exc
+        return failed
+
+    def _plan_rows(self, conn: Any, w: PlanWrite) -> None:
+        """A plan's rows, checked (lease, action ids) before anything is touched."""
+        plan = w.plan
+        if w.fence is not None:
+            w.fence(conn)
+        self._new_actions(plan)
+        self.save_instances([*w.refreshed, *plan.instances.values()], conn)
+        self.save_sites(plan.sites.values(), conn)
+        self._insert_actions(w.domain, plan, w.now)
+        for p in plan.actions:
+            if p.kind == "terminate":
+                self.complete(target=p.instance_id, kinds=("launch", "add", "offline", "online"),
+                              outcome="superseded by terminate", conn=conn)
+        st = self._state(w.domain)
+        st["iteration"] = w.iteration
+        if w.memory is not None:
+            st["memory"] = json.dumps(w.memory)
 
     def store_actions(self, domain: str, plan: Plan, now: float,
                       fence: Callable[[Any], None] | None = None) -> None:
