@@ -374,7 +374,9 @@ class Engine:
         cached = self._ending.get(domain)
         if stamp is not None and cached is not None and cached[0] == stamp:
             return cached[1]
-        ending = [i for i in self.store.instances(domain) if i.state == "terminating"]
+        listed = getattr(self.store, "terminating", None)
+        ending = listed(domain) if listed is not None else [
+            i for i in self.store.instances(domain) if i.state == "terminating"]
         if stamp is not None:
             self._ending[domain] = (stamp, ending)
         return ending

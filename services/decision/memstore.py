@@ -209,6 +209,10 @@ class MemoryStore:
         return sorted((i for i in self.db.instances.values() if domain is None or i.domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
 
+    def terminating(self, domain: str) -> list[Instance]:
+        """As ``Store.terminating``."""
+        return [i for i in self.instances(domain) if i.state == "terminating"]
+
     def domain_stamp(self, domain: str) -> int:
         """As ``Store.domain_stamp``: equal stamps, the same instance objects in the same order."""
         self._live()

@@ -126,3 +126,30 @@ def test_a_write_the_memory_database_refuses_changes_nothing():
     assert db.generation == generation and leases.row("d") == ("A", 1, 11.0)
     db.before_write = None
     assert store.record_change("c1", "d", True, "", 3.0, cfg=DomainConfig(max_nodes=5)) == 2
+
+
+def test_updates_write_the_changed_columns_and_read_back_whole(store_url):
+    """``save_instances`` writes only the columns that differ from the working set (one
+    executemany per set of columns, SQL handed to the driver as compiled): what a fresh handle
+    reads back is every instance as last saved — live, ended and unknown to the working set."""
+    from dataclasses import replace
+
+    from tests.decision.helpers import T0, inst
+
+    s = open_store(store_url)
+    base = [inst(f"i{k}", launched_at=T0 + k % 3, joined_at=T0, seen_at=T0) for k in range(6)]
+    base.append(inst("gone", state="terminated", seen_at=T0, add_sent_at=T0))  # ended, node not removed
+    s.save_instances(base)
+    s.instances("d")  # the working set is loaded
+    changed = [replace(base[0], idle_since=T0 + 5),  # one column
+               replace(base[1], idle_since=T0 + 5),  # the same column: the same statement
+               replace(base[2], missing_since=T0 + 6, idle_since=None, state_at=T0 + 6, reason="lost"),
+               replace(base[3], terminate_sent=True, retire="scale-down"),  # a boolean and a string
+               base[4],  # nothing changed: nothing written
+               replace(base[6], removed=True)]  # ended: the working set holds it until removed
+    s.save_instances(changed)
+    fresh = Store(store_url) if not isinstance(store_url, MemoryDecisionDatabase) else open_store(store_url)
+    got = {i.instance_id: i for i in fresh.instances("d", live_only=False)}
+    want = {i.instance_id: i for i in base} | {i.instance_id: i for i in changed}
+    assert got == want
+    assert {i.instance_id: i for i in s.instances("d", live_only=False)} == want
