@@ -164,6 +164,46 @@ def test_the_shorter_pass_chained_over_snapshots_gives_the_census(seed: int) -> 
             prev.parts = None  # as the engine leaves it after the store reordered (partitioned when needed)
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_the_shorter_pass_chained_with_launches_waiting_and_nodes_down(seed: int) -> None:
+    """The quiet classes of launches whose node is not in the snapshot yet (looked at again
+    when their name shows) and of joined instances on down nodes (again when the node is no
+    longer down): chained, with names showing up, nodes going down and coming back."""
+    rnd = random.Random(seed)
+    states = ["requested", "pending", "started", "joined", "joined", "joined"]
+    insts = [Instance(f"i{i}", "d", "s1", rnd.choice([f"n{i}", f"n{i}", f"N{i}.x"]), 4, st, T0, T0,
+                      joined_at=T0 if st == "joined" else None, seen_at=T0 if st == "joined" else None,
+                      missing_since=rnd.choice([None, T0]) if st == "joined" else None,
+                      terminate_sent=rnd.random() < 0.05)
+             for i, st in ((i, rnd.choice(states)) for i in range(60))]
+    pending = {f"n{i}" for i, x in enumerate(insts) if x.state != "joined"}
+
+    def nodes() -> NodeIndex:
+        out = []
+        for i in range(60):
+            name = f"n{i}"
+            if name in pending:  # mostly still absent; else listed but not in service (no join)
+                if rnd.random() < 0.8:
+                    continue
+                state = rnd.choice(["offline", "down", "unknown"])
+            else:
+                if rnd.random() < 0.1:
+                    continue
+                state = rnd.choice(["busy", "busy", "down", "down", "free"])
+            used = 1 if state == "busy" else 0
+            out.append(NodeInfo(name=name, state=state, cores=4, cores_used=used, jobs=["j"] if used else []))
+        return NodeIndex(out)
+
+    prev = refresh_census(insts, nodes(), T0 + 10, True)
+    for step in range(8):
+        index = nodes()
+        got = refresh_census_again(prev, index, T0 + 20 + step)
+        full = refresh_census(prev.instances, index, T0 + 20 + step, True)
+        assert got is not None and not full.joined
+        same(got, full)
+        prev = got
+
+
 def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted() -> None:
     rnd = random.Random(1)
     prev = refresh_census(table(rnd, 10), NodeIndex([]), T0, False)
