@@ -165,3 +165,26 @@ def test_a_domain_fenced_mid_iteration_stores_and_sends_nothing(store_url) -> No
     b.iterate()
     assert launched(bus_b) == {"a": 0, "b": 2, "c": 0}
     assert stored(store_url, a) == {"a": 3, "b": 3, "c": 3}
+
+
+def test_when_the_shared_transaction_fails_nothing_is_sent(store_url, monkeypatch) -> None:
+    """The database refuses the transaction itself (its commit, a lost connection): no domain's
+    plan was stored, so none is sent; the next iteration makes and sends them all."""
+    from sqlalchemy.exc import OperationalError
+
+    clock = ManualClock(T0)
+    e, bus = engine(store_url, "A", clock)
+    feed(e, clock, 2)
+
+    def refused(writes: Any) -> Any:
+        raise OperationalError("COMMIT", None, Exception("database is locked"))
+
+    monkeypatch.setattr(e.store, "commit_plans", refused)
+    e.iterate()
+    assert launched(bus) == {"a": 0, "b": 0, "c": 0} and bus.of("decision.record") == []
+    assert stored(store_url, e) == {"a": 0, "b": 0, "c": 0}
+    monkeypatch.undo()
+    clock.advance(5)
+    feed(e, clock, 2)
+    e.iterate()
+    assert launched(bus) == {"a": 2, "b": 2, "c": 2}
