@@ -130,7 +130,9 @@ class _Prepared:
     plan: Plan
     now: float
     iteration: int
-    view: DomainView
+    saw: ViewSummary | None
+    """What the decision record says the domain looked like (only when one will be published:
+    the views of 1,000 domains are not kept alive until the sends)."""
     policy: str
     version: int
     always: bool
@@ -776,10 +778,11 @@ class Engine:
                 self._launched[(p.site, inst.instance_type if inst is not None else p.instance_type)] += 1
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
-        return _Prepared(domain, out, now, iteration, view, cfg.policy, version, bool(notes_extra), write)
+        saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or notes_extra else None
+        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra), write)
 
     def _send_prepared(self, p: _Prepared) -> DecisionRecord | None:
-        return self._send(p.domain, p.plan, p.now, p.iteration, p.plan.notes, p.view, p.policy, p.version,
+        return self._send(p.domain, p.plan, p.now, p.iteration, p.plan.notes, p.saw, p.policy, p.version,
                           always=p.always)
 
     def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
@@ -914,7 +917,7 @@ class Engine:
                 h.publish_failed = True
 
     def _send(self, domain: str, out: Plan, now: float, iteration: int | None, notes: list[str],
-              view: DomainView | None = None, policy: str = "", version: int = 0,
+              saw: ViewSummary | None = None, policy: str = "", version: int = 0,
               always: bool = False) -> DecisionRecord | None:
         sent = []
         try:
@@ -939,7 +942,7 @@ class Engine:
             policy, version = (current[1].policy, current[0]) if current else ("", 0)
         record = DecisionRecord(
             domain=domain, iteration=iteration, policy=policy, policy_version=version,
-            saw=summarize(view, self.unsatisfiable.get(domain, [])) if view is not None else ViewSummary(),
+            saw=saw if saw is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
                                   action_id=p.action_id, instance_type=p.instance_type, gang=p.gang)
                      for p in out.actions],

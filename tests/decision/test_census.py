@@ -7,6 +7,7 @@ case, nodes with and without identities, every state)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 
 import pytest
 from epu.common.messages import NodeInfo
@@ -151,17 +152,12 @@ def test_the_shorter_pass_chained_over_snapshots_gives_the_census(seed: int) -> 
         return NodeIndex(out)
 
     prev = refresh_census(insts, nodes(), T0 + 10, True)
-    for step in range(6):
-        index = nodes()
-        got = refresh_census_again(prev, index, T0 + 20 + step)
-        full = refresh_census(prev.instances, index, T0 + 20 + step, True)
+    for got, full in _chained(prev, nodes, 6):
         if got is None:
             assert full.joined
             return
-        same(got, full)
-        prev = got
         if rnd.random() < 0.3:
-            prev.parts = None  # as the engine leaves it after the store reordered (partitioned when needed)
+            got.parts = None  # as the engine leaves it after the store reordered (partitioned when needed)
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -195,12 +191,22 @@ def test_the_shorter_pass_chained_with_launches_waiting_and_nodes_down(seed: int
         return NodeIndex(out)
 
     prev = refresh_census(insts, nodes(), T0 + 10, True)
-    for step in range(8):
+    for got, full in _chained(prev, nodes, 8):
+        assert got is not None and not full.joined
+
+
+def _chained(prev: Census, nodes: Callable[[], NodeIndex], steps: int) -> Iterator[tuple[Census | None, Census]]:
+    """Shorter passes snapshot after snapshot, each from the last one's result: (its result,
+    the full census's), compared (``same``) before the caller looks; stops at a join (None)."""
+    for step in range(steps):
         index = nodes()
         got = refresh_census_again(prev, index, T0 + 20 + step)
         full = refresh_census(prev.instances, index, T0 + 20 + step, True)
-        assert got is not None and not full.joined
-        same(got, full)
+        if got is not None:
+            same(got, full)
+        yield got, full
+        if got is None:
+            return
         prev = got
 
 

@@ -6,8 +6,6 @@ policy change is checked against."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from epu.common.clock import ManualClock
 from epu.common.messages import InstanceEvent, InstanceReport, PolicyChange
@@ -19,17 +17,6 @@ from epu.services.decision.store import Store
 from tests.decision.helpers import T0, Bus, config, jobs, snapshot
 
 TTL = 10.0
-
-
-@pytest.fixture(params=["sqlite", "postgres", "memory"])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str | MemoryDecisionDatabase]:
-    """The shared store: an SQL URL, or the simulators' in-memory database (``memstore``)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'decision.db'}"
-    elif request.param == "memory":
-        yield MemoryDecisionDatabase()
-    else:
-        yield request.getfixturevalue("pg_url")
 
 
 def engine(store_url: str | MemoryDecisionDatabase, holder: str, clock: ManualClock, cfg=None) -> tuple[Engine, Bus]:

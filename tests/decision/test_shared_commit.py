@@ -8,10 +8,8 @@ again at the next iteration."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from epu.common.clock import ManualClock
 from epu.common.messages import Message
 from epu.services.decision.engine import Engine
@@ -26,16 +24,6 @@ from tests.decision.helpers import T0, Bus, config, jobs, snapshot
 
 TTL = 10.0
 DOMAINS = ("a", "b", "c")
-
-
-@pytest.fixture(params=["sqlite", "postgres", "memory"])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str | MemoryDecisionDatabase]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'decision.db'}"
-    elif request.param == "memory":
-        yield MemoryDecisionDatabase()
-    else:
-        yield request.getfixturevalue("pg_url")
 
 
 class DurableBus(Bus):
