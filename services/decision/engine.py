@@ -119,6 +119,11 @@ class _Refreshed:
     """The refresh: instances, parts, the breaker's counts (``refresh_census_again`` reuses them
     on the next snapshot while the instances are these objects)."""
     breaker: str | None
+    held: int | None = None
+    """A stamp at which the store held exactly ``census.instances``, in its own order: the stamp
+    right after this engine stored the refresh's own changes and nothing else
+    (``Engine._stored``). While it is the store's stamp, the identity check of 50,000 objects
+    (a set of their ids: ~10 ms) is not needed."""
 
 
 @dataclass
@@ -557,6 +562,8 @@ class Engine:
                 log.exception("iteration failed", extra={"domain": domain})
         failed = self._commit([p.write for p in prepared if p.write is not None])
         for p in prepared:
+            if p.write is not None and p.domain not in failed:
+                self._stored(p.write)
             why = failed.get(p.domain)
             if isinstance(why, Fenced):
                 log.warning("fenced: another engine holds the domain now; nothing committed or sent",
@@ -663,7 +670,8 @@ class Engine:
             if len(before) == len(mine):
                 if all(map(operator.is_, before, mine)):
                     memo.stamp = stamp
-                elif len(ids := set(map(id, mine))) == len(mine) and ids.issuperset(map(id, before)):
+                elif memo.held == stamp or (
+                        len(ids := set(map(id, mine))) == len(mine) and ids.issuperset(map(id, before))):
                     # the same objects, in the store's order now (it lists a written instance after
                     # the others launched at the same moment): each is still its own refresh, only
                     # the parts follow the order
@@ -723,7 +731,16 @@ class Engine:
         if p.write is not None:
             w = p.write
             self.store.commit_plan(domain, w.plan, now, w.memory, w.iteration, w.refreshed, fence=w.fence)
+            self._stored(w)
         return self._send_prepared(p)
+
+    def _stored(self, w: PlanWrite) -> None:
+        """A domain's plan was committed: if it wrote only the refresh's changed instances, the
+        store holds exactly the refresh's objects now (``_Refreshed.held``)."""
+        memo = self._refreshed.get(w.domain)
+        stamp_of = getattr(self.store, "domain_stamp", None)
+        if memo is not None and memo.stamp is None and not w.plan.instances and stamp_of is not None:
+            memo.held = stamp_of(w.domain)
 
     def _prepare(self, domain: str, now: float,
                  sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
