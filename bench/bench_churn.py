@@ -1,0 +1,102 @@
+"""The decision engine's iterations that write, alone: ``Engine.iterate`` with its SQLite store and
+leases (``bench_decision.full_engine``'s set-up) after each new snapshot in which 1 % of the nodes
+flipped busy <-> free (``full_engine``'s ``churned_snapshots``), so instance timers change and
+the engine stores them every iteration. Prints the CPU median (wall beside) of N iterations.
+
+``EPU_TREE=/path/to/another/checkout`` runs that tree's ``epu`` instead of this one (through the
+editable install's mapping), for before/after pairs in one window:
+``git archive <commit> | tar -x -C /tmp/before``, then alternate
+``EPU_TREE=/tmp/before .venv/bin/python bench/bench_churn.py 50k 7`` and
+``.venv/bin/python bench/bench_churn.py 50k 7``.
+
+Run: ``.venv/bin/python bench/bench_churn.py {10k|50k|1000} [iterations]``
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TREE = os.environ.get("EPU_TREE")
+if TREE:
+    import __editable___epu_0_1_0_finder as finder  # the editable install's name → path map
+
+    for name, path in list(finder.MAPPING.items()):
+        finder.MAPPING[name] = path.replace(str(HERE.parent), TREE)
+sys.path.insert(0, str(HERE))
+
+import bench_decision as B  # noqa: E402
+from epu.common.clock import ManualClock  # noqa: E402
+from epu.common.config import parse_config  # noqa: E402
+from epu.services.decision.engine import Engine  # noqa: E402
+from epu.services.decision.lease import Leases  # noqa: E402
+from epu.services.decision.store import Store  # noqa: E402
+
+SCALES = {
+    "10k": (lambda: [B.grouped_domain("big", 10_000, 100_000)], 9_900),
+    "50k": (lambda: [B.grouped_domain("huge", 50_000, 500_000)], 49_500),
+    "1000": (lambda: [B.grouped_domain(f"d{i:04d}", 100, 1_000, seed=i) for i in range(1000)], 103),
+}
+
+
+def run(scale: str, iterations: int) -> None:
+    make, max_nodes = SCALES[scale]
+    doms = make()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = parse_config({
+            "decision": {"store_url": f"sqlite:///{tmp}/b.db"},
+            "domains": {s.domain: {"max_nodes": max_nodes, "cores_per_node": B.CORES, "sites": ["s0", "s1", "s2"]}
+                        for s, _ in doms},
+            "sites": {f"s{i}": {"driver": "epu-sim", "quota": 100000, "cores": B.CORES} for i in range(3)},
+        }, environ={})
+        clock = ManualClock(B.NOW)
+        store = Store(cfg.decision.store_url).create()
+        leases = Leases(store.engine, "bench", cfg.decision.lease_ttl()).create()
+        sent: list = []
+        engine = Engine(cfg, store, sent.append, clock, leases=leases)
+        store.save_instances([i for _, insts in doms for i in insts])
+        for s, _ in doms:
+            engine.on_snapshot(s)
+        engine.iterate()  # launches what the queue asks for
+        for _ in range(2):  # steady
+            clock.advance(5)
+            engine.iterate()
+        flip = random.Random(7)
+
+        def churn() -> None:
+            for k, (s, _) in enumerate(doms):
+                nodes = list(s.nodes)
+                for i in flip.sample(range(len(nodes)), max(1, len(nodes) // 100)):
+                    n = nodes[i]
+                    if n.state in ("busy", "free"):
+                        busy = n.state == "free"
+                        nodes[i] = n.model_copy(update={"state": "busy" if busy else "free",
+                                                        "cores_used": B.CORES if busy else 0,
+                                                        "jobs": [f"c{i}"] if busy else []})
+                s = s.model_copy(update={"taken_at": clock.now(), "nodes": nodes})
+                doms[k] = (s, doms[k][1])
+                engine.on_snapshot(s)
+
+        cpus, walls = [], []
+        gc.collect()
+        for _ in range(iterations):
+            clock.advance(5)
+            churn()
+            t, c = time.perf_counter(), time.process_time()
+            engine.iterate()
+            walls.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c)
+    print(f"{TREE or 'this tree'} {scale} churn: CPU median {statistics.median(cpus) * 1000:.1f} ms "
+          f"(wall {statistics.median(walls) * 1000:.1f}); CPU each {[round(x * 1000, 1) for x in cpus]}; "
+          f"load {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    run(sys.argv[1] if len(sys.argv) > 1 else "10k", int(sys.argv[2]) if len(sys.argv) > 2 else 7)
