@@ -561,6 +561,7 @@ class Engine:
             except Exception:
                 log.exception("iteration failed", extra={"domain": domain})
         failed = self._commit([p.write for p in prepared if p.write is not None])
+        self._launched = Counter()  # stored now (or not at all): the store counts them
         for p in prepared:
             if p.write is not None and p.domain not in failed:
                 self._stored(p.write)
@@ -730,6 +731,7 @@ class Engine:
         p = self._prepare(domain, now, sites)
         if p.write is not None:
             w = p.write
+            self._launched = Counter()
             self.store.commit_plan(domain, w.plan, now, w.memory, w.iteration, w.refreshed, fence=w.fence)
             self._stored(w)
         return self._send_prepared(p)
