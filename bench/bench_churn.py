@@ -72,15 +72,7 @@ def run(scale: str, iterations: int) -> None:
 
         def churn() -> None:
             for k, (s, _) in enumerate(doms):
-                nodes = list(s.nodes)
-                for i in flip.sample(range(len(nodes)), max(1, len(nodes) // 100)):
-                    n = nodes[i]
-                    if n.state in ("busy", "free"):
-                        busy = n.state == "free"
-                        nodes[i] = n.model_copy(update={"state": "busy" if busy else "free",
-                                                        "cores_used": B.CORES if busy else 0,
-                                                        "jobs": [f"c{i}"] if busy else []})
-                s = s.model_copy(update={"taken_at": clock.now(), "nodes": nodes})
+                s = B.churned(s, flip, clock.now())
                 doms[k] = (s, doms[k][1])
                 engine.on_snapshot(s)
 

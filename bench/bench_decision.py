@@ -354,15 +354,7 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
                 """1 % of the nodes changed since the last snapshot (a busy node freed, a free one
                 taken): their instances' idle timers change, the engine stores them."""
                 for k, (s, _) in enumerate(doms):
-                    nodes = list(s.nodes)
-                    for i in flip.sample(range(len(nodes)), max(1, len(nodes) // 100)):
-                        n = nodes[i]
-                        if n.state in ("busy", "free"):
-                            busy = n.state == "free"
-                            nodes[i] = n.model_copy(update={"state": "busy" if busy else "free",
-                                                            "cores_used": CORES if busy else 0,
-                                                            "jobs": [f"c{i}"] if busy else []})
-                    s = s.model_copy(update={"taken_at": clock.now(), "nodes": nodes})
+                    s = churned(s, flip, clock.now())
                     doms[k] = (s, doms[k][1])
                     engine.on_snapshot(s)
 
@@ -370,6 +362,19 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
                 churned_snapshots)
         if goal_ms is None:
             store_writes(store, [i for _, insts in doms for i in insts])
+
+
+def churned(snap: SensorSnapshot, flip: random.Random, now: float) -> SensorSnapshot:
+    """``snap`` taken again at ``now`` with 1 % of its nodes (``flip``'s pick) changed: a busy node
+    freed, a free one taken (their instances' idle timers change: the engine stores them)."""
+    nodes = list(snap.nodes)
+    for i in flip.sample(range(len(nodes)), max(1, len(nodes) // 100)):
+        n = nodes[i]
+        if n.state in ("busy", "free"):
+            busy = n.state == "free"
+            nodes[i] = n.model_copy(update={"state": "busy" if busy else "free", "cores_used": CORES if busy else 0,
+                                            "jobs": [f"c{i}"] if busy else []})
+    return snap.model_copy(update={"taken_at": now, "nodes": nodes})
 
 
 def _free_port() -> int:
