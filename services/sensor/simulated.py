@@ -90,7 +90,8 @@ SAMPLE_JOBS = 20
 
 
 class _Row(NamedTuple):
-    """A pending job (or array) as ``QueuedJob`` would carry it, without the model."""
+    """A pending job (or array) as ``QueuedJob`` would carry it, without the model. In
+    ``_Pending.rows`` ``wait_seconds`` holds minus the submit time (see ``_Pending``)."""
 
     job_id: str
     cores: int
@@ -101,6 +102,23 @@ class _Row(NamedTuple):
     state: str
     count: int
     memory_mb: int = 0
+
+
+class _Pending(NamedTuple):
+    """The queued part of a snapshot as far as it does not depend on ``now``: kept while the
+    queue does not change (``SimulatedBatch._queue_version``) and only aged at each read.
+
+    Why it is exact: everything but the waits is a function of the queue alone (its jobs, their
+    order and held flags); a wait is ``max(0.0, now - submit_time)`` and a shape's longest wait
+    the largest of its jobs' — which is the wait of its earliest submit time, as a float
+    subtraction ``now - s`` never grows when ``s`` does. So a shape keeps its earliest submit time
+    (``earliest``), a row its own, and a read computes the same floats the full rebuild did."""
+
+    version: int
+    rows: list[_Row]
+    """Every pending row (``group_at_source``: only the sample), ``wait_seconds`` unset."""
+    shapes: list[tuple[dict, float]]
+    """(a ``JobShape``'s fields but ``max_wait_s``, the earliest submit time of its jobs)."""
 
 
 @dataclass
@@ -151,6 +169,10 @@ class SimulatedBatch:
         self._dirty = True
         """Something a scheduling pass reads changed since the last pass that started nothing
         (see ``_schedule``)."""
+        self._queue_version = 0
+        """Moved by every change of the queue (a job queued, started, requeued, released): what
+        says the kept queued part of the snapshot (``_Pending``) is still the queue's."""
+        self._pending: _Pending | None = None
         self.submitted = 0
         self._completed = 0
         self.available = True
@@ -195,6 +217,7 @@ class SimulatedBatch:
                 ids.append(name)
             self.submitted += count
             self._dirty = True
+            self._queue_version += 1
             self._schedule()
             return ids
 
@@ -204,6 +227,7 @@ class SimulatedBatch:
                 if job.job_id == job_id or job.array_id == job_id:
                     job.held = False
             self._dirty = True
+            self._queue_version += 1
             self._schedule()
 
     @property
@@ -300,28 +324,14 @@ class SimulatedBatch:
             if not self.available:
                 raise BackendUnavailable(self.unavailable_reason)
             self._advance()
-            rows: list[_Row] = []
-            arrays: dict[tuple[str, bool], int] = {}
-            first: dict[tuple[str, bool], SimJob] = {}
-            for job in self._queue:
-                if job.array_id is not None:
-                    key = (job.array_id, job.held)
-                    arrays[key] = arrays.get(key, 0) + 1
-                    first.setdefault(key, job)
-                    continue
-                rows.append(self._row(job, job.job_id, 1))
-            for key, n in arrays.items():
-                rows.append(self._row(first[key], f"{key[0]}[]", n))
+            pending = self._pending_part()
+            now = self._now
             nodes = [self._node_info(n) for n in self._by_name()]
-            shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
-                                           for j in self._queue) else []
-            if self.group_at_source:
-                if not shapes and rows:
-                    shapes = group_jobs(rows)  # type: ignore[arg-type] # the rows quack like QueuedJobs
-                rows = rows[:SAMPLE_JOBS]
+            shapes = [JobShape(**fields, max_wait_s=max(0.0, now - earliest)) for fields, earliest in pending.shapes]
             jobs = [QueuedJob(job_id=r.job_id, cores=r.cores, nodes=r.nodes, queue=r.queue, submit_time=r.submit_time,
-                              wait_seconds=r.wait_seconds, state=r.state, count=r.count)  # type: ignore[arg-type]
-                    for r in rows]
+                              wait_seconds=max(0.0, now - r.submit_time), state=r.state,  # type: ignore[arg-type]
+                              count=r.count)
+                    for r in pending.rows]
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
 
@@ -370,24 +380,51 @@ class SimulatedBatch:
                         job_ends=ends, memory_mb=n.memory_mb, memory_used_mb=memory, gpus=n.gpus, gpus_used=gpus,
                         features=sorted(n.features), partitions=sorted(n.partitions))
 
-    def _shapes(self) -> list[JobShape]:
+    def _pending_part(self) -> _Pending:
+        """The queued part of the snapshot but its waits (``_Pending``): the one kept, or built
+        anew when the queue changed since."""
+        kept = self._pending
+        if kept is not None and kept.version == self._queue_version:
+            return kept
+        rows: list[_Row] = []
+        arrays: dict[tuple[str, bool], int] = {}
+        first: dict[tuple[str, bool], SimJob] = {}
+        for job in self._queue:
+            if job.array_id is not None:
+                key = (job.array_id, job.held)
+                arrays[key] = arrays.get(key, 0) + 1
+                first.setdefault(key, job)
+                continue
+            rows.append(self._row(job, job.job_id, 1))
+        for key, n in arrays.items():
+            rows.append(self._row(first[key], f"{key[0]}[]", n))
+        shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
+                                       for j in self._queue) else []
+        if self.group_at_source:
+            if not shapes and rows:
+                # a row's "wait" is minus its submit time, so a shape's longest is minus its earliest
+                shapes = [({k: v for k, v in s if k != "max_wait_s"}, -s.max_wait_s)
+                          for s in group_jobs(rows)]  # type: ignore[arg-type] # the rows quack like QueuedJobs
+            rows = rows[:SAMPLE_JOBS]
+        self._pending = _Pending(self._queue_version, rows, shapes)
+        return self._pending
+
+    def _shapes(self) -> list[tuple[dict, float]]:
         """Pending jobs grouped with their time limits (only when some job has one: otherwise the
-        sensor core groups ``jobs`` as before)."""
+        sensor core groups ``jobs`` as before), each with its jobs' earliest submit time."""
         groups: dict[tuple, list] = {}
         for job in self._queue:
             key = (job.nodes, job.cores, job.queue, int(job.time_limit), not job.held and not job.blocked,
                    job.memory_mb, job.gpus, tuple(sorted(job.features)), job.blocked)
             g = groups.get(key)
-            wait = max(0.0, self._now - job.submit_time)
             if g is None:
-                groups[key] = [1, wait]
+                groups[key] = [1, job.submit_time]
             else:
                 g[0] += 1
-                g[1] = max(g[1], wait)
-        return [JobShape(count=c, nodes=k[0], cores=k[1], partition=k[2], time_limit_s=k[3], demand=k[4],
-                         reason="" if k[4] else (k[8] or "held"), max_wait_s=w, memory_mb=k[5], gpus=k[6],
-                         features=list(k[7]))
-                for k, (c, w) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
+                g[1] = min(g[1], job.submit_time)
+        return [(dict(count=c, nodes=k[0], cores=k[1], partition=k[2], time_limit_s=k[3], demand=k[4],
+                      reason="" if k[4] else (k[8] or "held"), memory_mb=k[5], gpus=k[6], features=list(k[7])), s)
+                for k, (c, s) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
 
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
                 reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
@@ -471,8 +508,9 @@ class SimulatedBatch:
         self._advance()
         return self._nodes.get(node), None
 
-    def _row(self, job: SimJob, job_id: str, count: int) -> _Row:
-        return _Row(job_id, job.cores, job.nodes, job.queue, job.submit_time, max(0.0, self._now - job.submit_time),
+    @staticmethod
+    def _row(job: SimJob, job_id: str, count: int) -> _Row:
+        return _Row(job_id, job.cores, job.nodes, job.queue, job.submit_time, -job.submit_time,
                     "held" if job.held else "queued", count)
 
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
@@ -533,6 +571,7 @@ class SimulatedBatch:
             job.start_time = job.end_time = None
             job.placed_on = []
             self._queue.insert(0, job)
+            self._queue_version += 1
         self._touch(node)
 
     def _used(self, node: SimNode, what: str) -> int:
@@ -578,7 +617,8 @@ class SimulatedBatch:
         ``_dirty`` (``_touch``, ``_add``, ``_finish``...), a pass that started a job leaves it set
         (its starts changed what the next pass reads), and a clean call returns at once. Within a
         pass free capacity only shrinks, so a request shape that did not fit stays unfit until
-        the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``).
+        the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``):
+        once none is left, the rest of the queue stays as it is (each job would be unfit and kept).
         The placements are exactly those of the full re-fit (tests/sensor/test_simulated.py,
         the replay digests of tests/sim)."""
         if not self._dirty:
@@ -593,7 +633,11 @@ class SimulatedBatch:
         unfit: set[tuple] = set()
         shadow: float | None = None
         remaining: list[SimJob] = []
-        for job in self._queue:
+        queue = self._queue
+        for i, job in enumerate(queue):
+            if not avail:  # no free core left: every job from here on stays queued, in order
+                remaining.extend(queue[i:])
+                break
             if job.held or job.blocked:
                 remaining.append(job)
                 continue
@@ -614,6 +658,8 @@ class SimulatedBatch:
             if shadow is None:  # first job that cannot start: it holds the reservation
                 shadow = self._shadow_time(job, free)
             remaining.append(job)
+        if len(remaining) != len(self._queue):  # a subsequence: the same length is the same queue
+            self._queue_version += 1
         self._queue = remaining
 
     def _start(self, job: SimJob, placement: list[str]) -> None:
