@@ -144,6 +144,17 @@ class SimJob:
     features: frozenset[str] = frozenset()
     blocked: str = ""
     """A limit no node can lift (``QOSMaxJobsPerUserLimit``...): never started, not demand."""
+    pending_row: _Row | None = field(default=None, repr=False, compare=False)
+    """Its row in snapshots while pending, not an array element (``row``)."""
+
+    def row(self) -> _Row:
+        """Its pending row (not an array element), built once: of what a row shows only ``held``
+        ever changes (``release``), and a row of the other ``held`` is built anew."""
+        r = self.pending_row
+        if r is None or (r.state == "held") != self.held:
+            r = self.pending_row = _Row(self.job_id, self.cores, self.nodes, self.queue, self.submit_time,
+                                        -self.submit_time, "held" if self.held else "queued", 1)
+        return r
 
 
 class SimulatedBatch:
@@ -189,6 +200,8 @@ class SimulatedBatch:
         core would have grouped from every record, without building a ``QueuedJob`` per pending
         job per read. The simulators (``epu.sim.batch``) turn it on; tests of the job records
         keep every one."""
+        self.sample_jobs = SAMPLE_JOBS
+        """How many per-job records a snapshot keeps with ``group_at_source`` (for operators)."""
         for name, cores in (nodes or {}).items():
             self._add(name, cores)
 
@@ -395,9 +408,11 @@ class SimulatedBatch:
                 arrays[key] = arrays.get(key, 0) + 1
                 first.setdefault(key, job)
                 continue
-            rows.append(self._row(job, job.job_id, 1))
+            rows.append(job.row())
         for key, n in arrays.items():
-            rows.append(self._row(first[key], f"{key[0]}[]", n))
+            j = first[key]
+            rows.append(_Row(f"{key[0]}[]", j.cores, j.nodes, j.queue, j.submit_time, -j.submit_time,
+                             "held" if j.held else "queued", n))
         shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
                                        for j in self._queue) else []
         if self.group_at_source:
@@ -405,7 +420,7 @@ class SimulatedBatch:
                 # a row's "wait" is minus its submit time, so a shape's longest is minus its earliest
                 shapes = [({k: v for k, v in s if k != "max_wait_s"}, -s.max_wait_s)
                           for s in group_jobs(rows)]  # type: ignore[arg-type] # the rows quack like QueuedJobs
-            rows = rows[:SAMPLE_JOBS]
+            rows = rows[:self.sample_jobs]
         self._pending = _Pending(self._queue_version, rows, shapes)
         return self._pending
 
@@ -507,11 +522,6 @@ class SimulatedBatch:
             return None, CommandOutcome(False, error=self.unavailable_reason, transient=True)
         self._advance()
         return self._nodes.get(node), None
-
-    @staticmethod
-    def _row(job: SimJob, job_id: str, count: int) -> _Row:
-        return _Row(job_id, job.cores, job.nodes, job.queue, job.submit_time, -job.submit_time,
-                    "held" if job.held else "queued", count)
 
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
