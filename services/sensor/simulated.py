@@ -85,6 +85,10 @@ class SimNode:
         return "busy" if self.used >= self.cores else "free"
 
 
+_PLAIN = operator.attrgetter("plain")
+_ROW_SHAPE = operator.attrgetter("nodes", "cores", "queue", "held")
+_SUBMIT = operator.attrgetter("submit_time")
+
 SAMPLE_JOBS = 20
 """Per-job records a snapshot keeps with ``group_at_source`` (for operators)."""
 
@@ -146,6 +150,14 @@ class SimJob:
     """A limit no node can lift (``QOSMaxJobsPerUserLimit``...): never started, not demand."""
     pending_row: _Row | None = field(default=None, repr=False, compare=False)
     """Its row in snapshots while pending, not an array element (``row``)."""
+    plain: bool = field(init=False, repr=False, compare=False)
+    """Neither an array element nor asking for anything a row cannot show (time limit, memory,
+    GPUs, features) nor blocked: what the fast grouping of ``_pending_part`` takes. Those fields
+    never change once the job is queued."""
+
+    def __post_init__(self) -> None:
+        self.plain = self.array_id is None and not (self.time_limit or self.memory_mb or self.gpus or self.features
+                                                    or self.blocked)
 
     def row(self) -> _Row:
         """Its pending row (not an array element), built once: of what a row shows only ``held``
@@ -399,6 +411,9 @@ class SimulatedBatch:
         kept = self._pending
         if kept is not None and kept.version == self._queue_version:
             return kept
+        if self.group_at_source and all(map(_PLAIN, self._queue)):
+            self._pending = self._plain_part()
+            return self._pending
         rows: list[_Row] = []
         arrays: dict[tuple[str, bool], int] = {}
         first: dict[tuple[str, bool], SimJob] = {}
@@ -423,6 +438,28 @@ class SimulatedBatch:
             rows = rows[:self.sample_jobs]
         self._pending = _Pending(self._queue_version, rows, shapes)
         return self._pending
+
+    def _plain_part(self) -> _Pending:
+        """``_Pending`` of a queue of plain jobs (``SimJob.plain``), grouped at the source, without
+        a Python step per job: the jobs sorted (stably) by what makes their rows' shape — nodes,
+        cores, queue, held: exactly ``group_jobs``' key of such a row — and per group only its
+        first three rows (the shape's sample ids) and one row standing for the others (their
+        count, their earliest submit time) go to ``group_jobs``. It then finds the same shapes:
+        the same partition, counts summing to the group's, the longest "wait" (minus the earliest
+        submit time, see ``_Pending``) the group's, the ids its first three in queue order."""
+        queue = self._queue
+        few: list[_Row] = []
+        rest: list[_Row] = []
+        one = len(set(map(_ROW_SHAPE, queue))) == 1  # the usual case: no need to sort
+        for jobs in ([queue] if one else (list(g) for _, g in itertools.groupby(sorted(queue, key=_ROW_SHAPE),
+                                                                               _ROW_SHAPE))):
+            few += [j.row() for j in jobs[:3]]
+            if len(jobs) > 3:
+                f, earliest = jobs[3], min(map(_SUBMIT, jobs[3:]))
+                rest.append(_Row("", f.cores, f.nodes, f.queue, earliest, -earliest, f.row().state, len(jobs) - 3))
+        shapes = [({k: v for k, v in s if k != "max_wait_s"}, -s.max_wait_s)
+                  for s in group_jobs(few + rest)] if queue else []  # type: ignore[arg-type]
+        return _Pending(self._queue_version, [j.row() for j in queue[:self.sample_jobs]], shapes)
 
     def _shapes(self) -> list[tuple[dict, float]]:
         """Pending jobs grouped with their time limits (only when some job has one: otherwise the
