@@ -192,6 +192,9 @@ class SimulatedBatch:
         self._dirty = True
         """Something a scheduling pass reads changed since the last pass that started nothing
         (see ``_schedule``)."""
+        self._full = False
+        """No usable node had a free core when the last pass ended, and no node changed since
+        (``_touch``, ``_add``): a pass would start nothing (see ``_schedule``)."""
         self._queue_version = 0
         """Moved by every change of the queue (a job queued, started, requeued, released): what
         says the kept queued part of the snapshot (``_Pending``) is still the queue's."""
@@ -563,9 +566,11 @@ class SimulatedBatch:
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
         self._dirty = True
+        self._full = False
 
     def _touch(self, node: SimNode) -> None:
         self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
+        self._full = False  # its free cores may have changed
         node.version += 1
         state = node.state()
         if state != node.last_state:
@@ -666,15 +671,19 @@ class SimulatedBatch:
         pass free capacity only shrinks, so a request shape that did not fit stays unfit until
         the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``):
         once none is left, the rest of the queue stays as it is (each job would be unfit and kept).
+        Free cores change only with a node (``_touch``, ``_add``; a removed node only takes them
+        away): while none changed since a pass ended with none free (``_full``), a pass, even
+        one a queue change asked for, would find none and start nothing.
         The placements are exactly those of the full re-fit (tests/sensor/test_simulated.py,
         the replay digests of tests/sim)."""
         if not self._dirty:
             return
         self._dirty = False  # a start below sets it again
-        if not self._queue:
+        if not self._queue or self._full:
             return
         free = {n.name: n.cores - sum(n.jobs.values()) for n in self._nodes.values() if not n.offline and not n.down}
         if not any(c > 0 for c in free.values()):
+            self._full = True
             return  # every job needs at least one core
         avail = {name: c for name, c in free.items() if c > 0}
         unfit: set[tuple] = set()
@@ -705,6 +714,8 @@ class SimulatedBatch:
             if shadow is None:  # first job that cannot start: it holds the reservation
                 shadow = self._shadow_time(job, free)
             remaining.append(job)
+        if not avail:
+            self._full = True  # what the next pass would find first, unless a node changes
         if len(remaining) != len(self._queue):  # a subsequence: the same length is the same queue
             self._queue_version += 1
         self._queue = remaining
