@@ -275,7 +275,7 @@ class SimCloud:
         self._api("list")
         self.stats.lists += 1
         now = self.world.t
-        out = self._listed(now)
+        out = self._listing_at(now)
         f = self.faults
         if self._partial_left <= 0 and self._fault(f.partial_listing_rate):
             lo, hi = f.partial_listing_polls
@@ -288,7 +288,7 @@ class SimCloud:
             return keep
         return out
 
-    def _listed(self, now: float) -> list[VM]:
+    def _listing_at(self, now: float) -> list[VM]:
         """The VMs a listing shows at ``now`` (terminated ones linger a while). The last answer
         again — the same list, which callers do not change — while nothing moved ``version``,
         no VM waiting to be listed is due and no terminated one has lingered its time: the very
