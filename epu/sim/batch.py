@@ -84,6 +84,10 @@ class SimBatchSystem:
         self.register_seconds = register_seconds
         self.inner = SimulatedBatch(clock)
         self.inner.group_at_source = True  # shapes, not a record per pending job (see SimulatedBatch)
+        self.inner.sample_jobs = 0
+        """No per-job sample either: nothing in the simulators reads it (the sensor core publishes
+        the shapes only, ``SensorSnapshot.jobs`` stays empty), and twenty ``QueuedJob`` records
+        built at every read cost more than the rest of a kept snapshot."""
         self.inner.on_kill.append(self._killed)
         self.lost_node_seconds = 0.0
         """How long the batch system takes to notice that a preempted VM's daemon is gone

@@ -19,6 +19,7 @@ poll or a burst of polls), nodes that vanish for real, preemption.
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,6 +145,12 @@ class SimCloud:
         self._current: dict[str, VM] = {}
         """The VMs a listing may still show (live, or terminated less than ``terminated_linger``
         ago): listings and the quota check cost O(live nodes), not O(every node ever made)."""
+        self.version = 0
+        """Moved by every change of ``_current`` or of a VM in it (created, ended, noticed, gone):
+        while it stands, what a listing shows changes only with time (``_listing``)."""
+        self._listing: tuple[int, list[VM], list[VM], list[VM]] | None = None
+        """(version, the VMs listed, those not listed yet, the terminated ones) of the last
+        listing: the same answer while no VM is due to show up or to leave the listing."""
         self.by_token: dict[str, str] = {}
         self.stats = CloudStats()
         self._ids = 0
@@ -192,6 +199,7 @@ class SimCloud:
         """A spot interruption notice: listings show when the node will be reclaimed."""
         if vm.terminated_at is None and self.enabled:
             vm.interruption_at = when
+            self.version += 1
 
     def _accident(self, vm: VM, kind: str) -> None:
         if vm.terminated_at is not None or not self.enabled:
@@ -201,6 +209,7 @@ class SimCloud:
             self.stats.vanished += 1
             del self.vms[vm.cloud_id]
             self._current.pop(vm.cloud_id, None)
+            self.version += 1
             if vm.token:
                 self.by_token.pop(vm.token, None)
         else:
@@ -210,6 +219,7 @@ class SimCloud:
         vm.terminated_at = self.world.t
         vm.destroyed_by = by
         vm.cause = cause
+        self.version += 1
         for fn in self.on_gone:
             fn(vm, cause)
 
@@ -249,6 +259,7 @@ class SimCloud:
             vm.listed_from = now + self._rng.random() * f.listing_lag_seconds
         self.vms[vm.cloud_id] = vm
         self._current[vm.cloud_id] = vm
+        self.version += 1
         if token:
             self.by_token[token] = vm.cloud_id
         self.stats.creates += 1
@@ -264,10 +275,7 @@ class SimCloud:
         self._api("list")
         self.stats.lists += 1
         now = self.world.t
-        for gone in [k for k, v in self._current.items()
-                     if v.terminated_at is not None and v.terminated_at <= now - self.terminated_linger]:
-            del self._current[gone]
-        out = [v for v in self._current.values() if v.listed_from <= now]
+        out = self._listing_at(now)
         f = self.faults
         if self._partial_left <= 0 and self._fault(f.partial_listing_rate):
             lo, hi = f.partial_listing_polls
@@ -278,6 +286,25 @@ class SimCloud:
             keep = [v for v in out if not (v.terminated_at is None and self._rng.random() < f.partial_listing_share)]
             self.world.note(f"partial listing {self.name}: {len(out) - len(keep)} omitted")
             return keep
+        return out
+
+    def _listing_at(self, now: float) -> list[VM]:
+        """The VMs a listing shows at ``now`` (terminated ones linger a while). The last answer
+        again — the same list, which callers do not change — while nothing moved ``version``,
+        no VM waiting to be listed is due and no terminated one has lingered its time: the very
+        tests below, on the few VMs they can change for."""
+        last, linger = self._listing, self.terminated_linger
+        if (last is not None and last[0] == self.version and all(v.listed_from > now for v in last[2])
+                and not any(v.terminated_at <= now - linger for v in last[3])):  # type: ignore[operator]
+            return last[1]
+        gone = [k for k, v in self._current.items() if v.terminated_at is not None and v.terminated_at <= now - linger]
+        for k in gone:
+            del self._current[k]
+        if gone:
+            self.version += 1
+        out = [v for v in self._current.values() if v.listed_from <= now]
+        self._listing = (self.version, out, [v for v in self._current.values() if v.listed_from > now],
+                         [v for v in self._current.values() if v.terminated_at is not None])
         return out
 
     def destroy(self, caller: str, cloud_id: str) -> None:
@@ -311,6 +338,10 @@ class SimNodeDriver(NodeDriver):
         self._listed: dict[str, tuple[NodeState, Node, float | None]] = {}
         """The Node last listed per VM: handed out again while its state is the same (a VM's
         name, tags and address never change), so a listing of a quiet site builds nothing."""
+        self._steady: tuple[int, list[VM], list[Node]] | None = None
+        """(the cloud's version, the VMs, their Nodes) of the last listing whose every node was
+        running or failed to boot: ``_node`` hands out those very Nodes again for the very same
+        VMs while the version stands (see ``list_nodes``)."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -363,7 +394,19 @@ class SimNodeDriver(NodeDriver):
         return self._node(vm)
 
     def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
-        return [self._node(v) for v in self.cloud.list(self.caller)]
+        """Every listed VM's Node (``_node``). When the last listing's nodes were all running or
+        failed to boot, the version of the cloud has not moved (no VM ended, none was noticed
+        for reclaim) and the very same VMs are listed, ``_node`` would return each one's last
+        Node: those are returned without asking it again."""
+        vms = self.cloud.list(self.caller)
+        last = self._steady
+        if (last is not None and last[0] == self.cloud.version and len(last[1]) == len(vms)
+                and all(map(operator.is_, last[1], vms))):
+            return list(last[2])
+        nodes = [self._node(v) for v in vms]
+        steady = all(n.state is NodeState.RUNNING or n.state is NodeState.ERROR for n in nodes)
+        self._steady = (self.cloud.version, list(vms), nodes) if steady else None
+        return list(nodes)
 
     def destroy_node(self, node: Node) -> bool:
         self.cloud.destroy(self.caller, str(node.id))

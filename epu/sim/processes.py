@@ -39,7 +39,7 @@ from epu.services.decision.engine import Engine
 from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases
 from epu.services.decision.memstore import MemoryStore as MemoryDecisionStore
 from epu.services.decision.store import Store as DecisionStore
-from epu.services.provisioner.app import build_provisioner
+from epu.services.provisioner.app import ReportCache, build_provisioner
 from epu.services.provisioner.memstore import MemoryDatabase, MemoryStore
 from epu.services.provisioner.provisioner import Provisioner
 from epu.services.provisioner.runner import InlineRunner
@@ -445,12 +445,12 @@ class ProvisionerProc(Proc):
         """Armed by a fault: die right after a create call returned, before the store knows."""
         self.queue = queue
         self.alerts: list[tuple[float, Message]] = []
-        self._reported: dict[str, Any] = {}
+        self._reported = ReportCache()
         """``publish_reports``' cache of events by record (emptied at each boot, as a restart would)."""
         bus.subscribe(queue, "competing", self, self._handle)
 
     def boot(self) -> None:
-        self._reported = {}
+        self._reported = ReportCache()
         if self.databases is not None:
             mem = MemoryStore(self.databases.setdefault(self.store_url, MemoryDatabase()), self.store_url)
             self.store_faults.attach_memory(mem, self.world, self)

@@ -148,7 +148,8 @@ class Cycle:
             self.notes.append(f"max_nodes={view.max_nodes}: {n} wanted, {allowed} allowed")
             n = allowed
         plain = filler or Launch(cores or view.cores_per_node, reason)
-        self._launches = [typed[i] if i < len(typed) else replace(plain, reason=reason) for i in range(n)]
+        more = replace(plain, reason=reason) if n > len(typed) else plain  # frozen: one for every untyped launch
+        self._launches = [typed[i] if i < len(typed) else more for i in range(n)]
         return n
 
     @property

@@ -99,6 +99,9 @@ class MemoryStore:
         self._gen = -1
         self._stamps: dict[str, int] = {}
         """Domain → stamp of its instances as listed (``Store.domain_stamp``); reset on reload."""
+        self._listed: dict[str, tuple[int, list[Instance]]] = {}
+        """Domain → (its stamp, its live instances as ``instances`` lists them): while the stamp
+        stands, the same instance objects in the same order, so the same sorted list."""
 
     def create(self) -> MemoryStore:
         return self
@@ -203,6 +206,13 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ instances
     def instances(self, domain: str | None = None, live_only: bool = True) -> list[Instance]:
+        if live_only and domain is not None:
+            stamp = self.domain_stamp(domain)
+            hit = self._listed.get(domain)
+            if hit is None or hit[0] != stamp:
+                hit = self._listed[domain] = (stamp, sorted((i for i in self._live() if i.domain == domain),
+                                                            key=_LAUNCHED))
+            return list(hit[1])
         if live_only:
             return sorted((i for i in self._live() if domain is None or i.domain == domain),
                           key=_LAUNCHED)

@@ -9,7 +9,9 @@ drive the poll loop, reconciliation and the outbox sweep; reconciliation also ru
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -126,49 +128,67 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     service.on_start.append(prov.discover_all)
     service.every(pc.discover_seconds, prov.discover_all, name="discover")
     offered = domain_sites(config.domains, config.sites)
-    reported: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
+    reported = ReportCache()
     service.every(pc.report_seconds, lambda: publish_reports(service, prov.store, pc.report_horizon_seconds,
                                                              prov.catalogues, offered, reported),
                   name="report")
     return service
 
 
+@dataclass
+class ReportCache:
+    """What ``publish_reports`` keeps between calls (the caller's; a restart starts empty)."""
+
+    events: dict[str, tuple[InstanceRecord, InstanceEvent]] = field(default_factory=dict)
+    """Each record's event of the last report, by instance id: handed out again while the
+    store returns the same record object (records are immutable: a change is a new object).
+    A quiet cluster's report was mostly rebuilding these events; the events are frozen, so
+    sharing one between reports changes nothing a receiver sees."""
+    listing: tuple[list[InstanceRecord], list[tuple[InstanceRecord, bool]], dict[str, list[InstanceEvent]]] | None = None
+    """(the records the store listed, each ended one with whether it was left out as older
+    than the horizon, the events per domain) of the last report: the same events again while
+    the store lists the very same records and no ended one crossed the horizon since."""
+
+
 def publish_reports(service: Service, store: Store, horizon: float, catalogues: Catalogues | None = None,
-                    domain_sites: dict[str, list[str]] | None = None,
-                    cache: dict[str, tuple[InstanceRecord, InstanceEvent]] | None = None) -> int:
+                    domain_sites: dict[str, list[str]] | None = None, cache: ReportCache | None = None) -> int:
     """Anti-entropy: per domain, the current state of every instance this provisioner knows
     (live, or ended within ``horizon``) as one ``instance.report``, with the instance types its
     sites were found to offer (``catalogues``, for the domains of ``domain_sites``: a domain
     without instances gets a report when one of its sites discovered types). Returns how many
-    were sent.
-
-    ``cache`` (the caller's, kept between calls): each record's event of the last report,
-    handed out again while the store returns the same record object (records are immutable:
-    a change is a new object). A quiet cluster's report was mostly rebuilding these events;
-    the events are frozen, so sharing one between reports changes nothing a receiver sees."""
+    were sent. ``cache``: see ``ReportCache`` (what a report is built from is a function of the
+    records listed, each by its object, and of which ended ones the horizon leaves out)."""
     from collections import defaultdict
 
     from epu.common.messages import InstanceReport
 
     now = service.clock.now()
-    by_domain: dict[str, list[InstanceEvent]] = defaultdict(list)
-    kept: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
-    for r in store.list(live_or_updated_since=now - horizon):  # not every record ever (O(history))
-        if r.terminal and r.updated_at < now - horizon:
-            continue
-        hit = cache.get(r.instance_id) if cache is not None else None
-        if hit is not None and hit[0] is r:
-            event = hit[1]
-        else:
-            event = InstanceEvent(
-                instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
-                node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
-                error_kind=r.error_kind, at=r.updated_at)
-        kept[r.instance_id] = (r, event)
-        by_domain[r.domain].append(event)
-    if cache is not None:
-        cache.clear()
-        cache.update(kept)
+    cutoff = now - horizon
+    records = store.list(live_or_updated_since=cutoff)  # not every record ever (O(history))
+    last = cache.listing if cache is not None else None
+    if (last is not None and len(last[0]) == len(records) and all(map(operator.is_, last[0], records))
+            and all((r.updated_at < cutoff) == out for r, out in last[1])):
+        by_domain = last[2]
+    else:
+        by_domain = defaultdict(list)
+        seen = cache.events if cache is not None else {}
+        kept: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
+        for r in records:
+            if r.terminal and r.updated_at < cutoff:
+                continue
+            hit = seen.get(r.instance_id)
+            if hit is not None and hit[0] is r:
+                event = hit[1]
+            else:
+                event = InstanceEvent(
+                    instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
+                    node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
+                    error_kind=r.error_kind, at=r.updated_at)
+            kept[r.instance_id] = (r, event)
+            by_domain[r.domain].append(event)
+        if cache is not None:
+            cache.events = kept
+            cache.listing = (records, [(r, r.updated_at < cutoff) for r in records if r.terminal], by_domain)
     offered = {d: catalogues.offered(names) for d, names in (domain_sites or {}).items()} if catalogues else {}
     sent = 0
     for domain in [*by_domain, *(d for d, o in offered.items() if o and d not in by_domain)]:

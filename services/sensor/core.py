@@ -21,6 +21,7 @@ Rules it keeps (issue 3, item 7):
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,14 +105,27 @@ def snapshot_bytes(snap: SensorSnapshot) -> int:
     return len(packb(snap.to_wire()))
 
 
+_STATE_SINCE = operator.attrgetter("state_since")
+
+
 class StateSince:
     """Remembers when each node's normalized state last changed, for backends whose batch
     system does not say (Torque, HTCondor). A node first seen counts from that moment."""
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[str, float]] = {}
+        self._said: list[NodeInfo] | None = None
+        """The last read's nodes when each said its own ``state_since`` (a backend that says):
+        ``_seen`` — each one's state and that time — is made of them only if a later read
+        needs it."""
 
     def fill(self, nodes: list[NodeInfo], now: float) -> list[NodeInfo]:
+        if None not in map(_STATE_SINCE, nodes):  # the batch system said: nothing to fill in
+            self._said = list(nodes)
+            return list(nodes)
+        if self._said is not None:
+            self._seen = {n.name: (n.state, n.state_since) for n in self._said}  # type: ignore[misc]
+            self._said = None
         out = []
         seen: dict[str, tuple[str, float]] = {}
         for node in nodes:

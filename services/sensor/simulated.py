@@ -85,12 +85,17 @@ class SimNode:
         return "busy" if self.used >= self.cores else "free"
 
 
+_PLAIN = operator.attrgetter("plain")
+_ROW_SHAPE = operator.attrgetter("nodes", "cores", "queue", "held")
+_SUBMIT = operator.attrgetter("submit_time")
+
 SAMPLE_JOBS = 20
 """Per-job records a snapshot keeps with ``group_at_source`` (for operators)."""
 
 
 class _Row(NamedTuple):
-    """A pending job (or array) as ``QueuedJob`` would carry it, without the model."""
+    """A pending job (or array) as ``QueuedJob`` would carry it, without the model. In
+    ``_Pending.rows`` ``wait_seconds`` holds minus the submit time (see ``_Pending``)."""
 
     job_id: str
     cores: int
@@ -101,6 +106,23 @@ class _Row(NamedTuple):
     state: str
     count: int
     memory_mb: int = 0
+
+
+class _Pending(NamedTuple):
+    """The queued part of a snapshot as far as it does not depend on ``now``: kept while the
+    queue does not change (``SimulatedBatch._queue_version``) and only aged at each read.
+
+    Why it is exact: everything but the waits is a function of the queue alone (its jobs, their
+    order and held flags); a wait is ``max(0.0, now - submit_time)`` and a shape's longest wait
+    the largest of its jobs' — which is the wait of its earliest submit time, as a float
+    subtraction ``now - s`` never grows when ``s`` does. So a shape keeps its earliest submit time
+    (``earliest``), a row its own, and a read computes the same floats the full rebuild did."""
+
+    version: int
+    rows: list[_Row]
+    """Every pending row (``group_at_source``: only the sample), ``wait_seconds`` unset."""
+    shapes: list[tuple[dict, float]]
+    """(a ``JobShape``'s fields but ``max_wait_s``, the earliest submit time of its jobs)."""
 
 
 @dataclass
@@ -126,6 +148,25 @@ class SimJob:
     features: frozenset[str] = frozenset()
     blocked: str = ""
     """A limit no node can lift (``QOSMaxJobsPerUserLimit``...): never started, not demand."""
+    pending_row: _Row | None = field(default=None, repr=False, compare=False)
+    """Its row in snapshots while pending, not an array element (``row``)."""
+    plain: bool = field(init=False, repr=False, compare=False)
+    """Neither an array element nor asking for anything a row cannot show (time limit, memory,
+    GPUs, features) nor blocked: what the fast grouping of ``_pending_part`` takes. Those fields
+    never change once the job is queued."""
+
+    def __post_init__(self) -> None:
+        self.plain = self.array_id is None and not (self.time_limit or self.memory_mb or self.gpus or self.features
+                                                    or self.blocked)
+
+    def row(self) -> _Row:
+        """Its pending row (not an array element), built once: of what a row shows only ``held``
+        ever changes (``release``), and a row of the other ``held`` is built anew."""
+        r = self.pending_row
+        if r is None or (r.state == "held") != self.held:
+            r = self.pending_row = _Row(self.job_id, self.cores, self.nodes, self.queue, self.submit_time,
+                                        -self.submit_time, "held" if self.held else "queued", 1)
+        return r
 
 
 class SimulatedBatch:
@@ -151,6 +192,13 @@ class SimulatedBatch:
         self._dirty = True
         """Something a scheduling pass reads changed since the last pass that started nothing
         (see ``_schedule``)."""
+        self._full = False
+        """No usable node had a free core when the last pass ended, and no node changed since
+        (``_touch``, ``_add``): a pass would start nothing (see ``_schedule``)."""
+        self._queue_version = 0
+        """Moved by every change of the queue (a job queued, started, requeued, released): what
+        says the kept queued part of the snapshot (``_Pending``) is still the queue's."""
+        self._pending: _Pending | None = None
         self.submitted = 0
         self._completed = 0
         self.available = True
@@ -167,6 +215,8 @@ class SimulatedBatch:
         core would have grouped from every record, without building a ``QueuedJob`` per pending
         job per read. The simulators (``epu.sim.batch``) turn it on; tests of the job records
         keep every one."""
+        self.sample_jobs = SAMPLE_JOBS
+        """How many per-job records a snapshot keeps with ``group_at_source`` (for operators)."""
         for name, cores in (nodes or {}).items():
             self._add(name, cores)
 
@@ -195,6 +245,7 @@ class SimulatedBatch:
                 ids.append(name)
             self.submitted += count
             self._dirty = True
+            self._queue_version += 1
             self._schedule()
             return ids
 
@@ -204,6 +255,7 @@ class SimulatedBatch:
                 if job.job_id == job_id or job.array_id == job_id:
                     job.held = False
             self._dirty = True
+            self._queue_version += 1
             self._schedule()
 
     @property
@@ -300,28 +352,14 @@ class SimulatedBatch:
             if not self.available:
                 raise BackendUnavailable(self.unavailable_reason)
             self._advance()
-            rows: list[_Row] = []
-            arrays: dict[tuple[str, bool], int] = {}
-            first: dict[tuple[str, bool], SimJob] = {}
-            for job in self._queue:
-                if job.array_id is not None:
-                    key = (job.array_id, job.held)
-                    arrays[key] = arrays.get(key, 0) + 1
-                    first.setdefault(key, job)
-                    continue
-                rows.append(self._row(job, job.job_id, 1))
-            for key, n in arrays.items():
-                rows.append(self._row(first[key], f"{key[0]}[]", n))
+            pending = self._pending_part()
+            now = self._now
             nodes = [self._node_info(n) for n in self._by_name()]
-            shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
-                                           for j in self._queue) else []
-            if self.group_at_source:
-                if not shapes and rows:
-                    shapes = group_jobs(rows)  # type: ignore[arg-type] # the rows quack like QueuedJobs
-                rows = rows[:SAMPLE_JOBS]
+            shapes = [JobShape(**fields, max_wait_s=max(0.0, now - earliest)) for fields, earliest in pending.shapes]
             jobs = [QueuedJob(job_id=r.job_id, cores=r.cores, nodes=r.nodes, queue=r.queue, submit_time=r.submit_time,
-                              wait_seconds=r.wait_seconds, state=r.state, count=r.count)  # type: ignore[arg-type]
-                    for r in rows]
+                              wait_seconds=max(0.0, now - r.submit_time), state=r.state,  # type: ignore[arg-type]
+                              count=r.count)
+                    for r in pending.rows]
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
                                finished_jobs=self._completed, shapes=shapes)
 
@@ -370,24 +408,78 @@ class SimulatedBatch:
                         job_ends=ends, memory_mb=n.memory_mb, memory_used_mb=memory, gpus=n.gpus, gpus_used=gpus,
                         features=sorted(n.features), partitions=sorted(n.partitions))
 
-    def _shapes(self) -> list[JobShape]:
+    def _pending_part(self) -> _Pending:
+        """The queued part of the snapshot but its waits (``_Pending``): the one kept, or built
+        anew when the queue changed since."""
+        kept = self._pending
+        if kept is not None and kept.version == self._queue_version:
+            return kept
+        if self.group_at_source and all(map(_PLAIN, self._queue)):
+            self._pending = self._plain_part()
+            return self._pending
+        rows: list[_Row] = []
+        arrays: dict[tuple[str, bool], int] = {}
+        first: dict[tuple[str, bool], SimJob] = {}
+        for job in self._queue:
+            if job.array_id is not None:
+                key = (job.array_id, job.held)
+                arrays[key] = arrays.get(key, 0) + 1
+                first.setdefault(key, job)
+                continue
+            rows.append(job.row())
+        for key, n in arrays.items():
+            j = first[key]
+            rows.append(_Row(f"{key[0]}[]", j.cores, j.nodes, j.queue, j.submit_time, -j.submit_time,
+                             "held" if j.held else "queued", n))
+        shapes = self._shapes() if any(j.time_limit or j.memory_mb or j.gpus or j.features or j.blocked
+                                       for j in self._queue) else []
+        if self.group_at_source:
+            if not shapes and rows:
+                # a row's "wait" is minus its submit time, so a shape's longest is minus its earliest
+                shapes = [({k: v for k, v in s if k != "max_wait_s"}, -s.max_wait_s)
+                          for s in group_jobs(rows)]  # type: ignore[arg-type] # the rows quack like QueuedJobs
+            rows = rows[:self.sample_jobs]
+        self._pending = _Pending(self._queue_version, rows, shapes)
+        return self._pending
+
+    def _plain_part(self) -> _Pending:
+        """``_Pending`` of a queue of plain jobs (``SimJob.plain``), grouped at the source, without
+        a Python step per job: the jobs sorted (stably) by what makes their rows' shape — nodes,
+        cores, queue, held: exactly ``group_jobs``' key of such a row — and per group only its
+        first three rows (the shape's sample ids) and one row standing for the others (their
+        count, their earliest submit time) go to ``group_jobs``. It then finds the same shapes:
+        the same partition, counts summing to the group's, the longest "wait" (minus the earliest
+        submit time, see ``_Pending``) the group's, the ids its first three in queue order."""
+        queue = self._queue
+        few: list[_Row] = []
+        rest: list[_Row] = []
+        one = len(set(map(_ROW_SHAPE, queue))) == 1  # the usual case: no need to sort
+        for jobs in ([queue] if one else (list(g) for _, g in itertools.groupby(sorted(queue, key=_ROW_SHAPE),
+                                                                               _ROW_SHAPE))):
+            few += [j.row() for j in jobs[:3]]
+            if len(jobs) > 3:
+                f, earliest = jobs[3], min(map(_SUBMIT, jobs[3:]))
+                rest.append(_Row("", f.cores, f.nodes, f.queue, earliest, -earliest, f.row().state, len(jobs) - 3))
+        shapes = [({k: v for k, v in s if k != "max_wait_s"}, -s.max_wait_s)
+                  for s in group_jobs(few + rest)] if queue else []  # type: ignore[arg-type]
+        return _Pending(self._queue_version, [j.row() for j in queue[:self.sample_jobs]], shapes)
+
+    def _shapes(self) -> list[tuple[dict, float]]:
         """Pending jobs grouped with their time limits (only when some job has one: otherwise the
-        sensor core groups ``jobs`` as before)."""
+        sensor core groups ``jobs`` as before), each with its jobs' earliest submit time."""
         groups: dict[tuple, list] = {}
         for job in self._queue:
             key = (job.nodes, job.cores, job.queue, int(job.time_limit), not job.held and not job.blocked,
                    job.memory_mb, job.gpus, tuple(sorted(job.features)), job.blocked)
             g = groups.get(key)
-            wait = max(0.0, self._now - job.submit_time)
             if g is None:
-                groups[key] = [1, wait]
+                groups[key] = [1, job.submit_time]
             else:
                 g[0] += 1
-                g[1] = max(g[1], wait)
-        return [JobShape(count=c, nodes=k[0], cores=k[1], partition=k[2], time_limit_s=k[3], demand=k[4],
-                         reason="" if k[4] else (k[8] or "held"), max_wait_s=w, memory_mb=k[5], gpus=k[6],
-                         features=list(k[7]))
-                for k, (c, w) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
+                g[1] = min(g[1], job.submit_time)
+        return [(dict(count=c, nodes=k[0], cores=k[1], partition=k[2], time_limit_s=k[3], demand=k[4],
+                      reason="" if k[4] else (k[8] or "held"), memory_mb=k[5], gpus=k[6], features=list(k[7])), s)
+                for k, (c, s) in sorted(groups.items(), key=lambda kv: repr(kv[0]))]
 
     def execute(self, action: str, node: str, *, cores: int | None = None, address: str | None = None,
                 reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
@@ -471,16 +563,14 @@ class SimulatedBatch:
         self._advance()
         return self._nodes.get(node), None
 
-    def _row(self, job: SimJob, job_id: str, count: int) -> _Row:
-        return _Row(job_id, job.cores, job.nodes, job.queue, job.submit_time, max(0.0, self._now - job.submit_time),
-                    "held" if job.held else "queued", count)
-
     def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
         self._dirty = True
+        self._full = False
 
     def _touch(self, node: SimNode) -> None:
         self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
+        self._full = False  # its free cores may have changed
         node.version += 1
         state = node.state()
         if state != node.last_state:
@@ -533,6 +623,7 @@ class SimulatedBatch:
             job.start_time = job.end_time = None
             job.placed_on = []
             self._queue.insert(0, job)
+            self._queue_version += 1
         self._touch(node)
 
     def _used(self, node: SimNode, what: str) -> int:
@@ -578,22 +669,31 @@ class SimulatedBatch:
         ``_dirty`` (``_touch``, ``_add``, ``_finish``...), a pass that started a job leaves it set
         (its starts changed what the next pass reads), and a clean call returns at once. Within a
         pass free capacity only shrinks, so a request shape that did not fit stays unfit until
-        the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``).
+        the pass ends (``unfit``), and nodes without a free core are never candidates (``avail``):
+        once none is left, the rest of the queue stays as it is (each job would be unfit and kept).
+        Free cores change only with a node (``_touch``, ``_add``; a removed node only takes them
+        away): while none changed since a pass ended with none free (``_full``), a pass, even
+        one a queue change asked for, would find none and start nothing.
         The placements are exactly those of the full re-fit (tests/sensor/test_simulated.py,
         the replay digests of tests/sim)."""
         if not self._dirty:
             return
         self._dirty = False  # a start below sets it again
-        if not self._queue:
+        if not self._queue or self._full:
             return
         free = {n.name: n.cores - sum(n.jobs.values()) for n in self._nodes.values() if not n.offline and not n.down}
         if not any(c > 0 for c in free.values()):
+            self._full = True
             return  # every job needs at least one core
         avail = {name: c for name, c in free.items() if c > 0}
         unfit: set[tuple] = set()
         shadow: float | None = None
         remaining: list[SimJob] = []
-        for job in self._queue:
+        queue = self._queue
+        for i, job in enumerate(queue):
+            if not avail:  # no free core left: every job from here on stays queued, in order
+                remaining.extend(queue[i:])
+                break
             if job.held or job.blocked:
                 remaining.append(job)
                 continue
@@ -614,6 +714,10 @@ class SimulatedBatch:
             if shadow is None:  # first job that cannot start: it holds the reservation
                 shadow = self._shadow_time(job, free)
             remaining.append(job)
+        if not avail:
+            self._full = True  # what the next pass would find first, unless a node changes
+        if len(remaining) != len(self._queue):  # a subsequence: the same length is the same queue
+            self._queue_version += 1
         self._queue = remaining
 
     def _start(self, job: SimJob, placement: list[str]) -> None:

@@ -285,3 +285,40 @@ def test_the_size_estimate_with_its_memo_is_the_one_without(clock: ManualClock) 
         snap = core.read()
         assert estimated_bytes(snap, memo) == estimated_bytes(snap)
         clock.advance(20)
+
+
+def test_state_since_over_backends_that_say_for_some_reads_only(clock: ManualClock) -> None:
+    """A read whose every node says its ``state_since`` is taken as it is (what was seen is
+    kept for later only if needed); a later read that does not say still counts from what the
+    last read showed — as the tracker that records every read does."""
+    import random
+
+    from epu.common.messages import NodeInfo
+    from epu.services.sensor.core import StateSince
+
+    class EveryRead:
+        def __init__(self) -> None:
+            self.seen: dict[str, tuple[str, float]] = {}
+
+        def fill(self, nodes: list[NodeInfo], now: float) -> list[NodeInfo]:
+            out, seen = [], {}
+            for node in nodes:
+                prev = self.seen.get(node.name)
+                since = node.state_since if node.state_since is not None else (
+                    prev[1] if prev is not None and prev[0] == node.state else now)
+                seen[node.name] = (node.state, since)
+                out.append(node.model_copy(update={"state_since": float(since)}))
+            self.seen = seen
+            return out
+
+    rng = random.Random(7)
+    lazy, every = StateSince(), EveryRead()
+    saying = 0
+    for t in range(300):
+        says = rng.random() < 0.6
+        saying += says
+        nodes = [NodeInfo(name=n, state=rng.choice(("free", "busy")),
+                          state_since=float(t - rng.randint(0, 9)) if says or rng.random() < 0.3 else None)
+                 for n in rng.sample("abcdef", rng.randint(0, 6))]
+        assert lazy.fill(nodes, float(t)) == every.fill(nodes, float(t))
+    assert 100 < saying < 250
