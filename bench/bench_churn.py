@@ -2,6 +2,9 @@
 leases (``bench_decision.full_engine``'s set-up) after each new snapshot in which 1 % of the nodes
 flipped busy <-> free (``full_engine``'s ``churned_snapshots``), so instance timers change and
 the engine stores them every iteration. Prints the CPU median (wall beside) of N iterations.
+The heap is kept as ``epu run decision`` keeps it (``heap.HeapKeeper``: settled after each
+snapshot and, inside the timed part as in the service's iteration, after each iteration), on
+trees that have it.
 
 ``EPU_TREE=/path/to/another/checkout`` runs that tree's ``epu`` instead of this one (through the
 editable install's mapping), for before/after pairs in one window:
@@ -39,6 +42,11 @@ from epu.services.decision.engine import Engine  # noqa: E402
 from epu.services.decision.lease import Leases  # noqa: E402
 from epu.services.decision.store import Store  # noqa: E402
 
+try:
+    from epu.services.decision.heap import HeapKeeper  # noqa: E402
+except ImportError:  # a tree from before it
+    HeapKeeper = None  # type: ignore[assignment,misc]
+
 SCALES = {
     "10k": (lambda: [B.grouped_domain("big", 10_000, 100_000)], 9_900),
     "50k": (lambda: [B.grouped_domain("huge", 50_000, 500_000)], 49_500),
@@ -56,6 +64,10 @@ def run(scale: str, iterations: int) -> None:
                         for s, _ in doms},
             "sites": {f"s{i}": {"driver": "epu-sim", "quota": 100000, "cores": B.CORES} for i in range(3)},
         }, environ={})
+        heap = HeapKeeper() if HeapKeeper is not None else None
+        settle = heap.settle if heap is not None else (lambda: None)
+        if heap is not None:
+            heap.install()  # as build_service does
         clock = ManualClock(B.NOW)
         store = Store(cfg.decision.store_url).create()
         leases = Leases(store.engine, "bench", cfg.decision.lease_ttl()).create()
@@ -64,10 +76,13 @@ def run(scale: str, iterations: int) -> None:
         store.save_instances([i for _, insts in doms for i in insts])
         for s, _ in doms:
             engine.on_snapshot(s)
+            settle()
         engine.iterate()  # launches what the queue asks for
+        settle()
         for _ in range(2):  # steady
             clock.advance(5)
             engine.iterate()
+            settle()
         flip = random.Random(7)
 
         def churn() -> None:
@@ -75,19 +90,23 @@ def run(scale: str, iterations: int) -> None:
                 s = B.churned(s, flip, clock.now())
                 doms[k] = (s, doms[k][1])
                 engine.on_snapshot(s)
+                settle()  # as the service's snapshot handler does
 
         cpus, walls = [], []
-        gc.collect()
+        if heap is None:
+            gc.collect()
         for _ in range(iterations):
             clock.advance(5)
             churn()
             t, c = time.perf_counter(), time.process_time()
             engine.iterate()
+            settle()  # inside the service's iteration
             walls.append(time.perf_counter() - t)
             cpus.append(time.process_time() - c)
     print(f"{TREE or 'this tree'} {scale} churn: CPU median {statistics.median(cpus) * 1000:.1f} ms "
           f"(wall {statistics.median(walls) * 1000:.1f}); CPU each {[round(x * 1000, 1) for x in cpus]}; "
-          f"load {os.getloadavg()[0]:.2f}")
+          f"load {os.getloadavg()[0]:.2f}"
+          + (f"; full settles {heap.full_settles}" if heap is not None else ""))
 
 
 if __name__ == "__main__":

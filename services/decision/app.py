@@ -30,6 +30,7 @@ from epu.common.config import EpuConfig
 from epu.common.messages import Envelope, SensorSnapshot
 from epu.common.runtime import RuntimeSettings, Service
 from epu.services.decision.engine import Engine
+from epu.services.decision.heap import HeapKeeper
 from epu.services.decision.lease import Leases
 from epu.services.decision.statusfeed import StatusFeed
 from epu.services.decision.store import Store
@@ -65,6 +66,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     leases = Leases(store.engine, holder, config.decision.lease_ttl()).create()
     engine = Engine(config, store, service.publish, service.clock, publish_many=service.publish_many,
                     leases=leases)
+    heap = HeapKeeper()  # the working set out of the collector's walks (see heap.py)
+    heap.install()
     r = service.metrics.registry
     stale = Counter("epu_decision_stale_snapshots_total", "Snapshots too old to act on when they arrived",
                     ["domain"], registry=r)
@@ -76,7 +79,9 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             stale.labels(msg.domain).inc()
             service.log.info("stale snapshot not acted on", extra={"domain": msg.domain, "age_seconds": round(age)})
             return
-        if engine.on_snapshot(msg) and config.decision.wake_min_seconds < config.decision.iteration_seconds:
+        accepted = engine.on_snapshot(msg)
+        heap.settle()  # the snapshot's indexes live until the next one
+        if accepted and config.decision.wake_min_seconds < config.decision.iteration_seconds:
             service.wake("iteration", config.decision.wake_min_seconds)  # new demand: answer it now
 
     def on_input(msg: Any, env: Envelope) -> None:
@@ -153,13 +158,18 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
 
     def iteration() -> None:
         started = time.monotonic()
-        records = engine.iterate()
+        try:
+            records = engine.iterate()
+        except BaseException:
+            heap.failed()
+            raise
         for record in records:
             for a in record.actions:
                 actions.labels(record.domain, a.kind).inc()
         seconds.observe(time.monotonic() - started)
         observe()
         feed.after_iteration(records, service.clock.now())  # what `epu status` shows at once
+        heap.settle()
         trim(0)  # ~0.3 ms after a new snapshot's iteration, ~0.03 ms otherwise
 
     service.every(config.decision.iteration_seconds, iteration, name="iteration")
