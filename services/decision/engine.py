@@ -653,9 +653,11 @@ class Engine:
         return h
 
     def _refresh(self, domain: str, latest: _Latest, now: float) -> tuple[
-            list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None]:
+            list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None,
+            bool]:
         """The domain's instances refreshed from its latest snapshot: (before, after, parts,
-        changed, newly joined, dissolved gangs' list or None, the breaker's verdict) — from the
+        changed, newly joined, dissolved gangs' list or None, the breaker's verdict, whether an
+        instance of ``after`` may belong to a gang) — from the
         memo (``_Refreshed``) when the instances and the snapshot are the ones it was made on,
         with the shorter pass when only the snapshot is new, else with the full census."""
         snap = latest.snapshot
@@ -692,6 +694,7 @@ class Engine:
             came: list[Instance] = []  # nothing joined: refresh would change nothing
             dissolved = None
             why = memo.breaker
+            gangs = c.gangs
         else:
             self._refreshed.pop(domain, None)
             census = None
@@ -709,6 +712,7 @@ class Engine:
                 after, parts = dissolved, partition(dissolved)
                 changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
             why = self._breaker_check(census, latest)
+            gangs = census.gangs  # (after dissolving some: still True, as the others may remain)
             if stamp is not None and not came:
                 # without a join (a joining instance keeps timers a second refresh may reset),
                 # ``after`` is refresh's fixed point on this snapshot. Valid at once if nothing
@@ -719,7 +723,7 @@ class Engine:
                     Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
                            census.known, census.missing, census.gangs, census.counted,
                            *((census.quiet, census.rest) if dissolved is None else (None, None))), why)
-        return before, after, parts, changed, came, dissolved, why
+        return before, after, parts, changed, came, dissolved, why, gangs
 
     def iterate_domain(self, domain: str, now: float,
                        sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
@@ -756,7 +760,7 @@ class Engine:
         version, cfg = current
         memory, iteration = self.store.memory(domain)
         snap = latest.snapshot
-        before, after, parts, changed, came, dissolved, why = self._refresh(domain, latest, now)
+        before, after, parts, changed, came, dissolved, why, gangs = self._refresh(domain, latest, now)
         health_ = self._pipeline(domain, latest, now, before)
         notes_extra = self._breaker(domain, health_, why, now)
         if latest.free is None:
@@ -765,7 +769,8 @@ class Engine:
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,
                           nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
-                          cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free)
+                          cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free,
+                          gangs=gangs)
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
             view.catalogue = self.catalogue(domain, cfg, live, now)

@@ -59,6 +59,8 @@ def incomplete_gangs(view: DomainView, deadline: float) -> list[tuple[list[Insta
     """Groups launched together for multi-node jobs that will not complete: a member failed or
     went away before all joined, or not all joined ``deadline`` seconds (of healthy pipeline) after
     the group's launch. Complete groups were dissolved (``view.dissolve_complete_gangs``)."""
+    if view.gangs is False:  # the census saw no gang: no pass over every instance
+        return []
     groups: dict[str, list[Instance]] = {}
     for inst in view.instances:
         if inst.gang and not inst.terminate_sent and not inst.retire:
