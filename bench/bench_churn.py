@@ -65,7 +65,7 @@ def run(scale: str, iterations: int) -> None:
             "sites": {f"s{i}": {"driver": "epu-sim", "quota": 100000, "cores": B.CORES} for i in range(3)},
         }, environ={})
         heap = HeapKeeper() if HeapKeeper is not None else None
-        settle = heap.settle if heap is not None else (lambda: None)
+        settle = heap.settle if heap is not None else (lambda **_: None)
         if heap is not None:
             heap.install()  # as build_service does
         clock = ManualClock(B.NOW)
@@ -76,7 +76,7 @@ def run(scale: str, iterations: int) -> None:
         store.save_instances([i for _, insts in doms for i in insts])
         for s, _ in doms:
             engine.on_snapshot(s)
-            settle()
+            settle(iteration=False)
         engine.iterate()  # launches what the queue asks for
         settle()
         for _ in range(2):  # steady
@@ -90,7 +90,7 @@ def run(scale: str, iterations: int) -> None:
                 s = B.churned(s, flip, clock.now())
                 doms[k] = (s, doms[k][1])
                 engine.on_snapshot(s)
-                settle()  # as the service's snapshot handler does
+                settle(iteration=False)  # as the service's snapshot handler does
 
         cpus, walls = [], []
         if heap is None:

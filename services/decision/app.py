@@ -80,7 +80,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             service.log.info("stale snapshot not acted on", extra={"domain": msg.domain, "age_seconds": round(age)})
             return
         accepted = engine.on_snapshot(msg)
-        heap.settle()  # the snapshot's indexes live until the next one
+        heap.settle(iteration=False)  # the snapshot's indexes live until the next one
         if accepted and config.decision.wake_min_seconds < config.decision.iteration_seconds:
             service.wake("iteration", config.decision.wake_min_seconds)  # new demand: answer it now
 

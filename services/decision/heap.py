@@ -12,7 +12,8 @@ So the service *settles* the heap after each accepted snapshot and after each it
 collection walks (constant time: the generations' lists are spliced). Frozen objects are still
 freed by reference counting as usual; only a frozen *cycle* that becomes garbage waits — until the
 next full settle, which unfreezes, collects everything once and freezes again: the first settle,
-then every ``full_every`` settles (~250 ms at 50,000 nodes: ~1 ms per settle), and the settle
+then every ``full_every`` iterations (~250 ms at 50,000 nodes: ~1 ms per iteration; counted per
+iteration, not per snapshot — 1,000 domains send 1,000 snapshots a round), and the settle
 after an iteration that raised (a traceback is a cycle that may hold a frame's big locals). So
 leaked cycles stay bounded (tens of objects per iteration measured). The settle does not look at
 how many objects are frozen: ``gc.get_freeze_count()`` walks the whole frozen list (~30 ms at
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 @dataclass
 class HeapKeeper:
-    """Freezes the working set between iterations; a full collection now and then (see module)."""
+    """Freezes the working set after snapshots and iterations; a full collection now and then
+    (see module)."""
 
     threshold0: int = 10_000
     full_every: int = 240
@@ -46,9 +48,11 @@ class HeapKeeper:
         """An iteration raised: the next settle collects everything (see module)."""
         self._dirty = True
 
-    def settle(self) -> None:
-        """Freeze what is live now (constant time); collect everything first when due."""
-        self._settles += 1
+    def settle(self, *, iteration: bool = True) -> None:
+        """Freeze what is live now (constant time); collect everything first when due. After a
+        snapshot (``iteration=False``) only a pending full settle (the first, after a failure) runs."""
+        if iteration:
+            self._settles += 1
         if self._dirty or self._settles >= self.full_every:
             self.full()
         else:
