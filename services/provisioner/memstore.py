@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ from epu.services.provisioner.store import (
 from sqlalchemy.exc import IntegrityError
 
 _ENDED = ("terminated", "failed")
+_ROW_ORDER = operator.attrgetter("created_at", "instance_id")
+"""The order ``list`` answers in (the SQL store's ORDER BY)."""
 
 
 class _Rollback(Exception):  # noqa: N818 - a signal, not an error
@@ -235,13 +238,36 @@ class MemoryStore:
     def list(self, *, domain: str | None = None, site: str | None = None,
              states: tuple[str, ...] | list[str] | None = None, active_only: bool = False,
              live_or_updated_since: float | None = None) -> list[InstanceRecord]:
+        if live_or_updated_since is not None and not (domain or site or states or active_only):
+            return self._live_or_updated_since(live_or_updated_since)
         with self.db.lock:
             out = [r for r in self._candidates(states, active_only, live_or_updated_since)
                    if (live_or_updated_since is None or r.state not in _ENDED
                        or r.updated_at >= live_or_updated_since)
                    and (not domain or r.domain == domain) and (not site or r.site == site)
                    and (not states or r.state in states) and (not active_only or r.state not in _ENDED)]
-        out.sort(key=lambda r: (r.created_at, r.instance_id))
+        out.sort(key=_ROW_ORDER)
+        return out
+
+    def _live_or_updated_since(self, since: float) -> list[InstanceRecord]:
+        """``list(live_or_updated_since=since)`` alone — the provisioner's anti-entropy report,
+        every minute —, the same answer with less work per record: the live ones are kept as
+        they are (``db.live`` holds no ended record), only those stored ended since ``since``
+        are checked."""
+        db = self.db
+        with db.lock:
+            ids: dict[str, None] = {}
+            for site_ids in db.live.values():
+                ids.update(site_ids)
+            n_live = len(ids)
+            ended = db.ended
+            for _, iid in ended[bisect.bisect_left(ended, (since, "")):]:
+                ids[iid] = None
+            inst = db.instances
+            recs = [inst[i] for i in ids]
+            out = recs[:n_live]
+            out += [r for r in recs[n_live:] if r.state not in _ENDED or r.updated_at >= since]
+        out.sort(key=_ROW_ORDER)
         return out
 
     def _candidates(self, states: tuple[str, ...] | list[str] | None, active_only: bool,
