@@ -91,6 +91,9 @@ class MemoryDatabase:
     misses: dict[str, Miss] = field(default_factory=dict)
     sightings: dict[tuple[str, str], Sighting] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    version: int = 0
+    """Moves with every record stored (``MemoryStore._put``): what a read kept may be reused
+    while it has not moved."""
 
     def copy(self) -> MemoryDatabase:
         """A backup: an independent database with the same rows (records are immutable)."""
@@ -113,6 +116,9 @@ class MemoryStore:
         """Called before a write transaction changes anything; raising refuses the write."""
         self._marks: list[int] = []
         self._marks_lock = threading.Lock()
+        self._site_records: dict[str, tuple[MemoryDatabase, int, dict[str, InstanceRecord]]] = {}
+        """Per site, the live records ``records_for`` read last, with the database and its
+        ``version`` then."""
 
     def close(self) -> None:
         try:
@@ -151,6 +157,7 @@ class MemoryStore:
 
     def _put(self, rec: InstanceRecord) -> None:
         db = self.db
+        db.version += 1
         old = db.instances.get(rec.instance_id)
         if old is not None and old.site != rec.site:  # found at another site than first recorded
             db.live.get(old.site, {}).pop(rec.instance_id, None)
@@ -322,10 +329,19 @@ class MemoryStore:
     def records_for(self, site: str, launch_ids: Iterable[str]) -> dict[str, InstanceRecord]:
         """The site's live records in row order, then the other listed ones by id — SQLite's
         order for the same OR query (one index, then the other)."""
+        launch_ids = set(launch_ids)
         with self.db.lock:
-            inst = self.db.instances
-            out = {i: inst[i] for i in self.db.live.get(site, ())}
-            for i in sorted(set(launch_ids)):
+            db = self.db
+            if not launch_ids:  # a poll's read: the same as last time while no record was stored
+                hit = self._site_records.get(site)
+                if hit is not None and hit[0] is db and hit[1] == db.version:
+                    return dict(hit[2])
+            inst = db.instances
+            out = {i: inst[i] for i in db.live.get(site, ())}
+            if not launch_ids:
+                self._site_records[site] = (db, db.version, out)
+                return dict(out)
+            for i in sorted(launch_ids):
                 if i not in out and i in inst:
                     out[i] = inst[i]
         return out
