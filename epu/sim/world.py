@@ -95,19 +95,21 @@ class World:
     def run_until(self, end: float) -> None:
         queue = self._queue
         hooks = self.after_event
+        pop, fold = heapq.heappop, self._digest.update  # a month's run pops millions of events
         while queue and queue[0][0] <= end:
-            ev = heapq.heappop(queue)[2]
+            ev = pop(queue)[2]
             if ev.cancelled:
                 continue
             self.t = ev.at
             self.events += 1
             if ev.label:
-                self._digest.update(f"{ev.at:.6f} {ev.label}\n".encode())
+                fold(f"{ev.at:.6f} {ev.label}\n".encode())
                 if self.trace is not None:
                     self.trace.append(f"{ev.at - self.start:10.3f}  {ev.label}")
             ev.fn()
-            for hook in hooks:
-                hook()
+            if hooks:
+                for hook in hooks:
+                    hook()
         self.t = max(self.t, end)
 
     # ------------------------------------------------------------------ ids

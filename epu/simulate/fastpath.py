@@ -71,6 +71,24 @@ def _numbers(obj: Any) -> list[float]:
     return []
 
 
+_POLICY_TIMES: dict[int, tuple[Any, list[float], float, float]] = {}
+"""id(parsed domain config) → (that config, its policy's durations, billing period, margin):
+validated once per config version, not once per skipped-iteration check."""
+
+
+def _policy_times(cfg: Any) -> tuple[list[float], float, float]:
+    hit = _POLICY_TIMES.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1], hit[2], hit[3]
+    params = validate_params(cfg.policy, cfg.params)
+    period = float(getattr(params, "billing_period_seconds", 0.0) or 0.0)
+    margin = float(getattr(params, "billing_margin_seconds", 0.0) or 0.0)
+    if len(_POLICY_TIMES) > 64:
+        _POLICY_TIMES.clear()
+    _POLICY_TIMES[id(cfg)] = (cfg, durations(params), period, margin)
+    return _POLICY_TIMES[id(cfg)][1:]  # type: ignore[return-value]
+
+
 def next_wake(engine: Any, domain: str, now: float) -> float:
     """The earliest time after ``now`` at which an iteration could decide differently with the
     same inputs (``inf`` when none)."""
@@ -79,27 +97,23 @@ def next_wake(engine: Any, domain: str, now: float) -> float:
     if current is None:
         return math.inf
     cfg = current[1]
-    params = validate_params(cfg.policy, cfg.params)
-    ds = durations(params)
-    period = float(getattr(params, "billing_period_seconds", 0.0) or 0.0)
-    margin = float(getattr(params, "billing_margin_seconds", 0.0) or 0.0)
+    policy_ds, period, margin = _policy_times(cfg)
     stamps: list[float] = []
-    for inst in store.instances(domain):
+    instances = store.instances(domain)
+    for inst in instances:
         stamps += [t for t in (inst.launched_at, inst.state_at, inst.joined_at, inst.idle_since,
                                inst.drain_at, inst.add_sent_at, inst.missing_since) if t is not None]
     memory, _ = store.memory(domain)
-    stamps += [t for t in _numbers(memory) if t > 1e8]  # epoch-like values
-    ds += [d for d in _numbers(memory) if 0 < d < 1e8]  # durations the policy measured (boot times)
+    remembered = _numbers(memory)
+    stamps += [t for t in remembered if t > 1e8]  # epoch-like values
+    ds = policy_ds + [d for d in remembered if 0 < d < 1e8]  # durations the policy measured (boot times)
     latest = getattr(engine, "_latest", {}).get(domain)  # the engine's digested snapshot
     if cfg.policy in DEMAND_SENSITIVE and latest is not None and latest.digest.jobs:
         return now
-    best = math.inf
-    for t in stamps:
-        for d in ds:
-            if t + d > now:
-                best = min(best, t + d)
+    # the least t + d past now (a min over the same set of sums as a loop over every pair)
+    best = min([x for d in ds for t in stamps if (x := t + d) > now], default=math.inf)
     if period > 0:
-        for inst in store.instances(domain):
+        for inst in instances:
             k = math.floor((now - inst.launched_at + margin) / period) + 1
             best = min(best, inst.launched_at + k * period - margin)
     resend = engine.settings.resend_seconds

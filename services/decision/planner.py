@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from epu.common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
 from epu.services.decision.actions import Decision, Launch, Node, Terminate
 from epu.services.decision.placement import SiteHealth, SiteInfo, place, record_failure
-from epu.services.decision.view import ACTIVE_STATES, DomainView, Instance, short_name
+from epu.services.decision.view import ACTIVE_STATES, DomainView, Instance, evolve, short_name
 
 SCALE_DOWN = frozenset({"offline", "remove", "terminate"})
 
@@ -115,7 +115,7 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                 continue
             msg: Message = TerminateRequest(request_id=make_id(), instance_id=iid, domain=view.domain,
                                             reason=action.reason, force=action.force)
-            out.instances[iid] = replace(inst, terminate_sent=True, idle_since=None,
+            out.instances[iid] = evolve(inst, terminate_sent=True, idle_since=None,
                                          retire=inst.retire or action.retire)
             out.actions.append(Planned(msg.request_id, "terminate", iid, inst.site, action.reason, msg))
         else:
@@ -138,16 +138,16 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                               cores=inst.cores if action.op == "add" else None, reason=action.reason,
                               requeue=action.requeue and action.op == "remove")
             if kind == "add":
-                out.instances[iid] = replace(inst, add_sent_at=now)
+                out.instances[iid] = evolve(inst, add_sent_at=now)
             elif kind == "offline":
-                out.instances[iid] = replace(inst, state="draining", state_at=now, drain_at=now, idle_since=None,
+                out.instances[iid] = evolve(inst, state="draining", state_at=now, drain_at=now, idle_since=None,
                                              retire=action.retire or inst.retire or "scale-down")
             elif kind == "online":
-                out.instances[iid] = replace(inst, state="joined", state_at=now, drain_at=None, idle_since=None,
+                out.instances[iid] = evolve(inst, state="joined", state_at=now, drain_at=None, idle_since=None,
                                              retire="")
             elif kind == "remove" and not terminal:
                 state = "draining" if inst.state in ACTIVE_STATES else inst.state
-                out.instances[iid] = replace(inst, state=state, state_at=now if state != inst.state else inst.state_at,
+                out.instances[iid] = evolve(inst, state=state, state_at=now if state != inst.state else inst.state_at,
                                              idle_since=None, retire=action.retire or inst.retire or "scale-down")
             out.actions.append(Planned(msg.command_id, kind, iid, inst.site, action.reason, msg))
         seen.add((iid, kind))

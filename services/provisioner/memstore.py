@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ from epu.services.provisioner.store import (
 from sqlalchemy.exc import IntegrityError
 
 _ENDED = ("terminated", "failed")
+_ROW_ORDER = operator.attrgetter("created_at", "instance_id")
+"""The order ``list`` answers in (the SQL store's ORDER BY)."""
 
 
 class _Rollback(Exception):  # noqa: N818 - a signal, not an error
@@ -88,6 +91,9 @@ class MemoryDatabase:
     misses: dict[str, Miss] = field(default_factory=dict)
     sightings: dict[tuple[str, str], Sighting] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    version: int = 0
+    """Moves with every record stored (``MemoryStore._put``): what a read kept may be reused
+    while it has not moved."""
 
     def copy(self) -> MemoryDatabase:
         """A backup: an independent database with the same rows (records are immutable)."""
@@ -110,6 +116,9 @@ class MemoryStore:
         """Called before a write transaction changes anything; raising refuses the write."""
         self._marks: list[int] = []
         self._marks_lock = threading.Lock()
+        self._site_records: dict[str, tuple[MemoryDatabase, int, dict[str, InstanceRecord]]] = {}
+        """Per site, the live records ``records_for`` read last, with the database and its
+        ``version`` then."""
 
     def close(self) -> None:
         try:
@@ -148,6 +157,7 @@ class MemoryStore:
 
     def _put(self, rec: InstanceRecord) -> None:
         db = self.db
+        db.version += 1
         old = db.instances.get(rec.instance_id)
         if old is not None and old.site != rec.site:  # found at another site than first recorded
             db.live.get(old.site, {}).pop(rec.instance_id, None)
@@ -235,13 +245,36 @@ class MemoryStore:
     def list(self, *, domain: str | None = None, site: str | None = None,
              states: tuple[str, ...] | list[str] | None = None, active_only: bool = False,
              live_or_updated_since: float | None = None) -> list[InstanceRecord]:
+        if live_or_updated_since is not None and not (domain or site or states or active_only):
+            return self._live_or_updated_since(live_or_updated_since)
         with self.db.lock:
             out = [r for r in self._candidates(states, active_only, live_or_updated_since)
                    if (live_or_updated_since is None or r.state not in _ENDED
                        or r.updated_at >= live_or_updated_since)
                    and (not domain or r.domain == domain) and (not site or r.site == site)
                    and (not states or r.state in states) and (not active_only or r.state not in _ENDED)]
-        out.sort(key=lambda r: (r.created_at, r.instance_id))
+        out.sort(key=_ROW_ORDER)
+        return out
+
+    def _live_or_updated_since(self, since: float) -> list[InstanceRecord]:
+        """``list(live_or_updated_since=since)`` alone — the provisioner's anti-entropy report,
+        every minute —, the same answer with less work per record: the live ones are kept as
+        they are (``db.live`` holds no ended record), only those stored ended since ``since``
+        are checked."""
+        db = self.db
+        with db.lock:
+            ids: dict[str, None] = {}
+            for site_ids in db.live.values():
+                ids.update(site_ids)
+            n_live = len(ids)
+            ended = db.ended
+            for _, iid in ended[bisect.bisect_left(ended, (since, "")):]:
+                ids[iid] = None
+            inst = db.instances
+            recs = [inst[i] for i in ids]
+            out = recs[:n_live]
+            out += [r for r in recs[n_live:] if r.state not in _ENDED or r.updated_at >= since]
+        out.sort(key=_ROW_ORDER)
         return out
 
     def _candidates(self, states: tuple[str, ...] | list[str] | None, active_only: bool,
@@ -296,10 +329,19 @@ class MemoryStore:
     def records_for(self, site: str, launch_ids: Iterable[str]) -> dict[str, InstanceRecord]:
         """The site's live records in row order, then the other listed ones by id — SQLite's
         order for the same OR query (one index, then the other)."""
+        launch_ids = set(launch_ids)
         with self.db.lock:
-            inst = self.db.instances
-            out = {i: inst[i] for i in self.db.live.get(site, ())}
-            for i in sorted(set(launch_ids)):
+            db = self.db
+            if not launch_ids:  # a poll's read: the same as last time while no record was stored
+                hit = self._site_records.get(site)
+                if hit is not None and hit[0] is db and hit[1] == db.version:
+                    return dict(hit[2])
+            inst = db.instances
+            out = {i: inst[i] for i in db.live.get(site, ())}
+            if not launch_ids:
+                self._site_records[site] = (db, db.version, out)
+                return dict(out)
+            for i in sorted(launch_ids):
                 if i not in out and i in inst:
                     out[i] = inst[i]
         return out
