@@ -112,8 +112,8 @@ class Scenario:
     faults: list[Fault] = field(default_factory=list)
     stresses: str = ""
     """The issue bullet or fault this scenario exists for."""
-    seeds_in_ci: int = 5
-    """How many seeds ``make test`` runs (seeds 1..N; tests/sim/test_scenarios.py). Five for a run
+    seeds_in_ci: int = 8
+    """How many seeds ``make test`` runs (seeds 1..N; tests/sim/test_scenarios.py). Eight for a run
     of about half a CPU second; fewer for the scenarios that cost several times that (provisioner
     stores on SQLite, typed catalogues) — docs/performance.md has the suite's CPU time."""
     setup: Callable[[Simulation], None] | None = None
