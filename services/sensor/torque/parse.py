@@ -313,6 +313,9 @@ def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
             qtime = text[i + 7:p]
         else:
             qtime = ""
+        if not qtime:  # as normalize_jobs: an array's summary record has a ctime and no qtime
+            k = find("<ctime>", start, end)
+            qtime = text[k + 7:find("<", k + 7)] if k >= 0 else ""
         i = find("<Resource_List>", p, end)
         if i < 0 and p != start:
             i = find("<Resource_List>", start, end)
