@@ -263,10 +263,12 @@ def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
     text = xml.decode("utf-8", "replace") if isinstance(xml, bytes) else xml
     reader = TorqueJobReader(now, warnings, grouper)
     out = reader.out
-    text = text.strip()
-    if not text:
+    if not text or text.isspace():
         return out
-    if not text.endswith("</Data>"):
+    last = len(text)  # the document's end before trailing whitespace, found without copying it
+    while text[last - 1].isspace():  # (qstat ends with a newline; strip() would copy ~170 MB)
+        last -= 1
+    if not text.endswith("</Data>", 0, last):
         raise ValueError("qstat XML is not a complete <Data> document (output cut short?)")
     dispositions = TORQUE_JOB_STATES
     groups: dict[tuple, list] = {}  # raw key → [jobs, earliest submit, first job ids]
