@@ -225,6 +225,31 @@ def validate_records(rows: list[dict[str, Any]], cls: type[BaseModel], what: str
     return decode_columns(doc, cls, what)
 
 
+def replace_field_each(records: Sequence[BaseModel], name: str, values: Sequence[Any]) -> list[Any]:
+    """``[replace_fields(r, **{name: v}) for r, v in zip(records, values)]`` in one loop with the
+    slot setters bound once: the sensor stamps ``state_since`` on every node of a read (10,000
+    calls of ``replace_fields`` were ~10 % of a big Slurm read)."""
+    slots = BaseModel.__dict__
+    set_dict = slots["__dict__"].__set__
+    set_fields = slots["__pydantic_fields_set__"].__set__
+    set_extra = slots["__pydantic_extra__"].__set__
+    set_private = slots["__pydantic_private__"].__set__
+    added = {name}
+    out = []
+    append = out.append
+    for record, value in zip(records, values, strict=True):
+        cls = type(record)
+        new = cls.__new__(cls)
+        d = record.__dict__.copy()
+        d[name] = value
+        set_dict(new, d)
+        set_fields(new, record.__pydantic_fields_set__ | added)
+        set_extra(new, record.__pydantic_extra__)
+        set_private(new, record.__pydantic_private__)
+        append(new)
+    return out
+
+
 def replace_fields(record: BaseModel, **update: Any) -> Any:
     """``record`` with some fields replaced, without validating again: for values the caller
     built with the right types (e.g. a float timestamp). ~1 µs where ``model_copy`` takes ~7."""

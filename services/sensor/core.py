@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import msgpack
 from epu.common.clock import Clock
 from epu.common.codec import packb
-from epu.common.columns import gc_paused, replace_fields
+from epu.common.columns import gc_paused, replace_field_each
 from epu.common.messages import (
     Message,
     NodeCommand,
@@ -97,7 +97,8 @@ def estimated_bytes(snap: SensorSnapshot, memo: dict[int, tuple[NodeInfo, int]] 
 
 
 def _node_bytes(n: NodeInfo) -> int:
-    return 120 + len(n.name) + len(n.instance_id or "") + sum(len(j) + 2 for j in n.jobs)
+    jobs = n.jobs
+    return 120 + len(n.name) + len(n.instance_id or "") + (sum(map(len, jobs)) + 2 * len(jobs) if jobs else 0)
 
 
 def snapshot_bytes(snap: SensorSnapshot) -> int:
@@ -126,18 +127,24 @@ class StateSince:
         if self._said is not None:
             self._seen = {n.name: (n.state, n.state_since) for n in self._said}  # type: ignore[misc]
             self._said = None
-        out = []
+        out: list[NodeInfo] = []
+        stamp: list[int] = []  # positions in ``out`` of the nodes that get a ``state_since``
+        since_values: list[float] = []
         seen: dict[str, tuple[str, float]] = {}
+        previous = self._seen
         for node in nodes:
-            prev = self._seen.get(node.name)
+            prev = previous.get(node.name)
             if node.state_since is not None:
                 since = node.state_since
-            elif prev is not None and prev[0] == node.state:
-                since = prev[1]
             else:
-                since = now
+                since = prev[1] if prev is not None and prev[0] == node.state else now
+                stamp.append(len(out))
+                since_values.append(float(since))
             seen[node.name] = (node.state, since)
-            out.append(node if node.state_since is not None else replace_fields(node, state_since=float(since)))
+            out.append(node)
+        for i, node in zip(stamp, replace_field_each([out[i] for i in stamp], "state_since", since_values),
+                           strict=True):
+            out[i] = node
         self._seen = seen
         return out
 

@@ -428,21 +428,24 @@ def normalize_nodes(records: Iterable[SlurmNodeRecord], jobs_by_node: dict[str, 
     jobs) are left out unless asked: they are not workers, just names EPU may add. All nodes
     are validated in one call."""
     rows = []
-    state_cache: dict[tuple[str, ...], str] = {}
+    state_cache: dict[tuple[str, ...], tuple[str, str]] = {}  # tokens → (state, native state)
     for rec in records:
         if (not include_powered_down and "POWERED_DOWN" in rec.tokens and "CLOUD" in rec.tokens
                 and not jobs_by_node.get(rec.name)):
             continue
-        state = state_cache.get(rec.tokens)
-        if state is None:
-            state = state_cache[rec.tokens] = slurm_node_state(list(rec.tokens), node=rec.name, warnings=warnings)
+        tokens = rec.tokens
+        cached = state_cache.get(tokens)
+        if cached is None:
+            cached = state_cache[tokens] = (slurm_node_state(list(tokens), node=rec.name, warnings=warnings),
+                                            "+".join(tokens))
+        state, native = cached
         if state == "free" and rec.cpus and rec.alloc_cpus >= rec.cpus:
             state = "busy"
         jobs = jobs_by_node.get(rec.name)
         rows.append({"name": rec.name, "state": state, "cores": rec.cpus,
                      "cores_used": min(rec.alloc_cpus, rec.cpus) if rec.cpus else rec.alloc_cpus,
                      "jobs": sorted(jobs) if jobs else [], "state_since": rec.state_since,
-                     "native_state": "+".join(rec.tokens), "instance_id": rec.instance_id,
+                     "native_state": native, "instance_id": rec.instance_id,
                      "memory_mb": rec.memory_mb, "memory_used_mb": rec.alloc_memory_mb, "gpus": rec.gpus,
                      "gpus_used": min(rec.gpus_used, rec.gpus) if rec.gpus else rec.gpus_used,
                      "features": list(rec.features), "partitions": list(rec.partitions)})

@@ -263,10 +263,12 @@ def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
     text = xml.decode("utf-8", "replace") if isinstance(xml, bytes) else xml
     reader = TorqueJobReader(now, warnings, grouper)
     out = reader.out
-    text = text.strip()
-    if not text:
+    if not text or text.isspace():
         return out
-    if not text.endswith("</Data>"):
+    last = len(text)  # the document's end before trailing whitespace, found without copying it
+    while text[last - 1].isspace():  # (qstat ends with a newline; strip() would copy ~170 MB)
+        last -= 1
+    if not text.endswith("</Data>", 0, last):
         raise ValueError("qstat XML is not a complete <Data> document (output cut short?)")
     dispositions = TORQUE_JOB_STATES
     groups: dict[tuple, list] = {}  # raw key → [jobs, earliest submit, first job ids]
@@ -292,11 +294,33 @@ def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
             out.unknown_states.append(_text(state))
             continue
         job_id = text[start:find("<", start)]
-        i = find("<queue>", start, end)
-        queue = text[i + 7:find("<", i + 7)] if i >= 0 else ""
-        i = find("<qtime>", start, end)
-        qtime = text[i + 7:find("<", i + 7)] if i >= 0 else ""
-        i = find("<Resource_List>", start, end)
+        # queue, qtime and Resource_List follow job_state in that order in Torque's output, so
+        # each is looked for after the one before (the record is scanned once, not once per
+        # field); one that is not there is looked for from the record's start, so any order reads
+        # the same.
+        p = i + 11 if i >= 0 else start
+        i = find("<queue>", p, end)
+        if i < 0 and p != start:
+            i = find("<queue>", start, end)
+        if i >= 0:
+            p = find("<", i + 7)
+            queue = text[i + 7:p]
+        else:
+            queue = ""
+        i = find("<qtime>", p, end)
+        if i < 0 and p != start:
+            i = find("<qtime>", start, end)
+        if i >= 0:
+            p = find("<", i + 7)
+            qtime = text[i + 7:p]
+        else:
+            qtime = ""
+        if not qtime:  # as normalize_jobs: an array's summary record has a ctime and no qtime
+            k = find("<ctime>", start, end)
+            qtime = text[k + 7:find("<", k + 7)] if k >= 0 else ""
+        i = find("<Resource_List>", p, end)
+        if i < 0 and p != start:
+            i = find("<Resource_List>", start, end)
         j = find("</Resource_List>", i, end) if i >= 0 else -1
         block = text[i + 15:j] if j >= 0 else ""
         hold = depend = array = ""
@@ -343,17 +367,15 @@ def parse_node_jobs(text: str) -> tuple[list[str], int]:
     """``0-1/2.vm`` or ``0/3.vm,1/4.vm`` → (job ids, slots used)."""
     jobs: list[str] = []
     slots = 0
-    for part in (text or "").split(","):
-        part = part.strip()
-        if "/" not in part:
+    if not text:
+        return jobs, slots
+    for part in text.split(","):
+        cores, slash, job = part.strip().partition("/")
+        if not slash:
             continue
-        cores, job = part.split("/", 1)
-        for rng in cores.split("+"):
-            if "-" in rng:
-                lo, hi = rng.split("-", 1)
-                slots += int(hi) - int(lo) + 1 if lo.isdigit() and hi.isdigit() else 1
-            else:
-                slots += 1
+        for rng in cores.split("+") if "+" in cores else (cores,):
+            lo, dash, hi = rng.partition("-")
+            slots += (int(hi) - int(lo) + 1 if lo.isdigit() and hi.isdigit() else 1) if dash else 1
         if job not in jobs:
             jobs.append(job)
     return jobs, slots
@@ -386,9 +408,31 @@ def split_properties(text: str) -> tuple[list[str], str | None]:
     return sorted(set(features)), instance
 
 
+_PHYSMEM_VALUE = re.compile(r"(\d+)(kb|mb|gb|b)?")
+
+
+def _physmem_mb(status: str, cache: dict[str, int]) -> int:
+    """``physmem=`` of a node's ``<status>`` in MB (0 when absent): as ``_PHYSMEM.search``, but
+    found with ``str.find`` (a regular expression that starts with an alternation tries every
+    position of the ~350-character status) and each distinct value converted once."""
+    i = status.find("physmem=")
+    if i > 0 and status[i - 1] != ",":
+        m = _PHYSMEM.search(status)  # "...xphysmem=": not the field; look further as the regex does
+    else:
+        m = _PHYSMEM_VALUE.match(status, i + 8) if i >= 0 else None
+    if m is None:
+        return 0
+    raw = m.group(1) + (m.group(2) or "b")
+    mb = cache.get(raw)
+    if mb is None:
+        mb = cache[raw] = parse_mem_mb(raw)
+    return mb
+
+
 def normalize_nodes(records: Iterable[Record], warnings: list[str] | None = None) -> list[NodeInfo]:
     out = []
     states: dict[str, str] = {}
+    mem_cache: dict[str, int] = {}
     for rec in records:
         name = rec.get("name", "")
         if not name:
@@ -402,8 +446,7 @@ def normalize_nodes(records: Iterable[Record], warnings: list[str] | None = None
         if state == "free" and np and used >= np:
             state = "busy"
         features, instance = split_properties(rec.get("properties", ""))
-        m = _PHYSMEM.search(rec.get("status", ""))
-        memory = parse_mem_mb(m.group(1) + (m.group(2) or "b")) if m else 0
+        memory = _physmem_mb(rec.get("status", ""), mem_cache)
         gpus = int(rec["gpus"]) if rec.get("gpus", "").isdigit() else 0
         out.append({"name": name, "state": state, "cores": np, "cores_used": min(used, np) if np else used,
                     "jobs": jobs, "native_state": native, "instance_id": instance, "memory_mb": memory, "gpus": gpus,
@@ -411,14 +454,49 @@ def normalize_nodes(records: Iterable[Record], warnings: list[str] | None = None
     return validate_nodes(out)
 
 
+_NODE_TAGS = ("name", "state", "np", "jobs", "properties", "note", "gpus", "status")
+_NODE_OPENS = tuple((f"<{tag}>", len(tag) + 2, tag) for tag in _NODE_TAGS)
+
+
+def scan_node_records(xml: str | bytes) -> list[Record]:
+    """``pbsnodes -x`` → flat records of the fields the sensor uses, with no element tree: the
+    document is split at each ``<Node>`` and each field found with ``str.find`` (a field is
+    text up to the next tag, which must be a closing one; ``scan_node_records_plain`` is the
+    regular-expression form it replaces, kept as the reference the tests compare with).
+    Output that does not end its ``<Data>`` document raises ``ValueError`` (cut short)."""
+    data = (xml.decode("utf-8", "replace") if isinstance(xml, bytes) else xml).strip()
+    if not data:
+        return []
+    if not data.endswith("</Data>"):
+        raise ValueError("pbsnodes XML is not a complete <Data> document (output cut short?)")
+    out = []
+    chunks = data.split("<Node>")
+    for k in range(1, len(chunks)):
+        chunk = chunks[k]
+        end = chunk.find("</Node>")
+        if end < 0:
+            continue
+        find = chunk.find
+        rec: Record = {}
+        for open_tag, skip, tag in _NODE_OPENS:
+            i = find(open_tag, 0, end)
+            if i < 0:
+                continue
+            i += skip
+            j = find("<", i, end + 1)
+            if chunk[j + 1] == "/":
+                value = chunk[i:j]
+                rec[tag] = html.unescape(value) if "&" in value else value
+        out.append(rec)
+    return out
+
+
 _NODE_SCAN = re.compile(r"<Node>(.*?)</Node>", re.S)
 _NODE_FIELDS = re.compile(r"<(name|state|np|jobs|properties|note|gpus|status)>([^<]*)</")
 
 
-def scan_node_records(xml: str | bytes) -> list[Record]:
-    """``pbsnodes -x`` → flat records of the fields the sensor uses, by one regular-expression
-    pass per node (no element tree). Output that does not end its ``<Data>`` document raises
-    ``ValueError`` (cut short)."""
+def scan_node_records_plain(xml: str | bytes) -> list[Record]:
+    """The reference form of ``scan_node_records``: one regular-expression pass per node."""
     data = (xml.decode("utf-8", "replace") if isinstance(xml, bytes) else xml).strip()
     if not data:
         return []
