@@ -448,7 +448,10 @@ class Engine:
 
     def on_node_result(self, res: NodeCommandResult) -> None:
         row = self.store.action(res.command_id)
-        if row is None or row["done"]:
+        if row is None:
+            return
+        if row["done"]:
+            self._late_offline(res, row)
             return
         outcome = "ok" if res.ok else f"error: {res.error or res.output}"[:1000]
         self.store.complete(action_id=res.command_id, outcome=outcome)
@@ -465,6 +468,23 @@ class Engine:
             # still drained in the batch system: back on the way out (drain, remove, terminate)
             self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
                                                retire=inst.retire or "scale-down")])
+
+    def _late_offline(self, res: NodeCommandResult, row: dict[str, Any]) -> None:
+        """A command is sent again while no answer came (the sensor was down), so one command can
+        be answered twice: a first attempt that failed (a timeout) and a later one that took
+        effect. The failure already put a scale-down drain back to ``joined``; a success after it
+        means the node *is* offline in the batch system. Believing the failure would leave a
+        drained node that the engine counts as in service, never idle and never retired — billed
+        forever (``epu sim --seed 1010 --scenario policy-spare``). So the drain is taken up again:
+        the node is on its way out (remove when empty, then terminate) or, if demand comes back,
+        reclaimed with ``online`` like any draining node."""
+        if not (res.ok and res.action == "offline" and str(row.get("outcome") or "").startswith("error")):
+            return
+        inst = self.store.instance(row["target"])
+        if inst is None or inst.state != "joined" or inst.drain_at is not None or inst.removed:
+            return
+        self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
+                                           retire=inst.retire or "scale-down")])
 
     # ------------------------------------------------------------------ control
     def handle_control(self, msg: Message, _envelope: Envelope | None = None) -> None:

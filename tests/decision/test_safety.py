@@ -270,6 +270,38 @@ def test_a_failed_online_puts_the_node_back_on_its_way_out():
     assert [c.action for c in d.bus.of("node.command")] == ["remove"]
 
 
+def test_an_offline_that_took_effect_after_a_failed_attempt_puts_the_node_on_its_way_out():
+    """The command was sent again while the sensor was down; on its return the first attempt
+    timed out and the second took effect. Found by ``epu sim --seed 1010 --scenario policy-spare``:
+    the node stayed offline while the engine counted it in service, never idle, billed forever."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.step(nodes=[d.node(la, "free")])
+    (off,) = d.sent("offline")
+    d.e.on_node_result(result(off, ok=False, error="simulated: command timed out"))
+    assert d.e.store.instance(la.launch_id).state == "joined"  # the failure is believed first
+    d.e.on_node_result(result(off))  # ... then the same command, attempted again, took effect
+    inst = d.e.store.instance(la.launch_id)
+    assert inst.state == "draining" and inst.drain_at is not None
+    d.bus.clear()
+    d.step(nodes=[d.node(la, "offline")])
+    assert [c.action for c in d.bus.of("node.command")] == ["remove"]
+
+
+def test_a_late_success_changes_nothing_once_the_engine_moved_on():
+    """Only a scale-down drain put back to ``joined`` by the failure is taken up again: a node
+    the engine has since drained anew (its own command) or that ended is left to that path."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.step(nodes=[d.node(la, "free")])
+    (off,) = d.sent("offline")
+    d.e.on_node_result(result(off))  # success first: a late failure of the same command is ignored
+    before = d.e.store.instance(la.launch_id)
+    d.e.on_node_result(result(off, ok=False, error="late"))
+    d.e.on_node_result(result(off))
+    assert d.e.store.instance(la.launch_id) == before
+
+
 # ---------------------------------------------------------------- batch nodes of ended instances
 
 
