@@ -233,8 +233,8 @@ class Engine:
         if prev is not None and prev.snapshot.taken_at > snap.taken_at:
             return False  # an older snapshot arriving late says nothing new
         digest = JobDigest.of_snapshot(snap)
-        nodes = NodeIndex(snap.nodes if snap.available else [])
-        self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now())
+        nodes = NodeIndex(snap.nodes if snap.available else [], before=prev.nodes if prev is not None else None)
+        self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
         memo = self._refreshed.get(snap.domain)
         if memo is not None:
             memo.latest = None  # it was for the last snapshot: let that one go now
@@ -744,7 +744,8 @@ class Engine:
                     latest, stamp if dissolved is None and not changed else None,
                     Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
                            census.known, census.missing, census.gangs, census.counted,
-                           *((census.quiet, census.rest) if dissolved is None else (None, None))), why)
+                           *((census.quiet, census.rest, census.gathered_at) if dissolved is None
+                             else (None, None, None))), why)
         return before, after, parts, changed, came, dissolved, why, gangs
 
     def iterate_domain(self, domain: str, now: float,

@@ -197,9 +197,19 @@ def test_the_shorter_pass_chained_with_launches_waiting_and_nodes_down(seed: int
 
 def _chained(prev: Census, nodes: Callable[[], NodeIndex], steps: int) -> Iterator[tuple[Census | None, Census]]:
     """Shorter passes snapshot after snapshot, each from the last one's result: (its result,
-    the full census's), compared (``same``) before the caller looks; stops at a join (None)."""
+    the full census's), compared (``same``) before the caller looks; stops at a join (None).
+    Each index is built, as the engine does on arrival, with the one before (``NodeIndex``'s
+    ``before``: the busy names that left are kept) — mostly the one the last pass ran on, at
+    times an older one or one it never saw (the plain set difference then), or none."""
+    rnd = random.Random(len(prev.instances))
+    seen: list[NodeIndex] = []
     for step in range(steps):
         index = nodes()
+        r = rnd.random()
+        before = (seen[-1] if seen and r < 0.7 else rnd.choice(seen) if seen and r < 0.8
+                  else nodes() if r < 0.9 else None)
+        index = NodeIndex(list(index.by_name.values()), before=before)
+        seen.append(index)
         got = refresh_census_again(prev, index, T0 + 20 + step)
         full = refresh_census(prev.instances, index, T0 + 20 + step, True)
         if got is not None:
@@ -294,3 +304,19 @@ def test_the_stores_site_and_type_counts_follow_every_write() -> None:
         live = store.instances()
         assert store.live_per_site() == count_per_site(live)
         assert store.live_per_type() == count_per_type(live)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: int) -> None:
+    """``NodeIndex(nodes, before=...)``: ``left_busy`` is the set difference of the two indexes'
+    busy short names, ``since`` names the one before; ``free`` is ``free_workers``' definition."""
+    rnd = random.Random(seed)
+    a, b = snapshot_nodes(rnd, 80, ids=False), snapshot_nodes(rnd, 80, ids=seed % 4 == 0)
+    c = NodeIndex(list(b.by_name.values()), before=a)
+    assert a.busy_short is not None
+    if c.busy_short is None:  # nodes with identities: no quiet sets, nothing kept
+        assert c.left_busy is None and c.since is None
+    else:
+        assert c.left_busy == a.busy_short - c.busy_short and c.since == a.serial != c.serial
+    assert c.free == [n for n in c.by_name.values() if n.state == "free" and n.cores_used < n.cores]
+    assert NodeIndex(list(b.by_name.values())).left_busy is None
