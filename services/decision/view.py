@@ -85,6 +85,25 @@ class Instance:
                 or self.state in ("started", "joined", "draining"))
 
 
+def _by_state(by_short: dict[str, NodeInfo]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The short names of the busy, the idle (free, no job, no core used) and the down nodes, in
+    one pass (three comprehensions were ~12 ms at 50,000 nodes, this ~6)."""
+    busy: list[str] = []
+    idle: list[str] = []
+    down: list[str] = []
+    is_busy, is_idle, is_down = busy.append, idle.append, down.append
+    for k, n in by_short.items():
+        state = n.state
+        if state == "busy":
+            is_busy(k)
+        elif state == "free":
+            if not n.jobs and not n.cores_used:
+                is_idle(k)
+        elif state == "down":
+            is_down(k)
+    return frozenset(busy), frozenset(idle), frozenset(down)
+
+
 _INDEX_SERIALS = count(1)
 """Serials of ``NodeIndex`` objects (never reused: ``Census.gathered_at`` names one without keeping it)."""
 
@@ -120,18 +139,16 @@ class NodeIndex:
         self.by_short: dict[str, NodeInfo] = {
             (name if name.islower() and "." not in name else short_name(name)): n
             for n in reversed(bare) for name in (n.name,)}
-        self.busy_short: frozenset[str] | None = frozenset(
-            k for k, n in self.by_short.items() if n.state == "busy") if not self.by_id else None
+        self.busy_short: frozenset[str] | None = None
         """Short names whose node is busy, when no node carries an instance id (None then):
         ``refresh_census_again`` finds which quiet instances' nodes stopped being busy with one
         set difference instead of 50,000 look-ups. Built once per snapshot, on arrival."""
-        self.idle_short: frozenset[str] | None = frozenset(
-            k for k, n in self.by_short.items() if n.state == "free" and not n.jobs and not n.cores_used
-        ) if not self.by_id else None
+        self.idle_short: frozenset[str] | None = None
         """Likewise, short names whose node is idle (free, no job, no core used)."""
-        self.down_short: frozenset[str] | None = frozenset(
-            k for k, n in self.by_short.items() if n.state == "down") if not self.by_id else None
+        self.down_short: frozenset[str] | None = None
         """Likewise, short names whose node is down (a joined instance there is lost, and stays so)."""
+        if not self.by_id:
+            self.busy_short, self.idle_short, self.down_short = _by_state(self.by_short)
         self.since: int | None = None
         """``before``'s serial when ``left_busy`` was computed against it."""
         self.left_busy: frozenset[str] | None = None

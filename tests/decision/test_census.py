@@ -319,4 +319,10 @@ def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: i
     else:
         assert c.left_busy == a.busy_short - c.busy_short and c.since == a.serial != c.serial
     assert c.free == [n for n in c.by_name.values() if n.state == "free" and n.cores_used < n.cores]
+    for ix in (a, c):  # the sets of names by node state (one pass) are their definitions
+        if ix.busy_short is not None:
+            items = ix.by_short.items()
+            assert ix.busy_short == {k for k, n in items if n.state == "busy"}
+            assert ix.idle_short == {k for k, n in items if n.state == "free" and not n.jobs and not n.cores_used}
+            assert ix.down_short == {k for k, n in items if n.state == "down"}
     assert NodeIndex(list(b.by_name.values())).left_busy is None
