@@ -1,7 +1,9 @@
 """The decision engine's iterations that write, alone: ``Engine.iterate`` with its SQLite store and
 leases (``bench_decision.full_engine``'s set-up) after each new snapshot in which 1 % of the nodes
 flipped busy <-> free (``full_engine``'s ``churned_snapshots``), so instance timers change and
-the engine stores them every iteration. Prints the CPU median (wall beside) of N iterations.
+the engine stores them every iteration. Prints the CPU median (wall beside) of N iterations, and
+that of the snapshots' arrival before each (``Engine.on_snapshot``: digest, node index, free
+workers — work done once per snapshot, outside the iteration).
 The heap is kept as ``epu run decision`` keeps it (``heap.HeapKeeper``: settled after each
 snapshot and, inside the timed part as in the service's iteration, after each iteration), on
 trees that have it.
