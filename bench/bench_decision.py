@@ -290,12 +290,16 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
     has them, fake bus — in steady state: the same snapshots (the engine iterates every 5 s, the
     sensor sends one every 60 s by default). With ``fresh``, also iterations each right after a
     new snapshot of every domain (the same content, new objects: what the engine sees at each
-    sensor poll), and that snapshot's arrival (``Engine.on_snapshot``: digest, node index)."""
+    sensor poll), and that snapshot's arrival (``Engine.on_snapshot``: digest, node index).
+    The heap is kept as ``epu run decision`` keeps it (``heap.HeapKeeper``: installed, settled
+    after each snapshot's arrival and, inside the timed part as in the service, after each
+    iteration), so the figures are the service's, not a bare interpreter's collector pauses."""
     import tempfile
 
     from epu.common.clock import ManualClock
     from epu.common.config import parse_config
     from epu.services.decision.engine import Engine
+    from epu.services.decision.heap import HeapKeeper
     from epu.services.decision.lease import Leases
     from epu.services.decision.store import Store
 
@@ -306,6 +310,9 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
                         for s, _ in doms},
             "sites": {f"s{i}": {"driver": "epu-sim", "quota": 100000, "cores": CORES} for i in range(3)},
         }, environ={})
+        heap = HeapKeeper()
+        thresholds = gc.get_threshold()
+        heap.install()  # as build_service does (undone below: later figures of this process are not the service's)
         clock = ManualClock(NOW)
         store = Store(cfg.decision.store_url).create()
         leases = Leases(store.engine, "bench", cfg.decision.lease_ttl()).create()
@@ -314,7 +321,9 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
         store.save_instances([i for _, insts in doms for i in insts])
         for s, _ in doms:
             engine.on_snapshot(s)
+            heap.settle(iteration=False)
         engine.iterate()  # first: launches everything the queue asks for
+        heap.settle()
 
         def run(name: str, before=None) -> list[float]:
             times, cpus, arrivals, arrival_cpus = [], [], [], []
@@ -323,10 +332,12 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
                 if before is not None:
                     t, c = time.perf_counter(), time.process_time()
                     before()
+                    heap.settle(iteration=False)  # as the service's snapshot handler does
                     arrivals.append(time.perf_counter() - t)
                     arrival_cpus.append(time.process_time() - c)
                 t, c = time.perf_counter(), time.process_time()
                 engine.iterate()
+                heap.settle()  # inside the service's iteration
                 times.append(time.perf_counter() - t)
                 cpus.append(time.process_time() - c)
             RESULTS.add(name, unit="ms", wall=times, cpu=cpus, scale=1000, **({"goal_ms": goal_ms} if goal_ms else {}))
@@ -360,6 +371,8 @@ def full_engine(doms, max_nodes: int = 103, label: str = "100 domains x 100 node
 
             run(f"full Engine.iterate after a new snapshot with 1 % of nodes changed, {label} (SQLite)",
                 churned_snapshots)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
         if goal_ms is None:
             store_writes(store, [i for _, insts in doms for i in insts])
 
