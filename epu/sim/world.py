@@ -22,19 +22,29 @@ import random
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+
+_push = heapq.heappush
 
 T0 = 1_700_000_000.0
 """Virtual epoch of every run (2023-11-14): timestamps look like real ones in traces."""
 
 
-@dataclass(order=True)
 class Event:
-    at: float
-    seq: int
-    fn: Callable[[], None] = field(compare=False)
-    label: str = field(compare=False, default="")
-    cancelled: bool = field(compare=False, default=False)
+    """One scheduled call. A plain slotted class, not a dataclass: a month's run makes millions
+    (the heap orders ``(at, seq, event)`` tuples, so an event itself is never compared)."""
+
+    __slots__ = ("at", "seq", "fn", "label", "cancelled")
+
+    def __init__(self, at: float, seq: int, fn: Callable[[], None], label: str = "",
+                 cancelled: bool = False) -> None:
+        self.at = at
+        self.seq = seq
+        self.fn = fn
+        self.label = label
+        self.cancelled = cancelled
+
+    def __repr__(self) -> str:
+        return f"Event(at={self.at!r}, seq={self.seq!r}, label={self.label!r}, cancelled={self.cancelled!r})"
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -70,12 +80,21 @@ class World:
 
     # ------------------------------------------------------------------ scheduling
     def at(self, when: float, fn: Callable[[], None], label: str = "") -> Event:
-        ev = Event(max(when, self.t), next(self._seq), fn, label)
-        heapq.heappush(self._queue, (ev.at, ev.seq, ev))
+        t = self.t
+        if when < t:
+            when = t
+        seq = next(self._seq)
+        ev = Event(when, seq, fn, label)
+        _push(self._queue, (when, seq, ev))
         return ev
 
     def after(self, delay: float, fn: Callable[[], None], label: str = "") -> Event:
-        return self.at(self.t + max(0.0, delay), fn, label)
+        """``at(t + max(0, delay))``, written out (the commonest call of a run)."""
+        when = self.t + delay if delay > 0.0 else self.t + 0.0
+        seq = next(self._seq)
+        ev = Event(when, seq, fn, label)
+        _push(self._queue, (when, seq, ev))
+        return ev
 
     def note(self, text: str) -> None:
         """Fold something that happened into the run's digest (replay check)."""

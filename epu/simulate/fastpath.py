@@ -26,7 +26,9 @@ nothing it decides changes.
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -89,29 +91,70 @@ def _policy_times(cfg: Any) -> tuple[list[float], float, float]:
     return _POLICY_TIMES[id(cfg)][1:]  # type: ignore[return-value]
 
 
-def next_wake(engine: Any, domain: str, now: float) -> float:
+_STAMPS = operator.attrgetter("launched_at", "state_at", "joined_at", "idle_since", "drain_at",
+                               "add_sent_at", "missing_since")
+
+
+def instance_stamps(instances: list[Any], memo: dict[str, Any] | None = None,
+                    domain: str = "") -> list[float]:
+    """Every timestamp of ``instances`` (the ``None``s left out), sorted. ``memo`` keeps the last
+    answer per domain with the very instance objects it was built from: the store hands out the
+    same (immutable) objects while nothing of the domain changed, so a re-check after an input
+    that did not touch the instances costs one tuple comparison (identity first, in C)."""
+    key = tuple(instances)
+    if memo is not None:
+        hit = memo.get(domain)
+        if hit is not None and hit[0] == key:
+            return hit[1]  # type: ignore[no-any-return]
+    stamps = sorted(t for inst in instances for t in _STAMPS(inst) if t is not None)
+    if memo is not None:
+        memo[domain] = (key, stamps)
+    return stamps
+
+
+def least_sum(stamps: list[float], ds: list[float], now: float) -> float:
+    """``min(t + d for d in ds for t in stamps if t + d > now)`` (``inf`` when none), exactly,
+    with ``stamps`` sorted: a float sum ``t + d`` never decreases as ``t`` grows (rounding is
+    monotone), so for each ``d`` the pairs past ``now`` are a suffix of ``stamps`` and its first
+    element gives the least sum. ``bisect`` on ``now - d`` finds that suffix up to rounding; the
+    two loops then settle it on the very comparison the pairwise scan makes."""
+    best = math.inf
+    n = len(stamps)
+    for d in set(ds):
+        i = bisect.bisect_right(stamps, now - d)
+        while i > 0 and stamps[i - 1] + d > now:
+            i -= 1
+        while i < n and not stamps[i] + d > now:
+            i += 1
+        if i < n:
+            x = stamps[i] + d
+            if x < best:
+                best = x
+    return best
+
+
+def next_wake(engine: Any, domain: str, now: float, memo: dict[str, Any] | None = None) -> float:
     """The earliest time after ``now`` at which an iteration could decide differently with the
-    same inputs (``inf`` when none)."""
+    same inputs (``inf`` when none). ``memo``: a dict the caller keeps between calls (see
+    ``instance_stamps``)."""
     store = engine.store
     current = store.current_config(domain)
     if current is None:
         return math.inf
     cfg = current[1]
     policy_ds, period, margin = _policy_times(cfg)
-    stamps: list[float] = []
     instances = store.instances(domain)
-    for inst in instances:
-        stamps += [t for t in (inst.launched_at, inst.state_at, inst.joined_at, inst.idle_since,
-                               inst.drain_at, inst.add_sent_at, inst.missing_since) if t is not None]
     memory, _ = store.memory(domain)
     remembered = _numbers(memory)
-    stamps += [t for t in remembered if t > 1e8]  # epoch-like values
     ds = policy_ds + [d for d in remembered if 0 < d < 1e8]  # durations the policy measured (boot times)
     latest = getattr(engine, "_latest", {}).get(domain)  # the engine's digested snapshot
     if cfg.policy in DEMAND_SENSITIVE and latest is not None and latest.digest.jobs:
         return now
-    # the least t + d past now (a min over the same set of sums as a loop over every pair)
-    best = min([x for d in ds for t in stamps if (x := t + d) > now], default=math.inf)
+    # the least t + d past now over every (stamp, duration) pair
+    best = least_sum(instance_stamps(instances, memo, domain), ds, now)
+    epoch_like = [t for t in remembered if t > 1e8]  # the memory's timestamps
+    if epoch_like:
+        best = min(best, least_sum(sorted(epoch_like), ds, now))
     if period > 0:
         for inst in instances:
             k = math.floor((now - inst.launched_at + margin) / period) + 1
@@ -141,6 +184,7 @@ class LazyEngineProc(EngineProc):
         self._dirty = True
         self._wake = -math.inf
         self._acted = False
+        self._stamps: dict[str, Any] = {}
         self.on_commit.append(self._saw_commit)
         self.on_send.append(self._saw_send)
 
@@ -184,7 +228,7 @@ class LazyEngineProc(EngineProc):
         active = [d for d in self.engine.domains if self.engine.is_active(d)]
         wake = math.inf
         for d in active:
-            wake = min(wake, next_wake(self.engine, d, now))
+            wake = min(wake, next_wake(self.engine, d, now, self._stamps))
         for d in self.engine.domains:
             latest = getattr(self.engine, "_latest", {}).get(d)
             if latest is not None and d in active:

@@ -353,9 +353,10 @@ class Simulate:
         nodes: dict[str, int] = {}
         cores_used = 0
         for n in inner._nodes.values():
-            s = n.state()
+            used = sum(n.jobs.values())  # SimNode.used and .state(), inlined: every node, every sample
+            s = "down" if n.down else "offline" if n.offline else "busy" if used >= n.cores else "free"
             nodes[s] = nodes.get(s, 0) + 1
-            cores_used += n.used
+            cores_used += used
         now = self.world.t
         inst = {}
         for name, cloud in self.clouds.items():

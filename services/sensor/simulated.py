@@ -648,13 +648,34 @@ class SimulatedBatch:
         return [name for _, name in candidates[: job.nodes]]
 
     def _shadow_time(self, job: SimJob, free: dict[str, int]) -> float:
-        """Earliest time the head job could start if nothing else starts (EASY reservation)."""
+        """Earliest time the head job could start if nothing else starts (EASY reservation).
+
+        The running jobs end one by one (by end time) and give their cores back; the job fits as
+        soon as ``job.nodes`` usable nodes that serve it have ``job.cores`` free — ``_fit``'s test,
+        kept as a count: a node's free cores only grow here, and whether it serves the job
+        (``_serves``: partitions, features, memory, GPUs of the jobs running now) does not
+        change during the walk, so it is asked once per node, not once per node per ended job."""
+        need, cores = job.nodes, job.cores
         free = dict(free)
+        serves: dict[str, bool] = {}
+        fits = 0
+        for name, c in free.items():
+            if c >= cores:
+                serves[name] = ok = self._serves(job, name)
+                fits += ok
         for run in sorted(self._running.values(), key=lambda j: j.end_time or 0.0):
             for name in run.placed_on:
-                if name in free:
-                    free[name] += self._nodes[name].jobs.get(run.job_id, 0)
-            if self._fit(job, free) is not None:
+                c = free.get(name)
+                if c is None:
+                    continue
+                after = c + self._nodes[name].jobs.get(run.job_id, 0)
+                free[name] = after
+                if c < cores <= after:
+                    ok = serves.get(name)
+                    if ok is None:
+                        serves[name] = ok = self._serves(job, name)
+                    fits += ok
+            if fits >= need:
                 return run.end_time or self._now
         return float("inf")
 

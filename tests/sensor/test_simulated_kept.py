@@ -19,7 +19,8 @@ from epu.services.sensor.simulated import SAMPLE_JOBS, SimJob, SimulatedBatch
 
 
 class FullRefit(SimulatedBatch):
-    """The reference scheduler: one FIFO + backfill pass over the whole queue at every call."""
+    """The reference scheduler: one FIFO + backfill pass over the whole queue at every call, each
+    reservation re-fitted from nothing."""
 
     def _schedule(self) -> None:
         if not self._queue:
@@ -43,6 +44,18 @@ class FullRefit(SimulatedBatch):
         if len(remaining) != len(self._queue):
             self._queue_version += 1
         self._queue = remaining
+
+    def _shadow_time(self, job: SimJob, free: dict[str, int]) -> float:
+        """The reservation as first written: a full ``_fit`` after each running job ends (the
+        kept scheduler counts the nodes that come to fit instead)."""
+        free = dict(free)
+        for run in sorted(self._running.values(), key=lambda j: j.end_time or 0.0):
+            for name in run.placed_on:
+                if name in free:
+                    free[name] += self._nodes[name].jobs.get(run.job_id, 0)
+            if self._fit(job, free) is not None:
+                return run.end_time or self._now
+        return float("inf")
 
 
 def rebuilt(b: SimulatedBatch) -> tuple[list[QueuedJob], list[JobShape], list[NodeInfo]]:
