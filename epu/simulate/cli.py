@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shlex
 import sys
@@ -189,7 +190,13 @@ def execute(plan: Any, args: argparse.Namespace) -> int:
             print_compare(result)
         return 0
     progress = Progress(plan.label, not args.no_progress)
+    # One run, then the process exits: the cyclic collector stays off after the world stops (it
+    # is off while it runs, see run._no_automatic_gc) and what is live is frozen before exit, so
+    # neither the report nor the interpreter's teardown walks the whole run's heap (~800 MB for a
+    # month; ~3 % of the command's CPU) to find nothing: the memory goes back with the process.
+    gc.disable()
     summary = run_plan(plan, out=out, progress=progress, command=command)
+    gc.freeze()
     progress.close()
     if args.json:
         print(json.dumps(summary, indent=2))
