@@ -338,10 +338,12 @@ class SimNodeDriver(NodeDriver):
         self._listed: dict[str, tuple[NodeState, Node, float | None]] = {}
         """The Node last listed per VM: handed out again while its state is the same (a VM's
         name, tags and address never change), so a listing of a quiet site builds nothing."""
+        self._prune_at = 64
+        """``_listed`` is pruned when it grows past this (twice its size after the last prune)."""
         self._steady: tuple[int, list[VM], list[Node]] | None = None
         """(the cloud's version, the VMs, their Nodes) of the last listing whose every node was
-        running or failed to boot: ``_node`` hands out those very Nodes again for the very same
-        VMs while the version stands (see ``list_nodes``)."""
+        running, failed to boot or terminated: ``_node`` hands out those very Nodes again for the
+        very same VMs while the version stands (see ``list_nodes``)."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -367,11 +369,21 @@ class SimNodeDriver(NodeDriver):
                     public_ips=[ip] if state == NodeState.RUNNING else [],
                     private_ips=[ip] if state != NodeState.TERMINATED else [], driver=self,
                     extra=self._extra(vm, state), created_at=datetime.fromtimestamp(vm.created_at, UTC))
-        if state is NodeState.TERMINATED:
-            self._listed.pop(vm.cloud_id, None)
-        else:
-            self._listed[vm.cloud_id] = (state, node, vm.interruption_at)
+        # A terminated VM's Node is kept too: it stays so (its cause and tags are fixed) for as
+        # long as it lingers in listings, so those listings hand out the same Node rather than
+        # a new one per poll (each converted again downstream). Entries of VMs no listing can
+        # show any more are dropped (``_prune``).
+        self._listed[vm.cloud_id] = (state, node, vm.interruption_at)
+        if len(self._listed) > self._prune_at:
+            self._prune()
         return node
+
+    def _prune(self) -> None:
+        """Forget the Nodes of VMs the cloud no longer lists (gone from ``SimCloud._current``:
+        terminated past their linger, or vanished) — never listed again, so never asked for."""
+        current = self.cloud._current
+        self._listed = {k: v for k, v in self._listed.items() if k in current}
+        self._prune_at = 2 * len(self._listed) + 64
 
     @staticmethod
     def _extra(vm: VM, state: NodeState) -> dict[str, Any]:
@@ -394,17 +406,18 @@ class SimNodeDriver(NodeDriver):
         return self._node(vm)
 
     def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
-        """Every listed VM's Node (``_node``). When the last listing's nodes were all running or
-        failed to boot, the version of the cloud has not moved (no VM ended, none was noticed
-        for reclaim) and the very same VMs are listed, ``_node`` would return each one's last
-        Node: those are returned without asking it again."""
+        """Every listed VM's Node (``_node``). When the last listing's nodes were all running,
+        failed to boot or terminated (states only a change of the VM, which moves the cloud's
+        version, can leave — unlike pending, which time ends), the version of the cloud has not
+        moved (no VM ended, none was noticed for reclaim) and the very same VMs are listed,
+        ``_node`` would return each one's last Node: those are returned without asking it again."""
         vms = self.cloud.list(self.caller)
         last = self._steady
         if (last is not None and last[0] == self.cloud.version and len(last[1]) == len(vms)
                 and all(map(operator.is_, last[1], vms))):
             return list(last[2])
         nodes = [self._node(v) for v in vms]
-        steady = all(n.state is NodeState.RUNNING or n.state is NodeState.ERROR for n in nodes)
+        steady = all(n.state is not NodeState.PENDING for n in nodes)
         self._steady = (self.cloud.version, list(vms), nodes) if steady else None
         return list(nodes)
 

@@ -188,6 +188,10 @@ class Engine:
         self._was_active: set[str] = set()
         self._reports: dict[str, float] = {}
         """When the provisioner's last anti-entropy report of each domain arrived: its heartbeat."""
+        self._quiet_reports: dict[str, tuple[tuple[InstanceEvent, ...], Any]] = {}
+        """Domain → (the entries of its last report that changed nothing, the store's
+        ``report_stamp`` after it): the same entries against the same instances change nothing
+        again (``on_instance_report``)."""
         self._asked_again: dict[str, float] = {}
         """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
@@ -306,8 +310,20 @@ class Engine:
         repair never counts a failure against a site: those follow live events only."""
         self._reports[report.domain] = self.clock.now()  # the provisioner is alive (our pipeline check)
         self.apply_offered(report.offered)
+        # What follows is a function of the report's entries and of the stored instances alone.
+        # A store that can tell whether any instance was stored since (``report_stamp``: equal
+        # only if none was) lets a report that repeats a quiet one — the very same entries, the
+        # events are frozen — be answered without reading either: nothing to repair, nothing stale.
+        stamp_of = getattr(self.store, "report_stamp", None)
+        entries = tuple(report.instances)
+        if stamp_of is not None:
+            quiet = self._quiet_reports.pop(report.domain, None)
+            if (quiet is not None and quiet[1] == stamp_of() and len(quiet[0]) == len(entries)
+                    and all(map(operator.is_, quiet[0], entries))):
+                self._quiet_reports[report.domain] = quiet
+                return 0
         repaired = 0
-        items = [e for e in report.instances if e.domain == report.domain]
+        items = [e for e in entries if e.domain == report.domain]
         known = self.store.seqs([e.instance_id for e in items])
         live = {i.instance_id: i.state for i in self.store.instances(report.domain)}
         stale: list[str] = []
@@ -322,6 +338,8 @@ class Engine:
                 stale.append(evt.instance_id)
         if stale:
             self._end_stale(report.domain, stale)
+        elif not repaired and stamp_of is not None:
+            self._quiet_reports[report.domain] = (entries, stamp_of())
         if repaired:
             log.info("instance table repaired from a provisioner report",
                      extra={"domain": report.domain, "entries": repaired})

@@ -83,6 +83,10 @@ class MemoryDecisionDatabase:
     leases: dict[str, _Lease] = field(default_factory=dict)
     generation: int = 0
     before_write: Callable[[], None] | None = None
+    instances_stamp: int = field(default_factory=lambda: next(_STAMPS))
+    """Moved to a value no database had before by every call that stores instances (before its
+    first write and after its last): while it stands, ``instances`` and ``live`` are unchanged
+    (``MemoryStore.report_stamp``)."""
 
 
 def _ended_unclean(inst: Instance) -> bool:
@@ -233,6 +237,12 @@ class MemoryStore:
         return sorted((known[iid] for iid in self.db.unclean if known[iid].domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
 
+    def report_stamp(self) -> int:
+        """Equal values: no instance was stored in between (by any handle on this database), so
+        ``seqs`` and ``instances`` answer the same. The engine's handling of an anti-entropy report
+        that repeats a quiet one is skipped on it (``Engine.on_instance_report``)."""
+        return self.db.instances_stamp
+
     def seqs(self, instance_ids: list[str]) -> dict[str, int]:
         known = self.db.instances
         return {iid: known[iid].seq for iid in instance_ids if iid in known}
@@ -246,6 +256,7 @@ class MemoryStore:
             return
         with self._write(conn):
             order, live = self._order, self.db.live
+            self.db.instances_stamp = next(_STAMPS)
             for inst in items:
                 iid = inst.instance_id
                 self.db.instances[iid] = inst
@@ -262,6 +273,7 @@ class MemoryStore:
                     self.db.unclean[iid] = None
                 else:
                     self.db.unclean.pop(iid, None)
+            self.db.instances_stamp = next(_STAMPS)
 
     def live_per_site(self) -> tuple[dict[str, int], dict[str, int]]:
         return count_per_site(self._live())

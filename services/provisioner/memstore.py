@@ -119,6 +119,9 @@ class MemoryStore:
         self._site_records: dict[str, tuple[MemoryDatabase, int, dict[str, InstanceRecord]]] = {}
         """Per site, the live records ``records_for`` read last, with the database and its
         ``version`` then."""
+        self._recent: tuple[MemoryDatabase, int, int, list[InstanceRecord]] | None = None
+        """The last answer of ``_live_or_updated_since``, with the database, its ``version`` and
+        the first ``ended`` entry it kept."""
 
     def close(self) -> None:
         try:
@@ -263,19 +266,26 @@ class MemoryStore:
         are checked."""
         db = self.db
         with db.lock:
+            ended = db.ended
+            start = bisect.bisect_left(ended, (since, ""))
+            hit = self._recent
+            if hit is not None and hit[0] is db and hit[1] == db.version and hit[2] == start:
+                # No record stored since (``version``), and the horizon passed no ended record
+                # (the same first entry of ``ended`` it keeps): the very same answer.
+                return list(hit[3])
             ids: dict[str, None] = {}
             for site_ids in db.live.values():
                 ids.update(site_ids)
             n_live = len(ids)
-            ended = db.ended
-            for _, iid in ended[bisect.bisect_left(ended, (since, "")):]:
+            for _, iid in ended[start:]:
                 ids[iid] = None
             inst = db.instances
             recs = [inst[i] for i in ids]
             out = recs[:n_live]
             out += [r for r in recs[n_live:] if r.state not in _ENDED or r.updated_at >= since]
-        out.sort(key=_ROW_ORDER)
-        return out
+            out.sort(key=_ROW_ORDER)
+            self._recent = (db, db.version, start, out)
+        return list(out)
 
     def _candidates(self, states: tuple[str, ...] | list[str] | None, active_only: bool,
                     since: float | None) -> Iterable[InstanceRecord]:
