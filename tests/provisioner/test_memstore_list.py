@@ -47,3 +47,37 @@ def test_list_answers_as_the_full_scan_over_a_random_history() -> None:
     assert len(store.db.ended) > 50 and sum(map(len, store.db.live.values())) > 20  # both kinds seen
     copy = MemoryStore(store.db.copy())
     assert copy.list(live_or_updated_since=now - 50.0) == full_scan(store.db, since=now - 50.0)
+
+
+def test_the_reports_read_kept_between_writes_is_the_full_scans() -> None:
+    """The anti-entropy report's read (``live_or_updated_since`` alone) is answered again from
+    the last one while no record was stored and the horizon passed no ended record: over random
+    writes, reads at a horizon that moves with time (often past nothing, sometimes past ended
+    records) and a copied database, every answer is the full scan's."""
+    rng = random.Random(11)
+    store = MemoryStore()
+    now = 1000.0
+    ids: list[str] = []
+    kept = 0
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.15 or not ids:
+            iid = f"i{step}"
+            store.record_launch(LaunchRequest(launch_id=iid, domain="d", site=rng.choice(("s1", "s2")), node_name=iid),
+                                now)
+            ids.append(iid)
+        elif op < 0.35:
+            store.advance(rng.choice(ids), rng.choice(("pending", "started", "terminating", "terminated", "failed")),
+                          now)
+        elif op < 0.5:
+            now += rng.choice((0.5, 1.0, 5.0, 30.0))
+        else:
+            since = now - rng.choice((60.0, 60.0, 60.0, 0.0, 1e9))
+            before = store._recent
+            got = store.list(live_or_updated_since=since)
+            kept += before is not None and store._recent is before
+            assert got == full_scan(store.db, since=since)
+            got.clear()  # a caller's change to its answer is not the next one's
+        if step == 2000:
+            store = MemoryStore(store.db.copy())
+    assert kept > 200

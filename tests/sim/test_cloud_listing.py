@@ -1,7 +1,7 @@
 """The simulated cloud's kept listing is exact: over random creates, destroys, vanishings,
 preemptions, reclaim notices, boot failures, listing lag and time, every listing shows exactly
 the VMs a fresh look at the cloud shows, in creation order, each in its state at that time, and
-a running or boot-failed VM as the very Node it was last listed as (what the provisioner keys
+a running, boot-failed or terminated VM as the very Node it was last listed as (what the provisioner keys
 its steady polls on). The listing is what reconcile and the orphan sweep read: a kept one that
 missed a VM, or showed a terminated VM as running, would be a safety bug."""
 
@@ -64,6 +64,13 @@ def test_a_kept_listing_is_what_a_fresh_look_shows(seed: int) -> None:
         if before is not None and before[0] == cloud.version and before[1] == vms:
             steady_hits += 1
         for v, n in zip(vms, nodes, strict=True):
-            if n.state in (NodeState.RUNNING, NodeState.ERROR):
+            if n.state is not NodeState.PENDING:
                 assert driver._node(v) is n  # the very Node the uncached path hands out
+            built = cloud.driver("other")._node(v)  # a Node built from nothing kept
+            assert (n.id, n.name, n.state, n.public_ips, n.private_ips, n.extra, n.created_at) == \
+                   (built.id, built.name, built.state, built.public_ips, built.private_ips, built.extra,
+                    built.created_at)
+        assert len(driver._listed) <= 2 * len(cloud._current) + 64  # Nodes of VMs no longer listed are dropped
     assert steady_hits > 20
+    driver._prune()
+    assert set(driver._listed) <= set(cloud._current) and len(cloud.vms) > len(cloud._current)
