@@ -288,14 +288,33 @@ class SimCloud:
             return keep
         return out
 
+    def relisted(self, listed: list[VM]) -> bool:
+        """Would ``list`` now return ``listed``, that very list, and do nothing else but count
+        the call? Then it is counted (``stats.lists``) and True: the caller may take the last
+        answer again without listing. Only when no fault can strike a list call (no transient
+        errors, no partial listings: their draws would be skipped) and ``_listing_at`` would hand
+        back its last answer; False otherwise, and nothing happened."""
+        f, last = self.faults, self._listing
+        if self.enabled and (f.transient_error_rate > 0 or f.partial_listing_rate > 0 or self._partial_left > 0):
+            return False
+        if last is None or last[1] is not listed or not self._listing_holds(last, self.world.t):
+            return False
+        self.stats.lists += 1
+        return True
+
+    def _listing_holds(self, last: tuple[int, list[VM], list[VM], list[VM]], now: float) -> bool:
+        """``_listing_at``'s test: the last answer stands at ``now``."""
+        linger = self.terminated_linger
+        return (last[0] == self.version and all(v.listed_from > now for v in last[2])
+                and not any(v.terminated_at <= now - linger for v in last[3]))  # type: ignore[operator]
+
     def _listing_at(self, now: float) -> list[VM]:
         """The VMs a listing shows at ``now`` (terminated ones linger a while). The last answer
         again — the same list, which callers do not change — while nothing moved ``version``,
         no VM waiting to be listed is due and no terminated one has lingered its time: the very
         tests below, on the few VMs they can change for."""
         last, linger = self._listing, self.terminated_linger
-        if (last is not None and last[0] == self.version and all(v.listed_from > now for v in last[2])
-                and not any(v.terminated_at <= now - linger for v in last[3])):  # type: ignore[operator]
+        if last is not None and self._listing_holds(last, now):
             return last[1]
         gone = [k for k, v in self._current.items() if v.terminated_at is not None and v.terminated_at <= now - linger]
         for k in gone:
@@ -340,10 +359,11 @@ class SimNodeDriver(NodeDriver):
         name, tags and address never change), so a listing of a quiet site builds nothing."""
         self._prune_at = 64
         """``_listed`` is pruned when it grows past this (twice its size after the last prune)."""
-        self._steady: tuple[int, list[VM], list[Node]] | None = None
+        self._steady: tuple[int, list[VM], list[Node], list[VM]] | None = None
         """(the cloud's version, the VMs, their Nodes) of the last listing whose every node was
         running, failed to boot or terminated: ``_node`` hands out those very Nodes again for the
-        very same VMs while the version stands (see ``list_nodes``)."""
+        very same VMs while the version stands (see ``list_nodes``); last, the very list the cloud
+        answered (``listing_unchanged``)."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -415,11 +435,23 @@ class SimNodeDriver(NodeDriver):
         last = self._steady
         if (last is not None and last[0] == self.cloud.version and len(last[1]) == len(vms)
                 and all(map(operator.is_, last[1], vms))):
+            if vms is not last[3]:
+                self._steady = (last[0], last[1], last[2], vms)
             return list(last[2])
         nodes = [self._node(v) for v in vms]
         steady = all(n.state is not NodeState.PENDING for n in nodes)
-        self._steady = (self.cloud.version, list(vms), nodes) if steady else None
+        self._steady = (self.cloud.version, list(vms), nodes, vms) if steady else None
         return list(nodes)
+
+    def listing_unchanged(self, nodes: list[Node] | tuple[Node, ...]) -> bool:
+        """Would ``list_nodes`` now return ``nodes`` — these very Node objects, in this order —
+        and do nothing else but count the call? Then it is counted and True (``LibcloudSite.unchanged``):
+        the last listing was steady (``_steady``: no pending node, whose boot time alone ends),
+        answered ``nodes``, was the cloud's whole listing, and the cloud would answer that very
+        list again (``SimCloud.relisted``: nothing changed, nothing due, no fault can strike)."""
+        last = self._steady
+        return (last is not None and last[0] == self.cloud.version and len(last[2]) == len(nodes)
+                and all(map(operator.is_, last[2], nodes)) and self.cloud.relisted(last[3]))
 
     def destroy_node(self, node: Node) -> bool:
         self.cloud.destroy(self.caller, str(node.id))

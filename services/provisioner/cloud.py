@@ -361,6 +361,16 @@ class LibcloudSite:
                 return cn
         return None
 
+    def unchanged(self, answer: list[CloudNode] | tuple[CloudNode, ...]) -> bool:
+        """Would ``nodes()`` now answer ``answer`` again — these very CloudNode objects, in this
+        order? Known without listing only through a driver that can tell (``listing_unchanged``:
+        the simulators' cloud; libcloud's real drivers cannot, and a real cloud must be listed):
+        True then stands for the list call (the driver counts it). False: list."""
+        check = getattr(self.driver, "listing_unchanged", None)
+        last = self._last_listing
+        return (check is not None and last is not None and last[0] == self.deployment
+                and len(last[2]) == len(answer) and all(map(operator.is_, last[2], answer)) and check(last[1]))
+
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""
         deployment, _ = self._identity()

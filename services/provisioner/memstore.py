@@ -336,6 +336,12 @@ class MemoryStore:
             tid = self._transition(new, rec.state, now, reason, presumed_gone)
         return Transition(tid, new, rec.state, now)
 
+    def records_version(self) -> int:
+        """Equal values: no record was stored in between (by any handle on this database), so
+        ``records_for`` answers with the very same records (``Provisioner.poll`` skips a steady
+        poll on it)."""
+        return self.db.version
+
     def records_for(self, site: str, launch_ids: Iterable[str]) -> dict[str, InstanceRecord]:
         """The site's live records in row order, then the other listed ones by id — SQLite's
         order for the same OR query (one index, then the other)."""

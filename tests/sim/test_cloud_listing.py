@@ -40,7 +40,8 @@ def test_a_kept_listing_is_what_a_fresh_look_shows(seed: int) -> None:
                      faults=CloudFaults(listing_lag_seconds=40.0, boot_failure_rate=0.15))
     driver = cloud.driver("prov")
     size, image = NodeSize("m", "m", 0, 0, 0, 0, driver), NodeImage("sim-image", "sim-image", driver)
-    steady_hits = 0
+    steady_hits = unchanged_hits = 0
+    last = None
     for i in range(300):
         op = rng.random()
         live = [v for v in cloud.vms.values() if v.terminated_at is None]
@@ -55,7 +56,14 @@ def test_a_kept_listing_is_what_a_fresh_look_shows(seed: int) -> None:
         elif op < 0.75:
             world.t += rng.choice((0.0, 1.0, 10.0, 30.0, 60.0, 200.0))
         before = driver._steady
+        said = driver.listing_unchanged(last) if last is not None else False
+        lists = cloud.stats.lists
         nodes = driver.list_nodes()
+        if said:  # "would answer these very Nodes again": it does
+            unchanged_hits += 1
+            assert len(nodes) == len(last) and all(a is b for a, b in zip(nodes, last, strict=True))
+            assert cloud.stats.lists == lists + 1
+        last = nodes
         vms = fresh(cloud, world.t)
         assert [n.id for n in nodes] == [v.cloud_id for v in vms]
         assert [n.state for n in nodes] == [state(v, world.t) for v in vms]
@@ -71,6 +79,6 @@ def test_a_kept_listing_is_what_a_fresh_look_shows(seed: int) -> None:
                    (built.id, built.name, built.state, built.public_ips, built.private_ips, built.extra,
                     built.created_at)
         assert len(driver._listed) <= 2 * len(cloud._current) + 64  # Nodes of VMs no longer listed are dropped
-    assert steady_hits > 20
+    assert steady_hits > 20 and unchanged_hits > 10
     driver._prune()
     assert set(driver._listed) <= set(cloud._current) and len(cloud.vms) > len(cloud._current)
