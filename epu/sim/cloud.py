@@ -438,7 +438,14 @@ class SimNodeDriver(NodeDriver):
             if vms is not last[3]:
                 self._steady = (last[0], last[1], last[2], vms)
             return list(last[2])
-        nodes = [self._node(v) for v in vms]
+        # ``_node``'s first test inline (most of a listing that changed is VMs that did not): a
+        # running or boot-failed VM still live, or a terminated one, with the same notice, is its
+        # last Node; any other goes through ``_node``.
+        listed, node_of, pending, terminated = self._listed, self._node, NodeState.PENDING, NodeState.TERMINATED
+        nodes = [hit[1] if ((hit := listed.get(v.cloud_id)) is not None and hit[0] is not pending
+                            and (v.terminated_at is None) is (hit[0] is not terminated)
+                            and hit[2] == v.interruption_at) else node_of(v)
+                 for v in vms]
         steady = all(n.state is not NodeState.PENDING for n in nodes)
         self._steady = (self.cloud.version, list(vms), nodes, vms) if steady else None
         return list(nodes)

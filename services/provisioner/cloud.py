@@ -264,8 +264,9 @@ class LibcloudSite:
         self.deployment = deployment
         """Set here only by callers that name the deployment explicitly; else by ``bind``."""
         self.store_id: str | None = None
-        self._converted: dict[int, tuple[Node, CloudNode]] = {}
-        """The last listing's nodes and what they converted to (see ``nodes``)."""
+        self._converted: dict[int, tuple[Node, CloudNode, bool]] = {}
+        """The last listing's nodes, what they converted to and whether they are this
+        deployment's (for the deployment of ``_last_listing``; see ``nodes``)."""
         self._last_listing: tuple[str, tuple[Node, ...], tuple[CloudNode, ...]] | None = None
         """The last listing (deployment, the driver's Nodes, our answer): handed back whole
         when the driver returns the very same Node objects in the same order."""
@@ -384,14 +385,17 @@ class LibcloudSite:
         if (last is not None and last[0] == deployment and len(last[1]) == len(listing)
                 and all(map(operator.is_, last[1], listing))):
             return list(last[2])  # the very same Node objects as last time: the same answer
-        seen, converted = self._converted, {}
+        seen = self._converted if last is not None and last[0] == deployment else {}
+        converted: dict[int, tuple[Node, CloudNode, bool]] = {}
         for node in listing:
             key = id(node)
             hit = seen.get(key)
-            cn = hit[1] if hit is not None and hit[0] is node else to_cloud_node(node)
-            converted[key] = (node, cn)
-            if cn.tags.get(TAG_DEPLOYMENT) == deployment:
-                out.append(cn)
+            if hit is None or hit[0] is not node:
+                cn = to_cloud_node(node)
+                hit = (node, cn, cn.tags.get(TAG_DEPLOYMENT) == deployment)
+            converted[key] = hit
+            if hit[2]:
+                out.append(hit[1])
         self._converted = converted
         self._last_listing = (deployment, tuple(listing), tuple(out))
         return out
