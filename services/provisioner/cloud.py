@@ -101,6 +101,10 @@ class Site(Protocol):
     def nodes(self) -> list[CloudNode]: ...
     def find_launch(self, launch_id: str) -> CloudNode | None: ...
 
+    # Optional (looked up with ``getattr``): ``unchanged(answer) -> bool`` — would ``nodes()``
+    # now answer these very CloudNode objects again? True stands for the list call; a site that
+    # cannot tell without listing (a real cloud) has no such method (``Provisioner._still_steady``).
+
 
 def client_token(launch_id: str) -> str:
     """EC2 client tokens are at most 64 ASCII characters; longer ids are hashed (stable)."""
