@@ -158,7 +158,9 @@ def generate() -> str:
             f"`x-delivery-limit: {DELIVERY_LIMIT}`; the latest-value snapshot queues instead have "
             "`x-max-length: 1` and `x-overflow: drop-head` (a replaced snapshot is not dead-lettered); the "
             "status queues (`epu.status.DOMAIN`) too, and no delivery limit: readers take the status with "
-            "basic.get and requeue it, leaving it for the next reader.", ""]
+            "basic.get and requeue it, leaving it for the next reader. The status queues are classic "
+            "queues: a quorum queue counts the status a reader holds against `x-max-length`, so a status "
+            "published meanwhile would be the one dropped.", ""]
     out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
     flows = {
         "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",

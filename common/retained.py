@@ -3,9 +3,10 @@
 A latest-value queue (``x-max-length`` 1, ``drop-head``; see ``Topology.status_spec``) holds the
 newest message of one kind — a domain's ``EngineStatus``. A reader takes what is there with
 ``basic.get`` and puts it back (reject with requeue), so the next reader finds it too; it needs
-only read permission on the queue (the operator's). For a moment a publish can leave two
-messages in the queue (one was out with a reader); the reader takes them all and keeps the one
-built last (the highest ``at``).
+only read permission on the queue (the operator's). The queue is a classic one
+(``QueueSpec.classic``): a message put back behind a newer one is then the one dropped, where a
+quorum queue would drop the newer. A reader still takes every message it finds and keeps the one
+built last (the highest ``at``), whatever the queue did.
 
 A queue that does not exist (no engine has declared it, or the definitions are older) is
 reported as missing, not as an error: the caller says so and carries on with live events.

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp.exceptions import PreconditionFailed
 from epu.common.messages import NAME_PATTERN, Message
 from kombu import Exchange, Queue, binding
 
@@ -109,10 +110,18 @@ class QueueSpec:
     delivery_limit: bool = True
     """A quorum queue's ``x-delivery-limit``. Off for a queue read without consuming (each
     read returns the message, which would count as a failed delivery)."""
+    classic: bool = False
+    """A classic queue even where the deployment uses quorum queues. For a latest-value queue
+    that readers peek at (basic.get, then requeue): a quorum queue counts the message out with a
+    reader against ``x-max-length``, so a newer message published meanwhile is the one dropped
+    and the reader puts the older one back (RabbitMQ 3.10; a classic queue drops the older).
+    Such a queue holds only a value its publisher rebuilds, so it needs no replication."""
 
     def arguments(self, quorum: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE} if self.dead_letter else {}
-        if quorum:
+        if self.classic:
+            args["x-queue-type"] = "classic"
+        elif quorum:
             args["x-queue-type"] = "quorum"
             if self.delivery_limit:
                 args["x-delivery-limit"] = DELIVERY_LIMIT
@@ -193,9 +202,11 @@ class Topology:
     def status_spec(self, domain: str) -> QueueSpec:
         """The engine's newest ``EngineStatus`` of a domain, kept for readers: one deep (a new
         status drops the old), never dead-lettered, no delivery limit — readers take it with
-        basic.get and put it back (requeue), so it stays for the next one."""
+        basic.get and put it back (requeue), so it stays for the next one. Classic, not quorum
+        (``QueueSpec.classic``): otherwise a status published while a reader holds the previous
+        one is lost, and readers see the previous one until the next heartbeat."""
         return QueueSpec(status_queue_name(domain), EVENTS_EXCHANGE, (f"decision.status.{check_name(domain)}",),
-                         dead_letter=False, delivery_limit=False,
+                         dead_letter=False, delivery_limit=False, classic=True,
                          extra_arguments={"x-max-length": 1, "x-overflow": "drop-head"},
                          purpose=f"the engine's newest status of domain {domain} (latest value, read by epu status)")
 
@@ -244,9 +255,25 @@ class Topology:
         for spec in [self.dead_letter_spec(), *(specs or [])]:
             queues = self.kombu_queues(spec)
             for queue in queues:
-                queue(channel).declare()
+                try:
+                    queue(channel).declare()
+                except PreconditionFailed:
+                    if not spec.classic:
+                        raise
+                    channel = self._recreate(channel, queue)
             for key in spec.obsolete_keys:  # unbinding what is not bound is not an error
                 channel.queue_unbind(queue=queues[0].name, exchange=self.n(spec.exchange), routing_key=key)
+
+    @staticmethod
+    def _recreate(channel: Any, queue: Queue) -> Any:
+        """Replace a latest-value queue whose arguments an earlier version declared differently
+        (the quorum status queues before ``QueueSpec.classic``): RabbitMQ refuses to redeclare a
+        queue with other arguments (406, which closes the channel). Deleting it loses only a value
+        its publisher sends again. Returns the channel to carry on with."""
+        channel = channel.connection.channel()
+        channel.queue_delete(queue=queue.name)
+        queue(channel).declare()
+        return channel
 
     def tap_queue(self, pattern: str | Sequence[str] = "#", name: str | None = None) -> Queue:
         """An exclusive, auto-deleted queue on the events exchange, bound with one topic pattern
