@@ -199,6 +199,10 @@ class SimulatedBatch:
         """Moved by every change of the queue (a job queued, started, requeued, released): what
         says the kept queued part of the snapshot (``_Pending``) is still the queue's."""
         self._pending: _Pending | None = None
+        self._free: dict[str, int] = {}
+        """Free cores of every usable node (neither offline nor down), kept by ``_add``, ``_touch``
+        and the removal of a node: what a scheduling pass starts from, without a sum over every
+        node's jobs per pass (a pass runs after most node commands; only the touched node moved)."""
         self.submitted = 0
         self._completed = 0
         self.available = True
@@ -312,10 +316,7 @@ class SimulatedBatch:
             self._advance()
             if name in self._nodes:
                 return False
-            self._add(name, cores, instance_id)
-            if not up:
-                self._nodes[name].down = True
-                self._nodes[name].last_state = "down"
+            self._add(name, cores, instance_id, down=not up)
             self._schedule()
             return True
 
@@ -520,6 +521,7 @@ class SimulatedBatch:
                                       output=", ".join(sorted(existing.jobs)))
             self._requeue_jobs_of(existing, "node removed by force")
             del self._nodes[node]
+            self._free.pop(node, None)
             self._dirty = True
             self._schedule()
             return CommandOutcome(True, changed=True, output=f"node {node} removed")
@@ -563,8 +565,14 @@ class SimulatedBatch:
         self._advance()
         return self._nodes.get(node), None
 
-    def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
-        self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
+    def _add(self, name: str, cores: int, instance_id: str | None = None, down: bool = False) -> None:
+        """A new node, idle; ``down``: known to the batch system, its daemon not registered yet."""
+        node = self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
+        if down:
+            node.down = True
+            node.last_state = "down"
+        else:
+            self._free[name] = node.cores
         self._dirty = True
         self._full = False
 
@@ -572,6 +580,10 @@ class SimulatedBatch:
         self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
         self._full = False  # its free cores may have changed
         node.version += 1
+        if node.offline or node.down:
+            self._free.pop(node.name, None)
+        else:
+            self._free[node.name] = node.cores - sum(node.jobs.values())
         state = node.state()
         if state != node.last_state:
             node.last_state = state
@@ -695,19 +707,24 @@ class SimulatedBatch:
         Free cores change only with a node (``_touch``, ``_add``; a removed node only takes them
         away): while none changed since a pass ended with none free (``_full``), a pass, even
         one a queue change asked for, would find none and start nothing.
-        The placements are exactly those of the full re-fit (tests/sensor/test_simulated.py,
+        The head job's reservation (``_shadow_time``, a walk over the running jobs) is only
+        computed when a later job could start now (most passes have none): it is the same number
+        as when the head job blocked, as nothing starts in between (a start needs it) and the
+        free cores, the running jobs and ``now`` are what they were then.
+        The placements are exactly those of the full re-fit (tests/sensor/test_simulated_kept.py,
         the replay digests of tests/sim)."""
         if not self._dirty:
             return
         self._dirty = False  # a start below sets it again
         if not self._queue or self._full:
             return
-        free = {n.name: n.cores - sum(n.jobs.values()) for n in self._nodes.values() if not n.offline and not n.down}
-        if not any(c > 0 for c in free.values()):
+        free = dict(self._free)
+        avail = {name: c for name, c in free.items() if c > 0}
+        if not avail:
             self._full = True
             return  # every job needs at least one core
-        avail = {name: c for name, c in free.items() if c > 0}
         unfit: set[tuple] = set()
+        head: SimJob | None = None
         shadow: float | None = None
         remaining: list[SimJob] = []
         queue = self._queue
@@ -720,9 +737,11 @@ class SimulatedBatch:
                 continue
             key = (job.cores, job.nodes, job.queue, job.features, job.memory_mb, job.gpus)
             placement = None if key in unfit or len(avail) < job.nodes else self._fit(job, avail)
+            if placement is not None and head is not None and shadow is None:
+                shadow = self._shadow_time(head, free)  # nothing started since ``head`` blocked
             if placement is None:
                 unfit.add(key)
-            elif shadow is None or self._now + job.duration <= shadow:
+            elif head is None or self._now + job.duration <= shadow:  # type: ignore[operator]
                 self._start(job, placement)
                 for name in placement:
                     free[name] -= job.cores
@@ -732,8 +751,8 @@ class SimulatedBatch:
                     else:
                         del avail[name]
                 continue
-            if shadow is None:  # first job that cannot start: it holds the reservation
-                shadow = self._shadow_time(job, free)
+            if head is None:  # first job that cannot start: it holds the reservation
+                head = job
             remaining.append(job)
         if not avail:
             self._full = True  # what the next pass would find first, unless a node changes
