@@ -316,7 +316,12 @@ class SimulatedBatch:
             self._advance()
             if name in self._nodes:
                 return False
-            self._add(name, cores, instance_id, down=not up)
+            self._add(name, cores, instance_id)
+            if not up:
+                node = self._nodes[name]
+                node.down = True
+                node.last_state = "down"
+                self._free.pop(name, None)  # not usable: no free cores to offer
             self._schedule()
             return True
 
@@ -565,14 +570,9 @@ class SimulatedBatch:
         self._advance()
         return self._nodes.get(node), None
 
-    def _add(self, name: str, cores: int, instance_id: str | None = None, down: bool = False) -> None:
-        """A new node, idle; ``down``: known to the batch system, its daemon not registered yet."""
+    def _add(self, name: str, cores: int, instance_id: str | None = None) -> None:
         node = self._nodes[name] = SimNode(name, max(1, cores), state_since=self._now, instance_id=instance_id)
-        if down:
-            node.down = True
-            node.last_state = "down"
-        else:
-            self._free[name] = node.cores
+        self._free[name] = node.cores
         self._dirty = True
         self._full = False
 
