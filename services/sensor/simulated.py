@@ -63,8 +63,9 @@ class SimNode:
     version: int = 0
     """Moved by every change of its jobs or state (``SimulatedBatch._touch``): with the fields read
     directly, what says the last ``NodeInfo`` built for it is still true."""
-    reported: tuple[tuple, NodeInfo] | None = None
-    """(key, the NodeInfo) of the last snapshot: reused while the key is the same (immutable)."""
+    reported: tuple[int, str | None, NodeInfo] | None = None
+    """(``version``, ``instance_id``, the NodeInfo) of the last snapshot: reused while both are the
+    same (a NodeInfo is immutable)."""
 
     @property
     def used(self) -> int:
@@ -306,6 +307,7 @@ class SimulatedBatch:
             if node is not None:
                 node.memory_mb, node.gpus = memory_mb, gpus
                 node.features, node.partitions = frozenset(features), frozenset(partitions)
+                node.version += 1  # what its NodeInfo shows moved (``_node_info``)
                 self._dirty = True
                 self._schedule()
 
@@ -360,7 +362,11 @@ class SimulatedBatch:
             self._advance()
             pending = self._pending_part()
             now = self._now
-            nodes = [self._node_info(n) for n in self._by_name()]
+            nodes = []
+            for n in self._by_name():
+                r = n.reported  # inline ``_node_info``'s reuse: most nodes did not change since the last read
+                nodes.append(r[2] if r is not None and r[0] == n.version and r[1] is n.instance_id
+                             else self._node_info(n))
             shapes = [JobShape(**fields, max_wait_s=max(0.0, now - earliest)) for fields, earliest in pending.shapes]
             jobs = [QueuedJob(job_id=r.job_id, cores=r.cores, nodes=r.nodes, queue=r.queue, submit_time=r.submit_time,
                               wait_seconds=max(0.0, now - r.submit_time), state=r.state,  # type: ignore[arg-type]
@@ -385,14 +391,16 @@ class SimulatedBatch:
         """What the batch system reports of ``n``: one pass over its jobs gives their ids, expected
         ends (start + time limit, 0 = no limit; sorted by job id) and the memory and GPUs they
         hold. A snapshot of every node is read every poll and most nodes did not change since the
-        last one: the last ``NodeInfo`` (immutable) is reused while nothing it was built from moved
-        (``SimNode.version`` and the fields set from outside)."""
-        key = (n.version, n.instance_id, n.state_since, n.offline, n.down, n.cores, n.memory_mb, n.gpus,
-               n.features, n.partitions)
-        if n.reported is not None and n.reported[0] == key:
-            return n.reported[1]
+        last one: the last ``NodeInfo`` (immutable) is reused while nothing it was built from moved.
+        Every change of a node's jobs, state or resources moves ``SimNode.version`` (``_touch``,
+        ``set_resources``; ``cores`` never changes, and a subclass sets resources only as the node
+        is created, before any read); ``instance_id`` is also set from outside (``epu.sim.batch``),
+        so it is compared itself (by identity: a new string is a new id, or the same one rebuilt)."""
+        r = n.reported
+        if r is not None and r[0] == n.version and r[1] is n.instance_id:
+            return r[2]
         info = self._build_node_info(n)
-        n.reported = (key, info)
+        n.reported = (n.version, n.instance_id, info)
         return info
 
     def _build_node_info(self, n: SimNode) -> NodeInfo:

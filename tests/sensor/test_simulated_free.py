@@ -32,3 +32,27 @@ def test_kept_free_cores_equal_the_sum_over_every_node(seed: int, plain: bool) -
         assert {j: job.placed_on for j, job in kept._running.items()} == \
                {j: job.placed_on for j, job in full._running.items()}
     assert kept.submitted > 50 and kept.completed > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reused_node_records_follow_instance_ids_set_from_outside(seed: int) -> None:
+    """A node's record is reused while its ``version`` and ``instance_id`` stay: an id given to an
+    existing node (a command's ``add``, or ``epu.sim.batch`` setting it as the daemon registers)
+    shows in the next read, as in a record built from scratch."""
+    rng = random.Random(2000 + seed)
+    clock = ManualClock(1000.0)
+    batch = SimulatedBatch(clock)
+    ids: list[str] = []
+    for i in range(400):
+        step(rng, clock, [batch], ids)
+        names = sorted(batch._nodes)
+        if names and rng.random() < 0.3:
+            node = batch._nodes[rng.choice(names)]
+            if rng.random() < 0.5:
+                node.instance_id = f"i-{i}"
+            else:
+                node.instance_id = None
+                batch.execute("add", node.name, instance_id=f"i-{i}")
+        if rng.random() < 0.5:
+            got = batch.snapshot().nodes
+            assert got == [batch._build_node_info(n) for n in sorted(batch._nodes.values(), key=lambda n: n.name)]
