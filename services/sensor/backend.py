@@ -112,6 +112,13 @@ class JobRequeuer(Protocol):
         ...
 
 
+_ACCEPTED: set[str] = set()
+"""Node names ``check_node_name`` accepted (the check is a pure function of the name): a
+cluster's commands name the same few hundred nodes over and over, each command checked twice
+(the simulators' wrapper, then the backend). Bounded: emptied when it reaches ``_ACCEPTED_MAX``."""
+_ACCEPTED_MAX = 4096
+
+
 def check_node_name(node: str) -> str:
     """Refuse anything but an RFC 1123 host name before it can reach a command line.
 
@@ -119,9 +126,15 @@ def check_node_name(node: str) -> str:
     or path separator, so even a command that passes the name inside a string (``qmgr -c``)
     cannot be subverted.
     """
+    if type(node) is str and node in _ACCEPTED:  # exactly str: a subclass may compare equal and be another
+        return node
     if not isinstance(node, str) or not node or not is_valid_hostname(node):
         raise InvalidNodeName(f"refusing node name {node!r}: not a valid RFC 1123 host name "
                               "(letters, digits, '-', dots between labels; at most 253 characters)")
+    if type(node) is str:
+        if len(_ACCEPTED) >= _ACCEPTED_MAX:
+            _ACCEPTED.clear()
+        _ACCEPTED.add(node)
     return node
 
 

@@ -79,20 +79,28 @@ def estimated_bytes(snap: SensorSnapshot, memo: dict[int, tuple[NodeInfo, int]] 
 
     ``memo`` (the caller's, kept between snapshots): each node's share by the ``NodeInfo``
     object (immutable), so a node reported again as the very same object — a backend that
-    reuses unchanged nodes' infos — is not measured again. Left holding this snapshot's nodes."""
+    reuses unchanged nodes' infos — is not measured again. Entries are added, not rebuilt per
+    snapshot (most nodes are the same objects as last time); an entry holds its object, so its
+    ``id`` is not reused while it is kept, and the memo is cut back to this snapshot's nodes
+    once it holds more than twice as many (nodes that changed or went)."""
+    nodes = snap.nodes
     if memo is None:
-        node_part = sum(_node_bytes(n) for n in snap.nodes)
+        node_part = sum(_node_bytes(n) for n in nodes)
     else:
         node_part = 0
-        fresh: dict[int, tuple[NodeInfo, int]] = {}
-        for n in snap.nodes:
-            key = id(n)
-            hit = memo.get(key)
-            size = hit[1] if hit is not None and hit[0] is n else _node_bytes(n)
-            fresh[key] = (n, size)
-            node_part += size
-        memo.clear()
-        memo.update(fresh)
+        get = memo.get
+        for n in nodes:
+            hit = get(id(n))
+            if hit is not None and hit[0] is n:
+                node_part += hit[1]
+            else:
+                size = _node_bytes(n)
+                memo[id(n)] = (n, size)
+                node_part += size
+        if len(memo) > 2 * len(nodes) + 64:
+            kept = {id(n): memo[id(n)] for n in nodes}
+            memo.clear()
+            memo.update(kept)
     return 4096 + node_part + 400 * len(snap.shapes) + 200 * len(snap.jobs)
 
 
