@@ -72,10 +72,24 @@ class SimQueue:
     rr: int = 0
     active: Consumer | None = None
     """The single active consumer, as the broker chose it (sac queues)."""
+    labels: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """Message type → the label of its delivery events here (``Bus._send``), made once."""
 
     def pick(self) -> Consumer | None:
         """The consumer the broker gives the next message to: among those it believes connected
-        (``registered``). Whether that consumer really gets it is ``deliverable``'s question."""
+        (``registered``). Whether that consumer really gets it is ``deliverable``'s question.
+        Most queues have one consumer (consumers are only ever added): then the general rule's
+        outcome is written out, without a list per delivery."""
+        if len(self.consumers) == 1:
+            c = self.consumers[0]
+            if not c.owner.registered:
+                self.active = None
+                return None
+            if self.mode == "sac":
+                self.active = c  # None or ``c`` itself before: the only one it can be
+            else:
+                self.rr = 0  # (rr + 1) % 1
+            return c
         live = [c for c in self.consumers if c.owner.registered]
         if not live:
             self.active = None
@@ -187,7 +201,10 @@ class Bus:
         return d
 
     def _send(self, q: SimQueue, msg: Message, delay: float, attempt: int = 1) -> None:
-        self.world.after(delay, lambda: self._deliver(q, msg, attempt), f"deliver {msg.TYPE} to {q.name}")
+        label = q.labels.get(msg.TYPE)
+        if label is None:
+            label = q.labels[msg.TYPE] = f"deliver {msg.TYPE} to {q.name}"
+        self.world.after(delay, lambda: self._deliver(q, msg, attempt), label)
 
     # ------------------------------------------------------------------ delivery
     def _deliver(self, q: SimQueue, msg: Message, attempt: int) -> None:

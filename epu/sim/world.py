@@ -60,7 +60,8 @@ class World:
         self._queue: list[tuple[float, int, Event]] = []
         """(at, seq, event): the heap compares the tuple's numbers in C, not ``Event.__lt__`` in
         Python (the same order: ``seq`` is unique, so the event itself is never compared)."""
-        self._seq = itertools.count()
+        self._next_seq = itertools.count().__next__
+        """The next sequence number (bound once: ``after`` runs for every scheduled event)."""
         self._rngs: dict[str, random.Random] = {}
         self._digest = hashlib.blake2b(digest_size=16)
         self.events = 0
@@ -83,7 +84,7 @@ class World:
         t = self.t
         if when < t:
             when = t
-        seq = next(self._seq)
+        seq = self._next_seq()
         ev = Event(when, seq, fn, label)
         _push(self._queue, (when, seq, ev))
         return ev
@@ -91,7 +92,7 @@ class World:
     def after(self, delay: float, fn: Callable[[], None], label: str = "") -> Event:
         """``at(t + max(0, delay))``, written out (the commonest call of a run)."""
         when = self.t + delay if delay > 0.0 else self.t + 0.0
-        seq = next(self._seq)
+        seq = self._next_seq()
         ev = Event(when, seq, fn, label)
         _push(self._queue, (when, seq, ev))
         return ev
