@@ -87,6 +87,7 @@ class SimNode:
 
 
 _PLAIN = operator.attrgetter("plain")
+_INSTANCE_ID = operator.attrgetter("instance_id")
 _ROW_SHAPE = operator.attrgetter("nodes", "cores", "queue", "held")
 _SUBMIT = operator.attrgetter("submit_time")
 
@@ -184,6 +185,11 @@ class SimulatedBatch:
         self._nodes: dict[str, SimNode] = {}
         self._order: tuple[tuple[SimNode, ...], list[SimNode]] | None = None
         """The nodes (insertion order) and the same sorted by name, of the last snapshot."""
+        self._infos: tuple[list[SimNode], list[str | None], list[NodeInfo], dict[str, int] | None] | None = None
+        """The last snapshot's order, its nodes' instance ids, their records, and (once needed)
+        each name's position in it (``_node_infos``)."""
+        self._stale: set[str] = set()
+        """Names of the nodes whose ``version`` moved since the last snapshot."""
         self._queue: list[SimJob] = []
         self._running: dict[str, SimJob] = {}
         self._ends: list[tuple[float, int, str]] = []  # (end_time, seq, job_id) heap
@@ -308,6 +314,7 @@ class SimulatedBatch:
                 node.memory_mb, node.gpus = memory_mb, gpus
                 node.features, node.partitions = frozenset(features), frozenset(partitions)
                 node.version += 1  # what its NodeInfo shows moved (``_node_info``)
+                self._stale.add(name)
                 self._dirty = True
                 self._schedule()
 
@@ -362,11 +369,7 @@ class SimulatedBatch:
             self._advance()
             pending = self._pending_part()
             now = self._now
-            nodes = []
-            for n in self._by_name():
-                r = n.reported  # inline ``_node_info``'s reuse: most nodes did not change since the last read
-                nodes.append(r[2] if r is not None and r[0] == n.version and r[1] is n.instance_id
-                             else self._node_info(n))
+            nodes = self._node_infos(self._by_name())
             shapes = [JobShape(**fields, max_wait_s=max(0.0, now - earliest)) for fields, earliest in pending.shapes]
             jobs = [QueuedJob(job_id=r.job_id, cores=r.cores, nodes=r.nodes, queue=r.queue, submit_time=r.submit_time,
                               wait_seconds=max(0.0, now - r.submit_time), state=r.state,  # type: ignore[arg-type]
@@ -386,6 +389,36 @@ class SimulatedBatch:
         order = sorted(nodes, key=lambda n: n.name)
         self._order = (nodes, order)
         return order
+
+    def _node_infos(self, order: list[SimNode]) -> list[NodeInfo]:
+        """Every node's ``NodeInfo``, in ``order`` (a new list: an earlier one may still be held).
+
+        While the order is the very list of the last read (the same node objects, ``_by_name``)
+        and every node's ``instance_id`` the same object (it is also set from outside), only the
+        nodes whose ``version`` moved since — ``_stale``: ``_touch`` and ``set_resources`` note
+        them — can read differently; the others keep the last read's record. Otherwise each node
+        is checked (``_node_info``'s test, inlined)."""
+        ids = list(map(_INSTANCE_ID, order))
+        last = self._infos
+        stale = self._stale
+        if last is not None and last[0] is order and all(map(operator.is_, last[1], ids)):
+            infos, pos = list(last[2]), last[3]
+            if stale:
+                if pos is None:
+                    pos = {n.name: i for i, n in enumerate(order)}
+                for name in stale:
+                    i = pos.get(name)
+                    if i is not None:
+                        infos[i] = self._node_info(order[i])
+        else:
+            infos, pos = [], None
+            for n in order:
+                r = n.reported
+                infos.append(r[2] if r is not None and r[0] == n.version and r[1] is n.instance_id
+                             else self._node_info(n))
+        stale.clear()
+        self._infos = (order, ids, infos, pos)
+        return infos
 
     def _node_info(self, n: SimNode) -> NodeInfo:
         """What the batch system reports of ``n``: one pass over its jobs gives their ids, expected
@@ -588,6 +621,7 @@ class SimulatedBatch:
         self._dirty = True  # offline/online, down/up, a job placed or gone: what a pass reads
         self._full = False  # its free cores may have changed
         node.version += 1
+        self._stale.add(node.name)
         if node.offline or node.down:
             self._free.pop(node.name, None)
         else:
