@@ -624,9 +624,10 @@ class SimulatedBatch:
         self._stale.add(node.name)
         if node.offline or node.down:
             self._free.pop(node.name, None)
+            state = "down" if node.down else "offline"
         else:
-            self._free[node.name] = node.cores - sum(node.jobs.values())
-        state = node.state()
+            free = self._free[node.name] = node.cores - sum(node.jobs.values())
+            state = "free" if free > 0 else "busy"  # ``SimNode.state``: busy when used >= cores
         if state != node.last_state:
             node.last_state = state
             node.state_since = self._now

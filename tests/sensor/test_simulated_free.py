@@ -56,3 +56,16 @@ def test_reused_node_records_follow_instance_ids_set_from_outside(seed: int) -> 
         if rng.random() < 0.5:
             got = batch.snapshot().nodes
             assert got == [batch._build_node_info(n) for n in sorted(batch._nodes.values(), key=lambda n: n.name)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_state_kept_by_touch_is_the_nodes_state(seed: int) -> None:
+    """``_touch`` works a node's state out with its free cores; it is ``SimNode.state()``."""
+    rng = random.Random(3000 + seed)
+    clock = ManualClock(1000.0)
+    batch = SimulatedBatch(clock, nodes={"n0": 2})
+    ids: list[str] = []
+    for _ in range(400):
+        step(rng, clock, [batch], ids)
+        batch.advance()
+        assert all(n.last_state == n.state() for n in batch._nodes.values())
