@@ -36,6 +36,7 @@ from typing import Any
 from epu.common.config import EpuConfig, parse_config
 from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.policies import POLICIES, PolicyError, validate_params
+from epu.services.sensor.simulated import SimulatedBatch
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import VM, CloudFaults, SimCloud
@@ -214,6 +215,27 @@ class LatencyProvisioner(ProvisionerProc):
         return schedule
 
 
+def node_counts(inner: SimulatedBatch) -> tuple[dict[str, int], int]:
+    """Nodes per state (in the order the states first occur over the nodes) and the cores in use,
+    as ``SimNode.state()`` and ``SimNode.used`` say, every sample: a usable node's free cores are
+    the batch's kept ``_free`` (its used cores ``cores - free``, busy when none is free), so only
+    an offline or down node's jobs are summed."""
+    nodes: dict[str, int] = {}
+    cores_used = 0
+    free = inner._free
+    for n in inner._nodes.values():
+        f = free.get(n.name)
+        if f is None:  # offline or down
+            used = sum(n.jobs.values())
+            s = "down" if n.down else "offline"
+        else:
+            used = n.cores - f
+            s = "busy" if f <= 0 else "free"
+        nodes[s] = nodes.get(s, 0) + 1
+        cores_used += used
+    return nodes, cores_used
+
+
 class Simulate:
     def __init__(self, config: EpuConfig, workload: Workload, cloud: CloudModel | None = None,
                  options: Options | None = None) -> None:
@@ -350,13 +372,7 @@ class Simulate:
     def _sample(self) -> None:
         inner = self.batch.inner
         inner.advance()
-        nodes: dict[str, int] = {}
-        cores_used = 0
-        for n in inner._nodes.values():
-            used = sum(n.jobs.values())  # SimNode.used and .state(), inlined: every node, every sample
-            s = "down" if n.down else "offline" if n.offline else "busy" if used >= n.cores else "free"
-            nodes[s] = nodes.get(s, 0) + 1
-            cores_used += used
+        nodes, cores_used = node_counts(inner)
         now = self.world.t
         inst = {}
         for name, cloud in self.clouds.items():
