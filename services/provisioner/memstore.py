@@ -49,6 +49,19 @@ _CHANGES_KEPT = 1 << 14
 """Most record ids ``MemoryDatabase.changes`` keeps (past this, the older half is dropped)."""
 
 
+def _evolve(rec: InstanceRecord, **changes: Any) -> InstanceRecord:
+    """``dataclasses.replace(rec, **changes)`` for the record's own fields, ~3.5x faster (every
+    transition makes one; ``replace`` calls the frozen ``__init__``, one ``object.__setattr__``
+    per field): a new record with the old one's field values, then the changed ones — the same
+    field values in the same order, so equal, hashed and shown alike. ``InstanceRecord`` has no
+    ``__post_init__`` and nothing but its fields in its ``__dict__``."""
+    new = object.__new__(InstanceRecord)
+    values = new.__dict__
+    values.update(rec.__dict__)
+    values.update(changes)
+    return new
+
+
 class _Rollback(Exception):  # noqa: N818 - a signal, not an error
     """Inside ``_tx``: undo the transaction (nothing was changed yet but the marks)."""
 
@@ -361,7 +374,7 @@ class MemoryStore:
                 return None
             write()
             presumed = None if new_state == "terminating" else rec.presumed_gone_at
-            new = replace(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
+            new = _evolve(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
                           error_kind=error_kind, presumed_gone_at=presumed,
                           cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip)
             self._put(new)
@@ -374,7 +387,7 @@ class MemoryStore:
             if rec is None or rec.terminal or rec.presumed_gone == presumed_gone:
                 return None
             write()
-            new = replace(rec, seq=rec.seq + 1, updated_at=now, reason=reason,
+            new = _evolve(rec, seq=rec.seq + 1, updated_at=now, reason=reason,
                           presumed_gone_at=now if presumed_gone else None)
             self._put(new)
             tid = self._transition(new, rec.state, now, reason, presumed_gone)
@@ -415,14 +428,14 @@ class MemoryStore:
             write()
             rec = self.db.instances.get(instance_id)
             if rec is not None:
-                self._put(replace(rec, **values))
+                self._put(_evolve(rec, **values))
 
     def touch(self, instance_id: str, now: float, reason: str) -> None:
         with self._tx() as write:
             write()
             rec = self.db.instances.get(instance_id)
             if rec is not None:
-                self._put(replace(rec, updated_at=now, reason=reason))
+                self._put(_evolve(rec, updated_at=now, reason=reason))
 
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
@@ -531,7 +544,7 @@ class MemoryStore:
                 if t["at"] > older_than:
                     continue
                 cur = self.db.instances[t["instance_id"]]
-                rec = replace(cur, state=t["to_state"], seq=t["seq"], reason=t["reason"], error_kind=t["error_kind"],
+                rec = _evolve(cur, state=t["to_state"], seq=t["seq"], reason=t["reason"], error_kind=t["error_kind"],
                               presumed_gone_at=t["at"] if t["presumed_gone"] else None)
                 out.append(Transition(tid, rec, t["from_state"], t["at"]))
                 if len(out) >= limit:

@@ -63,3 +63,25 @@ def test_a_patched_read_is_the_full_scan(seed: int, monkeypatch: pytest.MonkeyPa
             assert answer == full_scan(db, since)
             assert [id(r) for r in answer] == [id(r) for r in full_scan(db, since)]
     assert sum(patched) > 200 and not all(patched)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_record_evolved_is_the_one_replace_makes(seed: int) -> None:
+    """``memstore._evolve`` (every transition's new record) makes what ``dataclasses.replace``
+    makes: the same fields, equal, hashed alike, in the same ``__dict__`` order."""
+    import dataclasses
+
+    rng = random.Random(seed)
+    names = [f.name for f in dataclasses.fields(InstanceRecord)]
+    assert not hasattr(InstanceRecord, "__post_init__")
+    rec = InstanceRecord(instance_id="i", domain="d", site="s", node_name="n", cores=1, state="requested", seq=1,
+                         cloud_id=None, ip=None, reason="", error_kind=None, created_at=1.0, updated_at=1.0)
+    for step in range(200):
+        values = {"state": rng.choice(("pending", "started", "terminated")), "seq": step, "cloud_id": f"c{step}",
+                  "ip": rng.choice((None, "10.0.0.1")), "updated_at": float(step), "reason": f"r{step}",
+                  "presumed_gone_at": rng.choice((None, 3.0)), "site": rng.choice("ab"), "instance_type": "t"}
+        changes = dict(rng.sample(sorted(values.items()), rng.randint(0, len(values))))
+        made, want = memstore._evolve(rec, **changes), dataclasses.replace(rec, **changes)
+        assert made == want and hash(made) == hash(want) and repr(made) == repr(want)
+        assert list(made.__dict__.items()) == list(want.__dict__.items()) and list(made.__dict__) == names
+        rec = made
