@@ -148,9 +148,11 @@ class SimCloud:
         self.version = 0
         """Moved by every change of ``_current`` or of a VM in it (created, ended, noticed, gone):
         while it stands, what a listing shows changes only with time (``_listing``)."""
-        self._listing: tuple[int, list[VM], list[VM], list[VM]] | None = None
-        """(version, the VMs listed, those not listed yet, the terminated ones) of the last
-        listing: the same answer while no VM is due to show up or to leave the listing."""
+        self._listing: tuple[int, list[VM], float, float] | None = None
+        """(version, the VMs listed, the earliest ``listed_from`` of those not listed yet, the
+        earliest ``terminated_at`` of the terminated ones; ``inf`` for none) of the last listing:
+        the same answer while no VM is due to show up or to leave the listing (both times are
+        fixed once set: a VM's ``listed_from`` at its create, its ``terminated_at`` at its end)."""
         self.by_token: dict[str, str] = {}
         self.stats = CloudStats()
         self._ids = 0
@@ -302,11 +304,12 @@ class SimCloud:
         self.stats.lists += 1
         return True
 
-    def _listing_holds(self, last: tuple[int, list[VM], list[VM], list[VM]], now: float) -> bool:
-        """``_listing_at``'s test: the last answer stands at ``now``."""
-        linger = self.terminated_linger
-        return (last[0] == self.version and all(v.listed_from > now for v in last[2])
-                and not any(v.terminated_at <= now - linger for v in last[3]))  # type: ignore[operator]
+    def _listing_holds(self, last: tuple[int, list[VM], float, float], now: float) -> bool:
+        """``_listing_at``'s test: the last answer stands at ``now`` — no VM changed (``version``),
+        none waiting to be listed is due (every ``listed_from`` after ``now``: the earliest is)
+        and no terminated one has lingered its time (none ended at or before ``now - linger``:
+        the earliest did not)."""
+        return last[0] == self.version and last[2] > now and not last[3] <= now - self.terminated_linger
 
     def _listing_at(self, now: float) -> list[VM]:
         """The VMs a listing shows at ``now`` (terminated ones linger a while). The last answer
@@ -322,8 +325,10 @@ class SimCloud:
         if gone:
             self.version += 1
         out = [v for v in self._current.values() if v.listed_from <= now]
-        self._listing = (self.version, out, [v for v in self._current.values() if v.listed_from > now],
-                         [v for v in self._current.values() if v.terminated_at is not None])
+        self._listing = (self.version, out, min([v.listed_from for v in self._current.values() if v.listed_from > now],
+                                                default=math.inf),
+                         min([v.terminated_at for v in self._current.values() if v.terminated_at is not None],
+                             default=math.inf))
         return out
 
     def destroy(self, caller: str, cloud_id: str) -> None:
@@ -364,6 +369,10 @@ class SimNodeDriver(NodeDriver):
         earliest boot time of its pending VMs) of the last listing: ``_node`` hands out those
         very Nodes again for the very same VMs while the version stands and no pending one is
         due to boot (see ``list_nodes``, ``listing_unchanged``)."""
+        self._vouched: tuple[tuple[int, list[VM], list[Node], list[VM], float], tuple[Node, ...]] | None = None
+        """(``_steady``, a tuple of Nodes ``listing_unchanged`` found to be its very Nodes): the
+        same two objects again need no element-by-element check (a steady site is asked every
+        poll with the same tuple)."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -461,9 +470,15 @@ class SimNodeDriver(NodeDriver):
         its pending nodes is due to boot, and the cloud would answer that very list again
         (``SimCloud.relisted``: nothing changed, nothing due, no fault can strike)."""
         last = self._steady
-        return (last is not None and last[0] == self.cloud.version and self.cloud.world.t < last[4]
-                and len(last[2]) == len(nodes) and all(map(operator.is_, last[2], nodes))
-                and self.cloud.relisted(last[3]))
+        if last is None or last[0] != self.cloud.version or not self.cloud.world.t < last[4]:
+            return False
+        vouched = self._vouched
+        if vouched is None or vouched[0] is not last or vouched[1] is not nodes:
+            if len(last[2]) != len(nodes) or not all(map(operator.is_, last[2], nodes)):
+                return False
+            if type(nodes) is tuple:  # immutable: the same object is the same Nodes next time
+                self._vouched = (last, nodes)
+        return self.cloud.relisted(last[3])
 
     def destroy_node(self, node: Node) -> bool:
         self.cloud.destroy(self.caller, str(node.id))
