@@ -274,6 +274,10 @@ class LibcloudSite:
         self._last_listing: tuple[str, tuple[Node, ...], tuple[CloudNode, ...]] | None = None
         """The last listing (deployment, the driver's Nodes, our answer): handed back whole
         when the driver returns the very same Node objects in the same order."""
+        self._launched: dict[int, tuple[Node, CloudNode]] = {}
+        """The Nodes ``launch`` converted since the last listing that converted anything: a
+        driver that lists the very Node its create answered (the simulators' do, while it boots)
+        is not converted twice. Emptied by that listing (a Node not in it is converted afresh)."""
         self._vouched: tuple[tuple[str, tuple[Node, ...], tuple[CloudNode, ...]], tuple[CloudNode, ...]] | None = None
         """(``_last_listing``, a tuple ``unchanged`` found to be its very answer): asked again with
         the same two objects — a steady poll's, every poll — it needs no element-by-element check."""
@@ -352,7 +356,10 @@ class LibcloudSite:
         return self.driver.list_sizes()
 
     def launch(self, spec: LaunchSpec) -> CloudNode:
-        return to_cloud_node(self.driver.create_node(**self.create_kwargs(spec)))
+        node = self.driver.create_node(**self.create_kwargs(spec))
+        answer = to_cloud_node(node)
+        self._launched[id(node)] = (node, answer)
+        return answer
 
     def terminate(self, cloud_id: str) -> None:
         node = Node(id=cloud_id, name="", state=NodeState.UNKNOWN, public_ips=[], private_ips=[],
@@ -400,12 +407,14 @@ class LibcloudSite:
                 and all(map(operator.is_, last[1], listing))):
             return list(last[2])  # the very same Node objects as last time: the same answer
         seen = self._converted if last is not None and last[0] == deployment else {}
+        launched, self._launched = self._launched, {}
         converted: dict[int, tuple[Node, CloudNode, bool]] = {}
         for node in listing:
             key = id(node)
             hit = seen.get(key)
             if hit is None or hit[0] is not node:
-                cn = to_cloud_node(node)
+                made = launched.get(key)
+                cn = made[1] if made is not None and made[0] is node else to_cloud_node(node)
                 hit = (node, cn, cn.tags.get(TAG_DEPLOYMENT) == deployment)
             converted[key] = hit
             if hit[2]:

@@ -128,3 +128,39 @@ def test_unchanged_asked_with_the_same_tuple_answers_as_with_a_fresh_copy(seed: 
             last1, last2 = s1._last_listing, s2._last_listing
             drv_kept, drv_kept2 = (last1[1], last2[1]) if last1 is not None and last2 is not None else ((), ())
     assert vouched > 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_launched_node_listed_is_its_launch_answer_and_a_fresh_conversion(seed: int) -> None:
+    """``LibcloudSite.launch`` keeps its conversion for the next listing (``_launched``): every
+    listing equals a fresh conversion of a fresh driver's listing, and a booting node listed
+    right after its launch is the very CloudNode the launch answered."""
+    from epu.services.provisioner.cloud import TAG_DEPLOYMENT, LaunchSpec, LibcloudSite, to_cloud_node
+
+    from tests.provisioner.conftest import site_config
+
+    rng = random.Random(seed)
+    world = World(seed)
+    cloud = SimCloud(world, "site", boot_seconds=(20.0, 60.0), terminated_linger=90.0,
+                     faults=CloudFaults(boot_failure_rate=0.1, listing_lag_seconds=rng.choice((0.0, 15.0))))
+    site = LibcloudSite("site", site_config(), cloud.driver("prov"), "epu")
+    site.bind("epu", "store")
+    answered: dict[str, object] = {}
+    reused = 0
+    for i in range(300):
+        op = rng.random()
+        live = [v for v in cloud.vms.values() if v.terminated_at is None]
+        if op < 0.25:
+            for _ in range(rng.randint(1, 3)):
+                cn = site.launch(LaunchSpec(launch_id=f"l{i}-{_}", node_name=f"n{i}", domain="d"))
+                answered[cn.cloud_id] = cn
+        elif op < 0.32 and live:
+            site.terminate(rng.choice(live).cloud_id)
+        elif op < 0.7:
+            world.t += rng.choice((0.0, 1.0, 5.0, 15.0, 40.0))
+        if rng.random() < 0.6:
+            answer = site.nodes()
+            fresh = [to_cloud_node(n) for n in cloud.driver("fresh").list_nodes()]
+            assert answer == [n for n in fresh if n.tags.get(TAG_DEPLOYMENT) == "epu"]
+            reused += sum(answered.get(n.cloud_id) is n for n in answer)
+    assert reused > 20
