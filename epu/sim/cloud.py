@@ -148,9 +148,11 @@ class SimCloud:
         self.version = 0
         """Moved by every change of ``_current`` or of a VM in it (created, ended, noticed, gone):
         while it stands, what a listing shows changes only with time (``_listing``)."""
-        self._listing: tuple[int, list[VM], list[VM], list[VM]] | None = None
-        """(version, the VMs listed, those not listed yet, the terminated ones) of the last
-        listing: the same answer while no VM is due to show up or to leave the listing."""
+        self._listing: tuple[int, list[VM], float, float] | None = None
+        """(version, the VMs listed, the earliest ``listed_from`` of those not listed yet, the
+        earliest ``terminated_at`` of the terminated ones; ``inf`` for none) of the last listing:
+        the same answer while no VM is due to show up or to leave the listing (both times are
+        fixed once set: a VM's ``listed_from`` at its create, its ``terminated_at`` at its end)."""
         self.by_token: dict[str, str] = {}
         self.stats = CloudStats()
         self._ids = 0
@@ -302,11 +304,12 @@ class SimCloud:
         self.stats.lists += 1
         return True
 
-    def _listing_holds(self, last: tuple[int, list[VM], list[VM], list[VM]], now: float) -> bool:
-        """``_listing_at``'s test: the last answer stands at ``now``."""
-        linger = self.terminated_linger
-        return (last[0] == self.version and all(v.listed_from > now for v in last[2])
-                and not any(v.terminated_at <= now - linger for v in last[3]))  # type: ignore[operator]
+    def _listing_holds(self, last: tuple[int, list[VM], float, float], now: float) -> bool:
+        """``_listing_at``'s test: the last answer stands at ``now`` — no VM changed (``version``),
+        none waiting to be listed is due (every ``listed_from`` after ``now``: the earliest is)
+        and no terminated one has lingered its time (none ended at or before ``now - linger``:
+        the earliest did not)."""
+        return last[0] == self.version and last[2] > now and not last[3] <= now - self.terminated_linger
 
     def _listing_at(self, now: float) -> list[VM]:
         """The VMs a listing shows at ``now`` (terminated ones linger a while). The last answer
@@ -322,8 +325,10 @@ class SimCloud:
         if gone:
             self.version += 1
         out = [v for v in self._current.values() if v.listed_from <= now]
-        self._listing = (self.version, out, [v for v in self._current.values() if v.listed_from > now],
-                         [v for v in self._current.values() if v.terminated_at is not None])
+        self._listing = (self.version, out, min([v.listed_from for v in self._current.values() if v.listed_from > now],
+                                                default=math.inf),
+                         min([v.terminated_at for v in self._current.values() if v.terminated_at is not None],
+                             default=math.inf))
         return out
 
     def destroy(self, caller: str, cloud_id: str) -> None:
@@ -359,11 +364,15 @@ class SimNodeDriver(NodeDriver):
         name, tags and address never change), so a listing of a quiet site builds nothing."""
         self._prune_at = 64
         """``_listed`` is pruned when it grows past this (twice its size after the last prune)."""
-        self._steady: tuple[int, list[VM], list[Node], list[VM]] | None = None
-        """(the cloud's version, the VMs, their Nodes) of the last listing whose every node was
-        running, failed to boot or terminated: ``_node`` hands out those very Nodes again for the
-        very same VMs while the version stands (see ``list_nodes``); last, the very list the cloud
-        answered (``listing_unchanged``)."""
+        self._steady: tuple[int, list[VM], list[Node], list[VM], float] | None = None
+        """(the cloud's version, the VMs, their Nodes, the very list the cloud answered, the
+        earliest boot time of its pending VMs) of the last listing: ``_node`` hands out those
+        very Nodes again for the very same VMs while the version stands and no pending one is
+        due to boot (see ``list_nodes``, ``listing_unchanged``)."""
+        self._vouched: tuple[tuple[int, list[VM], list[Node], list[VM], float], tuple[Node, ...]] | None = None
+        """(``_steady``, a tuple of Nodes ``listing_unchanged`` found to be its very Nodes): the
+        same two objects again need no element-by-element check (a steady site is asked every
+        poll with the same tuple)."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -426,17 +435,20 @@ class SimNodeDriver(NodeDriver):
         return self._node(vm)
 
     def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
-        """Every listed VM's Node (``_node``). When the last listing's nodes were all running,
-        failed to boot or terminated (states only a change of the VM, which moves the cloud's
-        version, can leave — unlike pending, which time ends), the version of the cloud has not
-        moved (no VM ended, none was noticed for reclaim) and the very same VMs are listed,
-        ``_node`` would return each one's last Node: those are returned without asking it again."""
+        """Every listed VM's Node (``_node``). When the version of the cloud has not moved since
+        the last listing (no VM ended, none was noticed for reclaim), the very same VMs are listed
+        and none of its pending nodes is due to boot (``now`` before the earliest ``boot_at`` of
+        them: a running, boot-failed or terminated node's state only a change of the VM, which
+        moves the version, can leave; a pending one's also time ends, at its ``boot_at``), ``_node``
+        would return each one's last Node: those are returned without asking it again. Pending
+        nodes count since a busy cluster nearly always has one booting (a launch a minute): a
+        listing that excluded them would be converted and judged again at almost every poll."""
         vms = self.cloud.list(self.caller)
         last = self._steady
-        if (last is not None and last[0] == self.cloud.version and len(last[1]) == len(vms)
-                and all(map(operator.is_, last[1], vms))):
+        if (last is not None and last[0] == self.cloud.version and self.cloud.world.t < last[4]
+                and len(last[1]) == len(vms) and all(map(operator.is_, last[1], vms))):
             if vms is not last[3]:
-                self._steady = (last[0], last[1], last[2], vms)
+                self._steady = (last[0], last[1], last[2], vms, last[4])
             return list(last[2])
         # ``_node``'s first test inline (most of a listing that changed is VMs that did not): a
         # running or boot-failed VM still live, or a terminated one, with the same notice, is its
@@ -446,19 +458,27 @@ class SimNodeDriver(NodeDriver):
                             and (v.terminated_at is None) is (hit[0] is not terminated)
                             and hit[2] == v.interruption_at) else node_of(v)
                  for v in vms]
-        steady = all(n.state is not NodeState.PENDING for n in nodes)
-        self._steady = (self.cloud.version, list(vms), nodes, vms) if steady else None
+        self._steady = (self.cloud.version, list(vms), nodes, vms,
+                        min([v.boot_at for v, n in zip(vms, nodes, strict=True) if n.state is pending],
+                            default=math.inf))
         return list(nodes)
 
     def listing_unchanged(self, nodes: list[Node] | tuple[Node, ...]) -> bool:
         """Would ``list_nodes`` now return ``nodes`` — these very Node objects, in this order —
         and do nothing else but count the call? Then it is counted and True (``LibcloudSite.unchanged``):
-        the last listing was steady (``_steady``: no pending node, whose boot time alone ends),
-        answered ``nodes``, was the cloud's whole listing, and the cloud would answer that very
-        list again (``SimCloud.relisted``: nothing changed, nothing due, no fault can strike)."""
+        the last listing (``_steady``) answered ``nodes``, was the cloud's whole listing, none of
+        its pending nodes is due to boot, and the cloud would answer that very list again
+        (``SimCloud.relisted``: nothing changed, nothing due, no fault can strike)."""
         last = self._steady
-        return (last is not None and last[0] == self.cloud.version and len(last[2]) == len(nodes)
-                and all(map(operator.is_, last[2], nodes)) and self.cloud.relisted(last[3]))
+        if last is None or last[0] != self.cloud.version or not self.cloud.world.t < last[4]:
+            return False
+        vouched = self._vouched
+        if vouched is None or vouched[0] is not last or vouched[1] is not nodes:
+            if len(last[2]) != len(nodes) or not all(map(operator.is_, last[2], nodes)):
+                return False
+            if type(nodes) is tuple:  # immutable: the same object is the same Nodes next time
+                self._vouched = (last, nodes)
+        return self.cloud.relisted(last[3])
 
     def destroy_node(self, node: Node) -> bool:
         self.cloud.destroy(self.caller, str(node.id))

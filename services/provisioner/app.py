@@ -17,6 +17,7 @@ from typing import Any
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
 from epu.common.messages import (
+    TERMINAL_INSTANCE_STATES,
     Envelope,
     InstanceEvent,
     LaunchRequest,
@@ -173,22 +174,24 @@ def publish_reports(service: Service, store: Store, horizon: float, catalogues: 
         by_domain = defaultdict(list)
         seen = cache.events if cache is not None else {}
         kept: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
-        for r in records:
-            if r.terminal and r.updated_at < cutoff:
-                continue
+        ended: list[tuple[InstanceRecord, bool]] = []
+        for r in records:  # one pass: which ended ones the horizon leaves out, and the events
+            if r.state in TERMINAL_INSTANCE_STATES:  # ``r.terminal``
+                old = r.updated_at < cutoff
+                ended.append((r, old))
+                if old:
+                    continue
             hit = seen.get(r.instance_id)
-            if hit is not None and hit[0] is r:
-                event = hit[1]
-            else:
-                event = InstanceEvent(
+            if hit is None or hit[0] is not r:
+                hit = (r, InstanceEvent(
                     instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
                     node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
-                    error_kind=r.error_kind, at=r.updated_at)
-            kept[r.instance_id] = (r, event)
-            by_domain[r.domain].append(event)
+                    error_kind=r.error_kind, at=r.updated_at))
+            kept[r.instance_id] = hit
+            by_domain[r.domain].append(hit[1])
         if cache is not None:
             cache.events = kept
-            cache.listing = (records, [(r, r.updated_at < cutoff) for r in records if r.terminal], by_domain)
+            cache.listing = (records, ended, by_domain)
     offered = {d: catalogues.offered(names) for d, names in (domain_sites or {}).items()} if catalogues else {}
     sent = 0
     for domain in [*by_domain, *(d for d, o in offered.items() if o and d not in by_domain)]:

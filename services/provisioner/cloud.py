@@ -274,6 +274,13 @@ class LibcloudSite:
         self._last_listing: tuple[str, tuple[Node, ...], tuple[CloudNode, ...]] | None = None
         """The last listing (deployment, the driver's Nodes, our answer): handed back whole
         when the driver returns the very same Node objects in the same order."""
+        self._launched: dict[int, tuple[Node, CloudNode]] = {}
+        """The Nodes ``launch`` converted since the last listing that converted anything: a
+        driver that lists the very Node its create answered (the simulators' do, while it boots)
+        is not converted twice. Emptied by that listing (a Node not in it is converted afresh)."""
+        self._vouched: tuple[tuple[str, tuple[Node, ...], tuple[CloudNode, ...]], tuple[CloudNode, ...]] | None = None
+        """(``_last_listing``, a tuple ``unchanged`` found to be its very answer): asked again with
+        the same two objects — a steady poll's, every poll — it needs no element-by-element check."""
         self._create_params, takes_any = keyword_names(driver.create_node)
         self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
@@ -349,7 +356,10 @@ class LibcloudSite:
         return self.driver.list_sizes()
 
     def launch(self, spec: LaunchSpec) -> CloudNode:
-        return to_cloud_node(self.driver.create_node(**self.create_kwargs(spec)))
+        node = self.driver.create_node(**self.create_kwargs(spec))
+        answer = to_cloud_node(node)
+        self._launched[id(node)] = (node, answer)
+        return answer
 
     def terminate(self, cloud_id: str) -> None:
         node = Node(id=cloud_id, name="", state=NodeState.UNKNOWN, public_ips=[], private_ips=[],
@@ -373,8 +383,15 @@ class LibcloudSite:
         True then stands for the list call (the driver counts it). False: list."""
         check = getattr(self.driver, "listing_unchanged", None)
         last = self._last_listing
-        return (check is not None and last is not None and last[0] == self.deployment
-                and len(last[2]) == len(answer) and all(map(operator.is_, last[2], answer)) and check(last[1]))
+        if check is None or last is None or last[0] != self.deployment:
+            return False
+        vouched = self._vouched
+        if vouched is None or vouched[0] is not last or vouched[1] is not answer:
+            if len(last[2]) != len(answer) or not all(map(operator.is_, last[2], answer)):
+                return False
+            if type(answer) is tuple:  # immutable: the same object is the same CloudNodes next time
+                self._vouched = (last, answer)
+        return bool(check(last[1]))
 
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""
@@ -390,12 +407,14 @@ class LibcloudSite:
                 and all(map(operator.is_, last[1], listing))):
             return list(last[2])  # the very same Node objects as last time: the same answer
         seen = self._converted if last is not None and last[0] == deployment else {}
+        launched, self._launched = self._launched, {}
         converted: dict[int, tuple[Node, CloudNode, bool]] = {}
         for node in listing:
             key = id(node)
             hit = seen.get(key)
             if hit is None or hit[0] is not node:
-                cn = to_cloud_node(node)
+                made = launched.get(key)
+                cn = made[1] if made is not None and made[0] is node else to_cloud_node(node)
                 hit = (node, cn, cn.tags.get(TAG_DEPLOYMENT) == deployment)
             converted[key] = hit
             if hit[2]:

@@ -45,6 +45,21 @@ from sqlalchemy.exc import IntegrityError
 _ENDED = ("terminated", "failed")
 _ROW_ORDER = operator.attrgetter("created_at", "instance_id")
 """The order ``list`` answers in (the SQL store's ORDER BY)."""
+_CHANGES_KEPT = 1 << 14
+"""Most record ids ``MemoryDatabase.changes`` keeps (past this, the older half is dropped)."""
+
+
+def _evolve(rec: InstanceRecord, **changes: Any) -> InstanceRecord:
+    """``dataclasses.replace(rec, **changes)`` for the record's own fields, ~3.5x faster (every
+    transition makes one; ``replace`` calls the frozen ``__init__``, one ``object.__setattr__``
+    per field): a new record with the old one's field values, then the changed ones — the same
+    field values in the same order, so equal, hashed and shown alike. ``InstanceRecord`` has no
+    ``__post_init__`` and nothing but its fields in its ``__dict__``."""
+    new = object.__new__(InstanceRecord)
+    values = new.__dict__
+    values.update(rec.__dict__)
+    values.update(changes)
+    return new
 
 
 class _Rollback(Exception):  # noqa: N818 - a signal, not an error
@@ -94,6 +109,12 @@ class MemoryDatabase:
     version: int = 0
     """Moves with every record stored (``MemoryStore._put``): what a read kept may be reused
     while it has not moved."""
+    changes: list[str] = field(default_factory=list)
+    """The id of each record stored, in order: ``changes[k]`` moved ``version`` to
+    ``changes_base + k + 1`` (``version == changes_base + len(changes)``). A read kept at an
+    older version is patched with the records stored since (``_live_or_updated_since``) instead
+    of read again; only the latest ``_CHANGES_KEPT`` are kept (an older read is made afresh)."""
+    changes_base: int = 0
 
     def copy(self) -> MemoryDatabase:
         """A backup: an independent database with the same rows (records are immutable)."""
@@ -119,9 +140,9 @@ class MemoryStore:
         self._site_records: dict[str, tuple[MemoryDatabase, int, dict[str, InstanceRecord]]] = {}
         """Per site, the live records ``records_for`` read last, with the database and its
         ``version`` then."""
-        self._recent: tuple[MemoryDatabase, int, int, list[InstanceRecord]] | None = None
-        """The last answer of ``_live_or_updated_since``, with the database, its ``version`` and
-        the first ``ended`` entry it kept."""
+        self._recent: tuple[MemoryDatabase, int, int, list[InstanceRecord], float] | None = None
+        """The last answer of ``_live_or_updated_since``, with the database, its ``version``, the
+        first ``ended`` entry it kept and its ``since``."""
 
     def close(self) -> None:
         try:
@@ -161,6 +182,12 @@ class MemoryStore:
     def _put(self, rec: InstanceRecord) -> None:
         db = self.db
         db.version += 1
+        changes = db.changes
+        changes.append(rec.instance_id)
+        if len(changes) > _CHANGES_KEPT:
+            drop = len(changes) - _CHANGES_KEPT // 2
+            del changes[:drop]
+            db.changes_base += drop
         old = db.instances.get(rec.instance_id)
         if old is not None and old.site != rec.site:  # found at another site than first recorded
             db.live.get(old.site, {}).pop(rec.instance_id, None)
@@ -269,10 +296,15 @@ class MemoryStore:
             ended = db.ended
             start = bisect.bisect_left(ended, (since, ""))
             hit = self._recent
-            if hit is not None and hit[0] is db and hit[1] == db.version and hit[2] == start:
-                # No record stored since (``version``), and the horizon passed no ended record
-                # (the same first entry of ``ended`` it keeps): the very same answer.
-                return list(hit[3])
+            if hit is not None and hit[0] is db:
+                if hit[1] == db.version and hit[2] == start:
+                    # No record stored since (``version``), and the horizon passed no ended record
+                    # (the same first entry of ``ended`` it keeps): the very same answer.
+                    return list(hit[3])
+                patched = self._patched(hit[1], hit[3], hit[4], since, start)
+                if patched is not None:
+                    self._recent = (db, db.version, start, patched, since)
+                    return list(patched)
             ids: dict[str, None] = {}
             for site_ids in db.live.values():
                 ids.update(site_ids)
@@ -284,8 +316,33 @@ class MemoryStore:
             out = recs[:n_live]
             out += [r for r in recs[n_live:] if r.state not in _ENDED or r.updated_at >= since]
             out.sort(key=_ROW_ORDER)
-            self._recent = (db, db.version, start, out)
+            self._recent = (db, db.version, start, out, since)
         return list(out)
+
+    def _patched(self, version: int, answer: list[InstanceRecord], before: float, since: float,
+                 start: int) -> list[InstanceRecord] | None:
+        """``_live_or_updated_since(since)`` from its answer at ``version`` for ``before`` (a
+        busy store stores a record every few seconds, so the report's read rarely finds nothing
+        stored): only the records stored since (``changes``) and the ended ones the horizon may
+        have passed (``ended`` entries from ``before`` to ``since``) can have joined or left it;
+        every other record is the very object it was, in the answer exactly when it was. Those
+        few are taken out and, if they belong, put back in row order (``_ROW_ORDER`` is unique:
+        it ends with the id, and a record's ``created_at`` never changes). ``None``: read it
+        afresh (the horizon moved back, or too much changed). Called under the lock."""
+        db = self.db
+        first = version - db.changes_base
+        if since < before or first < 0 or db.version - version > len(answer):
+            return None
+        moved = set(db.changes[first:])
+        ended = db.ended
+        moved.update(iid for _, iid in ended[bisect.bisect_left(ended, (before, "")):start])
+        out = [r for r in answer if r.instance_id not in moved]
+        inst = db.instances
+        for iid in moved:
+            rec = inst[iid]
+            if rec.state not in _ENDED or rec.updated_at >= since:
+                bisect.insort(out, rec, key=_ROW_ORDER)
+        return out
 
     def _candidates(self, states: tuple[str, ...] | list[str] | None, active_only: bool,
                     since: float | None) -> Iterable[InstanceRecord]:
@@ -317,7 +374,7 @@ class MemoryStore:
                 return None
             write()
             presumed = None if new_state == "terminating" else rec.presumed_gone_at
-            new = replace(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
+            new = _evolve(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
                           error_kind=error_kind, presumed_gone_at=presumed,
                           cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip)
             self._put(new)
@@ -330,7 +387,7 @@ class MemoryStore:
             if rec is None or rec.terminal or rec.presumed_gone == presumed_gone:
                 return None
             write()
-            new = replace(rec, seq=rec.seq + 1, updated_at=now, reason=reason,
+            new = _evolve(rec, seq=rec.seq + 1, updated_at=now, reason=reason,
                           presumed_gone_at=now if presumed_gone else None)
             self._put(new)
             tid = self._transition(new, rec.state, now, reason, presumed_gone)
@@ -371,14 +428,14 @@ class MemoryStore:
             write()
             rec = self.db.instances.get(instance_id)
             if rec is not None:
-                self._put(replace(rec, **values))
+                self._put(_evolve(rec, **values))
 
     def touch(self, instance_id: str, now: float, reason: str) -> None:
         with self._tx() as write:
             write()
             rec = self.db.instances.get(instance_id)
             if rec is not None:
-                self._put(replace(rec, updated_at=now, reason=reason))
+                self._put(_evolve(rec, updated_at=now, reason=reason))
 
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
@@ -487,7 +544,7 @@ class MemoryStore:
                 if t["at"] > older_than:
                     continue
                 cur = self.db.instances[t["instance_id"]]
-                rec = replace(cur, state=t["to_state"], seq=t["seq"], reason=t["reason"], error_kind=t["error_kind"],
+                rec = _evolve(cur, state=t["to_state"], seq=t["seq"], reason=t["reason"], error_kind=t["error_kind"],
                               presumed_gone_at=t["at"] if t["presumed_gone"] else None)
                 out.append(Transition(tid, rec, t["from_state"], t["at"]))
                 if len(out) >= limit:

@@ -151,6 +151,8 @@ class Provisioner:
         """Per site, the inputs of the last poll whose ``observe`` found every node listed and
         nothing to do (``Plan.steady``), with the store's ``records_version`` read before them;
         see ``poll``."""
+        self._rules: tuple[tuple[object, ...], core.Rules] | None = None
+        """The last ``rules()`` and the identity and settings it was made from."""
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ------------------------------------------------------------------ events
@@ -464,6 +466,22 @@ class Provisioner:
 
     # ------------------------------------------------------------------ observation
     def rules(self, resume_after: float | None = None) -> core.Rules:
+        """The rules of ``reconcile`` from the identity and the settings now (which a caller may
+        change between polls). Without ``resume_after``, the same object as last time while they
+        are the same (a poll asks every 15 s; ``_still_steady`` then compares by identity)."""
+        st = self.settings
+        key = (self.identity.deployment, self.identity.store_id, st.vanish_misses, st.vanish_min_seconds,
+               st.orphan_grace_seconds, st.max_destroys_per_reconcile, st.resume_after_seconds)
+        if resume_after is None:
+            kept = self._rules
+            if kept is not None and _same(kept[0], key):  # the very values: nothing was set since
+                return kept[1]
+        rules = self._make_rules(resume_after)
+        if resume_after is None:
+            self._rules = (key, rules)
+        return rules
+
+    def _make_rules(self, resume_after: float | None) -> core.Rules:
         st = self.settings
         return core.Rules(
             deployment=self.identity.deployment, store_id=self.identity.store_id,
@@ -505,7 +523,7 @@ class Provisioner:
         rules = self.rules()
         records = tuple(world.records.values())
         last = self._steady.pop(site_name, None)
-        if (last is not None and not world.misses and last[2] == rules and _same(last[0], world.nodes)
+        if (last is not None and not world.misses and _same_rules(last[2], rules) and _same(last[0], world.nodes)
                 and _same(last[1], records)):
             # The very objects of a steady poll (records and nodes are immutable; a change is a
             # new object) and no miss: ``observe`` would plan nothing again (``Plan.steady``).
@@ -530,7 +548,8 @@ class Provisioner:
         version_of = getattr(self.store, "records_version", None)
         unchanged = getattr(self.sites[site_name], "unchanged", None)
         return (last[3] is not None and version_of is not None and unchanged is not None
-                and version_of() == last[3] and last[2] == self.rules() and not self.store.misses(site_name)
+                and version_of() == last[3] and _same_rules(last[2], self.rules())
+                and not self.store.misses(site_name)
                 and unchanged(last[0]))
 
     def reconcile(self, site_name: str, resume_after: float | None = None) -> ReconcileReport:
@@ -692,6 +711,12 @@ class Provisioner:
     def shutdown(self, wait: bool = True) -> None:
         for r in self.runners.values():
             r.shutdown(wait=wait)
+
+
+def _same_rules(a: core.Rules, b: core.Rules) -> bool:
+    """``a == b``, at once when they are the very object (``Provisioner.rules`` hands out the
+    same one while nothing it is made from changed)."""
+    return a is b or a == b
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:

@@ -81,6 +81,11 @@ def worker_contexts(config: Any) -> dict[str, WorkerContext]:
     return out
 
 
+_quote = json.encoder.encode_basestring_ascii
+"""``json.dumps`` of a string — exactly what it returns for one with its default
+``ensure_ascii`` — without its generic path (a launch quotes every placeholder's value)."""
+
+
 def _read(path: str, key: str) -> str:
     try:
         return Path(path).read_text()
@@ -114,7 +119,7 @@ class UserdataRenderer:
         if worker is not None:
             ctx.update(worker.values(str(values.get("node_name", "")), str(values.get("instance_id", ""))))
         ctx.update({k: v for k, v in values.items() if v is not None})
-        quoted = {k: json.dumps(str(v)) for k, v in ctx.items()}
+        quoted = {k: _quote(str(v)) for k, v in ctx.items()}
         try:
             doc = string.Template(self.template_text).substitute(quoted)
         except (KeyError, ValueError) as exc:
