@@ -41,12 +41,13 @@ from epu.services.decision.store import (
     _STAMPS,
     ENDED,
     PlanWrite,
+    _bump,
     count_per_site,
     count_per_type,
     message_of,
     seed_merge,
 )
-from epu.services.decision.view import LIVE_STATES, Instance
+from epu.services.decision.view import LIVE_STATES, PENDING_STATES, Instance
 from sqlalchemy.exc import IntegrityError
 
 
@@ -87,6 +88,29 @@ class MemoryDecisionDatabase:
     """Moved to a value no database had before by every call that stores instances (before its
     first write and after its last): while it stands, ``instances`` and ``live`` are unchanged
     (``MemoryStore.report_stamp``)."""
+    counts: tuple[dict[str, int], dict[str, int]] | None = None
+    """``count_per_site`` of ``live``, kept current by ``save_instances`` (the only writer of
+    ``instances`` and ``live``) once counted: the engine asks every iteration, and counting
+    every live instance each time was ~3 % of a NASA run. A site counted down to 0 has no key
+    (as ``Store``'s own counts: readers ``get`` with a default, none iterates them)."""
+    type_counts: dict[tuple[str, str], int] | None = None
+    """Likewise ``count_per_type`` of ``live``."""
+
+    def recount(self, old: Instance | None, new: Instance) -> None:
+        """Move the kept counts from ``old`` (the stored row ``new`` replaces, None: none) to ``new``."""
+        if old is not None and old.instance_id in self.live:
+            self._count(old, -1)
+        if new.state in LIVE_STATES:
+            self._count(new, 1)
+
+    def _count(self, inst: Instance, sign: int) -> None:
+        if self.counts is not None:
+            per, unproven = self.counts
+            _bump(per, inst.site, sign)
+            if inst.state in PENDING_STATES:
+                _bump(unproven, inst.site, sign)
+        if self.type_counts is not None:
+            _bump(self.type_counts, (inst.site, inst.instance_type), sign)
 
 
 def _ended_unclean(inst: Instance) -> bool:
@@ -257,9 +281,11 @@ class MemoryStore:
         with self._write(conn):
             order, live = self._order, self.db.live
             self.db.instances_stamp = next(_STAMPS)
+            known = self.db.instances
             for inst in items:
                 iid = inst.instance_id
-                self.db.instances[iid] = inst
+                self.db.recount(known.get(iid), inst)  # before ``live`` changes: it says whether old counted
+                known[iid] = inst
                 self._stamps[inst.domain] = next(_STAMPS)
                 if order is not None:  # Store's working set moves a written instance last
                     order.pop(iid, None)
@@ -276,10 +302,19 @@ class MemoryStore:
             self.db.instances_stamp = next(_STAMPS)
 
     def live_per_site(self) -> tuple[dict[str, int], dict[str, int]]:
-        return count_per_site(self._live())
+        """As ``Store.live_per_site``: counted once, then kept current (``db.counts``); copies,
+        the caller adds its launches to them."""
+        db = self.db
+        if db.counts is None:
+            db.counts = count_per_site(db.instances[iid] for iid in db.live)
+        return dict(db.counts[0]), dict(db.counts[1])
 
     def live_per_type(self) -> dict[tuple[str, str], int]:
-        return count_per_type(self._live())
+        """As ``Store.live_per_type`` (``db.type_counts``)."""
+        db = self.db
+        if db.type_counts is None:
+            db.type_counts = count_per_type(db.instances[iid] for iid in db.live)
+        return dict(db.type_counts)
 
     # ------------------------------------------------------------------ sites
     def site_health(self) -> dict[str, SiteHealth]:
