@@ -95,6 +95,11 @@ class MemoryDecisionDatabase:
     (as ``Store``'s own counts: readers ``get`` with a default, none iterates them)."""
     type_counts: dict[tuple[str, str], int] | None = None
     """Likewise ``count_per_type`` of ``live``."""
+    saved: list[str] = field(default_factory=list)
+    """The ids of the instances stored, in the order stored, since position ``saved_base``
+    (``MemoryStore.saved_since``); cleared now and then (``_SAVED_KEEP``)."""
+    saved_base: int = 0
+    """How many ids were stored before ``saved``'s first."""
 
     def recount(self, old: Instance | None, new: Instance) -> None:
         """Move the kept counts from ``old`` (the stored row ``new`` replaces, None: none) to ``new``."""
@@ -111,6 +116,11 @@ class MemoryDecisionDatabase:
                 _bump(unproven, inst.site, sign)
         if self.type_counts is not None:
             _bump(self.type_counts, (inst.site, inst.instance_type), sign)
+
+
+_SAVED_KEEP = 100_000
+"""``MemoryDecisionDatabase.saved`` is cleared when it grows past this (a mark older than that
+then answers None: the reader does its full pass)."""
 
 
 def _ended_unclean(inst: Instance) -> bool:
@@ -275,6 +285,19 @@ class MemoryStore:
         that repeats a quiet one is skipped on it (``Engine.on_instance_report``)."""
         return self.db.instances_stamp
 
+    def saved_mark(self) -> int:
+        """A mark for ``saved_since``: how many instances were stored so far (by any handle)."""
+        return self.db.saved_base + len(self.db.saved)
+
+    def saved_since(self, mark: int) -> set[str] | None:
+        """The ids of the instances stored since ``saved_mark`` answered ``mark`` (None: no
+        longer known). The engine re-reads only the entries of a report that may have changed
+        since the last quiet one (``Engine.on_instance_report``)."""
+        db = self.db
+        if mark < db.saved_base:
+            return None
+        return set(db.saved[mark - db.saved_base:])
+
     def seqs(self, instance_ids: list[str]) -> dict[str, int]:
         known = self.db.instances
         return {iid: known[iid].seq for iid in instance_ids if iid in known}
@@ -294,6 +317,10 @@ class MemoryStore:
         db = self.db
         order, live, known, unclean, stamps = self._order, db.live, db.instances, db.unclean, self._stamps
         db.instances_stamp = next(_STAMPS)
+        if len(db.saved) > _SAVED_KEEP:
+            db.saved_base += len(db.saved)
+            db.saved.clear()
+        db.saved.extend(inst.instance_id for inst in items)
         for inst in items:
             iid = inst.instance_id
             db.recount(known.get(iid), inst)  # before ``live`` changes: it says whether the old row counted
