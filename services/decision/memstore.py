@@ -101,11 +101,18 @@ class MemoryDecisionDatabase:
     saved_base: int = 0
     """How many ids were stored before ``saved``'s first."""
 
-    def recount(self, old: Instance | None, new: Instance) -> None:
-        """Move the kept counts from ``old`` (the stored row ``new`` replaces, None: none) to ``new``."""
-        if old is not None and old.instance_id in self.live:
+    def recount(self, old: Instance | None, new: Instance | None) -> None:
+        """Move the kept counts from ``old`` (a live row replaced, None: none) to ``new`` (the
+        live row replacing it, None: none). Most writes change a timer, not what is counted:
+        the same site, type and pendingness cost three comparisons."""
+        if self.counts is None and self.type_counts is None:
+            return
+        if old is not None:
+            if (new is not None and old.site == new.site and old.instance_type == new.instance_type
+                    and (old.state in PENDING_STATES) == (new.state in PENDING_STATES)):
+                return
             self._count(old, -1)
-        if new.state in LIVE_STATES:
+        if new is not None:
             self._count(new, 1)
 
     def _count(self, inst: Instance, sign: int) -> None:
@@ -323,12 +330,15 @@ class MemoryStore:
         db.saved.extend(inst.instance_id for inst in items)
         for inst in items:
             iid = inst.instance_id
-            db.recount(known.get(iid), inst)  # before ``live`` changes: it says whether the old row counted
+            alive = inst.state in LIVE_STATES
+            was = iid in live  # before ``live`` changes: whether the old row counted
+            if was or alive:
+                db.recount(known[iid] if was else None, inst if alive else None)
             known[iid] = inst
             stamps[inst.domain] = next(_STAMPS)
             if order is not None:  # Store's working set moves a written instance last
                 order.pop(iid, None)
-            if inst.state in LIVE_STATES:
+            if alive:
                 live[iid] = None
                 if order is not None:
                     order[iid] = None
