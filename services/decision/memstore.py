@@ -161,15 +161,19 @@ class MemoryStore:
             self._order = None
             self._gen = self.db.generation
 
-    def _live(self) -> Iterable[Instance]:
-        """The live instances, in the order of ``Store``'s working set."""
-        known = self.db.instances
+    def _loaded(self) -> dict[str, None]:
+        """The live instances' ids, in the order of ``Store``'s working set (reloaded as it is)."""
         if self._order is None or self.db.generation != self._gen:  # (re)load, as Store does
+            known = self.db.instances
             self._order = dict.fromkeys(i.instance_id for i in sorted((known[iid] for iid in self.db.live),
                                                                       key=_LAUNCHED))
             self._gen = self.db.generation
             self._stamps = {}  # listed anew: every domain gets a new stamp
-        return (known[iid] for iid in self._order)
+        return self._order
+
+    def _live(self) -> Iterable[Instance]:
+        """The live instances, in the order of ``Store``'s working set (``map``: in C)."""
+        return map(self.db.instances.__getitem__, self._loaded())
 
     @contextmanager
     def _write(self, conn: Any = None) -> Iterator[Any]:
@@ -260,25 +264,30 @@ class MemoryStore:
     # ------------------------------------------------------------------ instances
     def instances(self, domain: str | None = None, live_only: bool = True) -> list[Instance]:
         if live_only and domain is not None:
-            stamp = self.domain_stamp(domain)
-            hit = self._listed.get(domain)
-            if hit is None or hit[0] != stamp:
-                hit = self._listed[domain] = (stamp, sorted((i for i in self._live() if i.domain == domain),
-                                                            key=_LAUNCHED))
-            return list(hit[1])
+            return list(self._listing(domain))
         if live_only:
             return sorted((i for i in self._live() if domain is None or i.domain == domain),
                           key=_LAUNCHED)
         return sorted((i for i in self.db.instances.values() if domain is None or i.domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
 
+    def _listing(self, domain: str) -> list[Instance]:
+        """The domain's live instances as ``instances`` lists them — the kept list itself (not
+        to be changed), sorted anew only when the domain's stamp moved."""
+        stamp = self.domain_stamp(domain)
+        hit = self._listed.get(domain)
+        if hit is None or hit[0] != stamp:
+            hit = self._listed[domain] = (stamp, sorted([i for i in self._live() if i.domain == domain],
+                                                        key=_LAUNCHED))
+        return hit[1]
+
     def terminating(self, domain: str) -> list[Instance]:
-        """As ``Store.terminating``."""
-        return [i for i in self.instances(domain) if i.state == "terminating"]
+        """As ``Store.terminating`` (filtered from the kept list, no copy of it first)."""
+        return [i for i in self._listing(domain) if i.state == "terminating"]
 
     def domain_stamp(self, domain: str) -> int:
         """As ``Store.domain_stamp``: equal stamps, the same instance objects in the same order."""
-        self._live()
+        self._loaded()
         return self._stamps.setdefault(domain, next(_STAMPS))
 
     def cleanup(self, domain: str) -> list[Instance]:
