@@ -35,6 +35,7 @@ import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import compress, count
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -147,6 +148,19 @@ class _Prepared:
 
 
 @dataclass
+class _QuietReport:
+    """A domain's last anti-entropy report that changed nothing (``Engine.on_instance_report``)."""
+
+    entries: tuple[InstanceEvent, ...]
+    stamp: Any
+    """The store's ``report_stamp`` after it."""
+    mark: int | None
+    """The store's ``saved_mark`` after it (None: the store cannot tell what it stored since)."""
+    index: dict[str, int] | None
+    """Instance id → its entry's position in ``entries`` (None: an id listed twice)."""
+
+
+@dataclass
 class _Health:
     """Per domain, in memory: since when the pipeline has looked healthy, and the breaker."""
 
@@ -188,10 +202,9 @@ class Engine:
         self._was_active: set[str] = set()
         self._reports: dict[str, float] = {}
         """When the provisioner's last anti-entropy report of each domain arrived: its heartbeat."""
-        self._quiet_reports: dict[str, tuple[tuple[InstanceEvent, ...], Any]] = {}
-        """Domain → (the entries of its last report that changed nothing, the store's
-        ``report_stamp`` after it): the same entries against the same instances change nothing
-        again (``on_instance_report``)."""
+        self._quiet_reports: dict[str, _QuietReport] = {}
+        """Domain → its last report that changed nothing: the same entries against the same
+        instances change nothing again (``on_instance_report``)."""
         self._asked_again: dict[str, float] = {}
         """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
@@ -316,14 +329,20 @@ class Engine:
         # events are frozen — be answered without reading either: nothing to repair, nothing stale.
         stamp_of = getattr(self.store, "report_stamp", None)
         entries = tuple(report.instances)
+        items: list[InstanceEvent] | None = None
+        index = None
         if stamp_of is not None:
             quiet = self._quiet_reports.pop(report.domain, None)
-            if (quiet is not None and quiet[1] == stamp_of() and len(quiet[0]) == len(entries)
-                    and all(map(operator.is_, quiet[0], entries))):
-                self._quiet_reports[report.domain] = quiet
-                return 0
+            if quiet is not None:
+                if (quiet.stamp == stamp_of() and len(quiet.entries) == len(entries)
+                        and all(map(operator.is_, quiet.entries, entries))):
+                    self._quiet_reports[report.domain] = quiet
+                    return 0
+                items = self._report_news(quiet, entries, report.domain)
+                index = quiet.index if items is not None else None
         repaired = 0
-        items = [e for e in entries if e.domain == report.domain]
+        if items is None:
+            items = [e for e in entries if e.domain == report.domain]
         known = self.store.seqs([e.instance_id for e in items])
         live = {i.instance_id: i.state for i in self.store.instances(report.domain)}
         stale: list[str] = []
@@ -339,11 +358,44 @@ class Engine:
         if stale:
             self._end_stale(report.domain, stale)
         elif not repaired and stamp_of is not None:
-            self._quiet_reports[report.domain] = (entries, stamp_of())
+            self._quiet_reports[report.domain] = self._quiet_report(entries, stamp_of(), index)
         if repaired:
             log.info("instance table repaired from a provisioner report",
                      extra={"domain": report.domain, "entries": repaired})
         return repaired
+
+    def _quiet_report(self, entries: tuple[InstanceEvent, ...], stamp: Any,
+                      index: dict[str, int] | None) -> _QuietReport:
+        """The memo of a report that changed nothing; ``index``: its entries' positions, when
+        known (the last memo's, valid while each position lists the same instance)."""
+        mark_of = getattr(self.store, "saved_mark", None)
+        if index is None:
+            index = {e.instance_id: k for k, e in enumerate(entries)}
+            if len(index) != len(entries):
+                index = None
+        return _QuietReport(entries, stamp, mark_of() if mark_of is not None else None, index)
+
+    def _report_news(self, quiet: _QuietReport, entries: tuple[InstanceEvent, ...],
+                     domain: str) -> list[InstanceEvent] | None:
+        """The entries of a report that may say something the last quiet one (``quiet``) did
+        not, in report order — each entry's verdict is a function of the entry (frozen) and of
+        its instance's stored row alone, so only entries that are new objects and entries whose
+        instance was stored since can be news; None when that cannot be told (the full pass
+        then). A report every few seconds of ~200 entries, nearly all of ended instances, was
+        read in full whenever any instance had been stored since."""
+        since = getattr(self.store, "saved_since", None)
+        old = quiet.entries
+        if since is None or quiet.mark is None or quiet.index is None or len(old) != len(entries):
+            return None
+        saved = since(quiet.mark)
+        if saved is None:
+            return None
+        look = set(compress(count(), map(operator.is_not, old, entries)))
+        if any(entries[k].instance_id != old[k].instance_id for k in look):
+            return None  # the positions moved: ``index`` no longer holds
+        where = quiet.index
+        look.update(k for k in map(where.get, saved) if k is not None)
+        return [e for e in map(entries.__getitem__, sorted(look)) if e.domain == domain]
 
     def apply_offered(self, offered: dict[str, list[Any]]) -> list[str]:
         """A provisioner's discovered catalogues (``instance.report`` ``offered``) replace the
