@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,23 +320,23 @@ class Simulation:
     # ------------------------------------------------------------------ running
     def run(self) -> RunResult:
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        quiet_loggers()
-        try:
-            with self.world.running():
-                for p in self.procs:
-                    p.start()
-                self.pipeline_changed()
-                if self.scenario.setup is not None:
-                    self.scenario.setup(self)
-                self._schedule_workload()
-                for fault in self.scenario.faults:
-                    fault(self)
-                self.world.at(self.fault_end, self._quiet, "quiet")
-                self.world.run_until(self.fault_end)
-                self._settle()
-                self.checker.finish()
-        finally:
-            self.close()
+        with quiet_loggers():
+            try:
+                with self.world.running():
+                    for p in self.procs:
+                        p.start()
+                    self.pipeline_changed()
+                    if self.scenario.setup is not None:
+                        self.scenario.setup(self)
+                    self._schedule_workload()
+                    for fault in self.scenario.faults:
+                        fault(self)
+                    self.world.at(self.fault_end, self._quiet, "quiet")
+                    self.world.run_until(self.fault_end)
+                    self._settle()
+                    self.checker.finish()
+            finally:
+                self.close()
         return RunResult(self.scenario.name, self.seed, self.end - self.world.start, list(self.checker.violations),
                          self.world.digest, self.world.events, time.perf_counter() - wall0,
                          time.process_time() - cpu0, self.stats())
@@ -404,6 +406,15 @@ def node_types(scenario: Scenario) -> dict[str, dict]:
     return out
 
 
-def quiet_loggers() -> None:
-    """The cores log a lot at INFO; a run of thousands of simulated hours must not format it."""
-    logging.getLogger("epu").setLevel(logging.CRITICAL)
+@contextmanager
+def quiet_loggers() -> Iterator[None]:
+    """The cores log a lot at INFO; a run of thousands of simulated hours must not format it.
+    The level is put back after the run: a caller's own warnings (a sensor's in the same
+    process, a test's caplog) must not be silenced by a simulation having run before."""
+    logger = logging.getLogger("epu")
+    before = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

@@ -404,29 +404,29 @@ class Simulate:
     # ------------------------------------------------------------------ running
     def run(self) -> RunData:
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        quiet_loggers()
-        expected = self.expected_seconds()
-        step = self.options.sample_seconds or max(30.0, round(expected / 3000.0 / 10.0) * 10.0)
-        try:
-            with self.world.running(), _no_automatic_gc():
-                for p in (self.engine, self.provisioner, self.sensor):
-                    p.start()
-                for name in self.sites:
-                    for since, n in self.cloud_model.site(name).capacity:
-                        self.world.at(self.world.start + since, lambda c=self.clouds[name], n=n: setattr(c, "quota", n),
-                                      f"capacity {name} {n}")
-                self.world.at(self._t0(), self._feed, "workload")
-                self._sample_every(step)
-                hard_end = self.world.start + expected + self.options.tail_seconds + 7 * 86400.0
-                chunk = 3600.0
-                while self.done_at is None and self.world.t < hard_end:
-                    self.world.run_until(min(hard_end, self.world.t + chunk))
-                    gc.collect(1)  # the young objects of the simulated hour (see _no_automatic_gc)
-                    if self.options.progress is not None:
-                        self.options.progress(self.world.elapsed, expected, self.completed, len(self._todo))
-                end = self.done_at if self.done_at is not None else self.world.t
-        finally:
-            self.close()
+        with quiet_loggers():
+            expected = self.expected_seconds()
+            step = self.options.sample_seconds or max(30.0, round(expected / 3000.0 / 10.0) * 10.0)
+            try:
+                with self.world.running(), _no_automatic_gc():
+                    for p in (self.engine, self.provisioner, self.sensor):
+                        p.start()
+                    for name in self.sites:
+                        for since, n in self.cloud_model.site(name).capacity:
+                            self.world.at(self.world.start + since, lambda c=self.clouds[name], n=n: setattr(c, "quota", n),
+                                          f"capacity {name} {n}")
+                    self.world.at(self._t0(), self._feed, "workload")
+                    self._sample_every(step)
+                    hard_end = self.world.start + expected + self.options.tail_seconds + 7 * 86400.0
+                    chunk = 3600.0
+                    while self.done_at is None and self.world.t < hard_end:
+                        self.world.run_until(min(hard_end, self.world.t + chunk))
+                        gc.collect(1)  # the young objects of the simulated hour (see _no_automatic_gc)
+                        if self.options.progress is not None:
+                            self.options.progress(self.world.elapsed, expected, self.completed, len(self._todo))
+                    end = self.done_at if self.done_at is not None else self.world.t
+            finally:
+                self.close()
         stats = getattr(self.engine, "skip_stats", None)
         return RunData(
             config=self.config, domain=self.domain, policy=self.dcfg.policy, workload=self.workload,
