@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+
 from epu.sim.scenarios import get_scenario
 from epu.sim.simulation import Simulation, quiet_loggers
 
