@@ -40,13 +40,35 @@ class DemandResult:
     and no free node left over holds either."""
 
 
+_Key = tuple[tuple[Job, ...], tuple[int, ...], int]
+_ANSWERS: dict[_Key, DemandResult] = {}
+"""(jobs sorted, positive supply sorted, node cores) → the answer: the whole input of the search
+(jobs with no count and empty bins take no part in it), so an equal key is an equal answer. An
+autoscaler asks the same question iteration after iteration while the queue and its supply stand
+still; the search itself is the costly part."""
+_ANSWERS_MAX = 4096
+"""Kept answers at most (all dropped at once past it: a plain bound, no order kept)."""
+
+
 def nodes_needed(shapes: dict[tuple[int, int], int], supply: list[int], node_cores: int) -> DemandResult:
     """Smallest number of new ``node_cores`` bins the queue ``shapes`` ((cores, nodes) → jobs)
-    needs on top of ``supply`` (free cores per existing bin)."""
+    needs on top of ``supply`` (free cores per existing bin). A fresh result each call (the
+    kept one is never handed out: its dict could be changed by the caller)."""
     order = sorted(((m, n, k) for (m, n), k in shapes.items() if k > 0), reverse=True)
+    key = (tuple(order), tuple(sorted(c for c in supply if c > 0)), node_cores)
+    hit = _ANSWERS.get(key)
+    if hit is None:
+        if len(_ANSWERS) >= _ANSWERS_MAX:
+            _ANSWERS.clear()
+        hit = _ANSWERS[key] = _search(order, key[1], node_cores)
+    return DemandResult(hit.new_nodes, dict(hit.unsatisfiable))
+
+
+def _search(order: list[Job], supply: tuple[int, ...], node_cores: int) -> DemandResult:
+    """``nodes_needed`` computed: ``order`` the jobs widest first, ``supply`` the positive bins."""
     fitting = [j for j in order if j[0] <= node_cores]
     oversize = [j for j in order if j[0] > node_cores]
-    bins: Counter[int] = Counter(c for c in supply if c > 0)
+    bins: Counter[int] = Counter(supply)
 
     # Lower bound: the cores supply does not cover. Upper bound: one new node per chunk
     # always fits (each chunk leaves at least as many untouched new nodes as chunks remain).
