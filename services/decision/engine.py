@@ -30,6 +30,7 @@ already made — so no launch is repeated (re-sends keep their id).
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 from collections import Counter
@@ -70,7 +71,7 @@ from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
-from epu.services.decision.policies import PolicyError, get_policy, validate_params
+from epu.services.decision.policies import Params, PolicyError, get_policy, validate_params
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import PlanWrite, Store
 from epu.services.decision.view import (
@@ -215,6 +216,9 @@ class Engine:
         """Per domain: (instance stamp, its ``terminating`` instances) (``_unfinished_terminates``)."""
         self._launched: Counter[tuple[str, str]] = Counter()
         """(site, type) → launches planned in this iteration, not committed yet (``_live_per_type``)."""
+        self._params: dict[str, tuple[str, dict[str, Any], Params]] = {}
+        """Per policy name: (the name, a copy of the parameters it validated, the result) — the
+        last validation, reused while a config's parameters equal that copy (``_policy_params``)."""
         self.iterations = 0
         for name, cfg in config.domains.items():
             try:
@@ -1025,7 +1029,19 @@ class Engine:
         if not view.available:
             return Decision(add_started(view), None, ["sensor unavailable: no policy run, no scale-down"])
         policy = get_policy(cfg.policy)
-        return policy.decide(view, validate_params(cfg.policy, cfg.params), view.now)
+        return policy.decide(view, self._policy_params(cfg.policy, cfg.params), view.now)
+
+    def _policy_params(self, name: str, params: dict[str, Any]) -> Params:
+        """``validate_params(name, params)``, validated again only when the parameters differ
+        from the last ones validated for ``name`` (a pydantic validation per iteration was ~1 %
+        of the engine's work). Compared with their types too (``1 == 1.0 == True`` would not do:
+        validation may tell them apart); the result is frozen, so it is shared safely."""
+        hit = self._params.get(name)
+        if hit is not None and _same_params(hit[1], params):
+            return hit[2]
+        out = validate_params(name, params)
+        self._params[name] = (name, copy.deepcopy(params), out)
+        return out
 
     def _publish_failed(self, domains: list[str]) -> None:
         for d in domains:
@@ -1085,6 +1101,18 @@ class Engine:
 _STATE = operator.attrgetter("state")
 _SITE = operator.attrgetter("site")
 _TYPE = operator.attrgetter("instance_type")
+
+
+def _same_params(a: Any, b: Any) -> bool:
+    """Equal and of the same types throughout (dicts, lists, tuples walked; other values by
+    type and ``==``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_params(v, b[k]) for k, v in a.items())
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_params, a, b))
+    return bool(a == b)
 
 
 def summarize(view: DomainView, unsatisfiable: list[UnsatisfiableShape] | None = None) -> ViewSummary:
