@@ -37,6 +37,7 @@ positively know is ours and unwanted):
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -82,6 +83,9 @@ class World:
     """By cloud id, this site's."""
     busy: frozenset[str] = frozenset()
     """Work in flight here: ``launch:<id>`` and ``terminate:<id>``."""
+    kept: ObserveCache | None = field(default=None, compare=False, repr=False)
+    """What the caller keeps between observations of this site (optional; ``ObserveCache``):
+    work saved, never a different plan."""
 
 
 # --------------------------------------------------------------------------- actions
@@ -243,12 +247,34 @@ def ours(world: World, rules: Rules) -> dict[str, CloudNode]:
     return out
 
 
+class ObserveCache:
+    """What ``observe`` keeps between calls for one site (``World.kept``, optional): the last
+    listing's ``ours``. The poll of a busy site sees the very same listing (the same CloudNode
+    objects: ``LibcloudSite.nodes`` hands them out again while the cloud's nodes did not change)
+    with other records most of the time; ``ours`` is a function of the nodes (each by its object:
+    a CloudNode is immutable) and of the deployment only, so it is taken again then."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, tuple[CloudNode, ...], dict[str, CloudNode]] | None = None
+        """(deployment, listing, ``ours`` of it): read-only, shared with the ``observe`` calls."""
+
+    def ours(self, world: World, rules: Rules) -> dict[str, CloudNode]:
+        """``ours(world, rules)``, the kept one while the deployment and listing are the last's."""
+        last, nodes = self.last, world.nodes
+        if (last is not None and last[0] == rules.deployment and len(last[1]) == len(nodes)
+                and all(map(operator.is_, last[1], nodes))):
+            return last[2]
+        out = ours(world, rules)
+        self.last = (rules.deployment, nodes, out)
+        return out
+
+
 def observe(world: World, rules: Rules) -> Plan:
     """The poll loop: move each tracked record to what the cloud says, count misses, presume
     gone, re-adopt. Destroys nothing but a node the cloud itself lists as failed (right after its
     record is closed ``failed``: it holds a quota slot until it is gone)."""
     plan = Plan()
-    nodes = ours(world, rules)
+    nodes = world.kept.ours(world, rules) if world.kept is not None else ours(world, rules)
     watched = set()
     site, misses = world.site, world.misses
     absent = False
