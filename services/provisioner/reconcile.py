@@ -275,21 +275,24 @@ def observe(world: World, rules: Rules) -> Plan:
     record is closed ``failed``: it holds a quota slot until it is gone)."""
     plan = Plan()
     nodes = world.kept.ours(world, rules) if world.kept is not None else ours(world, rules)
-    watched = set()
     site, misses = world.site, world.misses
+    # The watched records only matter to forget the misses of those no longer watched: none
+    # held (a poll's common case), none is gathered.
+    watched: set[str] | None = set() if misses else None
     absent = False
     for rec in world.records.values():
         if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
             continue  # a launch in flight owns a record without a node
-        iid = rec.instance_id
-        watched.add(iid)
+        if watched is not None:
+            watched.add(rec.instance_id)
         node = nodes.get(rec.cloud_id)
         if node is None:
             absent = True
             _absent(plan, world, rules, rec)
         elif not _quiet(rec, node, misses):
             _present(plan, world, rec, node)
-    plan.actions += [ClearMiss(iid) for iid in world.misses if iid not in watched]  # closed since: forget
+    if watched is not None:
+        plan.actions += [ClearMiss(iid) for iid in misses if iid not in watched]  # closed since: forget
     plan.steady = not absent and not plan.actions
     return plan
 
