@@ -41,6 +41,7 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import compress
 
 from epu.common.messages import PREEMPTED_REASON
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
@@ -257,6 +258,45 @@ class ObserveCache:
     def __init__(self) -> None:
         self.last: tuple[str, tuple[CloudNode, ...], dict[str, CloudNode]] | None = None
         """(deployment, listing, ``ours`` of it): read-only, shared with the ``observe`` calls."""
+        self.judged: tuple[str, dict[str, CloudNode], list[str], list[InstanceRecord], list[int]] | None = None
+        """(site, the ``ours`` it used, the record ids and records in order, the positions of
+        those it judged — absent, or not ``_quiet`` —) of the last ``observe`` without misses:
+        see ``observe_again``."""
+
+    def observe_again(self, plan: Plan, world: World, rules: Rules, nodes: dict[str, CloudNode]) -> bool:
+        """``observe``'s loop over the records, judging only those that may plan something: with
+        no miss held, the very same ``ours`` (the same listing) and the same record ids in the
+        same order as the last observation, a record that is the very object it was (records are
+        immutable) is skipped or ``_quiet`` exactly when it was then (both functions of the
+        record, its node and, for ``_quiet``, misses — none now, so a quiet one stays quiet).
+        Only the changed records and those judged last time (absence and ``_present`` also
+        read the listing time, the misses and the rules) are judged again, in record order: the
+        same actions in the same order. False: not applicable, ``plan`` untouched."""
+        last = self.judged
+        keys = list(world.records)
+        if (last is None or world.misses or last[0] != world.site or last[1] is not nodes
+                or last[2] != keys):
+            return False
+        values = list(world.records.values())
+        again = sorted({*compress(range(len(values)), map(operator.is_not, last[3], values)), *last[4]})
+        site, misses = world.site, world.misses
+        absent = False
+        judged = []
+        for i in again:
+            rec = values[i]
+            if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
+                continue
+            node = nodes.get(rec.cloud_id)
+            if node is None:
+                absent = True
+                judged.append(i)
+                _absent(plan, world, rules, rec)
+            elif not _quiet(rec, node, misses):
+                judged.append(i)
+                _present(plan, world, rec, node)
+        plan.steady = not absent and not plan.actions
+        self.judged = (site, nodes, keys, values, judged)
+        return True
 
     def ours(self, world: World, rules: Rules) -> dict[str, CloudNode]:
         """``ours(world, rules)``, the kept one while the deployment and listing are the last's."""
@@ -274,13 +314,21 @@ def observe(world: World, rules: Rules) -> Plan:
     gone, re-adopt. Destroys nothing but a node the cloud itself lists as failed (right after its
     record is closed ``failed``: it holds a quota slot until it is gone)."""
     plan = Plan()
-    nodes = world.kept.ours(world, rules) if world.kept is not None else ours(world, rules)
+    kept = world.kept
+    if kept is not None:
+        nodes = kept.ours(world, rules)
+        if kept.observe_again(plan, world, rules, nodes):
+            return plan
+    else:
+        nodes = ours(world, rules)
     site, misses = world.site, world.misses
+    judged: list[int] | None = [] if kept is not None and not misses else None
     # The watched records only matter to forget the misses of those no longer watched: none
     # held (a poll's common case), none is gathered.
     watched: set[str] | None = set() if misses else None
     absent = False
-    for rec in world.records.values():
+    values = list(world.records.values())
+    for i, rec in enumerate(values):
         if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
             continue  # a launch in flight owns a record without a node
         if watched is not None:
@@ -291,9 +339,15 @@ def observe(world: World, rules: Rules) -> Plan:
             _absent(plan, world, rules, rec)
         elif not _quiet(rec, node, misses):
             _present(plan, world, rec, node)
+        else:
+            continue
+        if judged is not None:
+            judged.append(i)
     if watched is not None:
         plan.actions += [ClearMiss(iid) for iid in misses if iid not in watched]  # closed since: forget
     plan.steady = not absent and not plan.actions
+    if kept is not None:  # what ``observe_again`` starts from next time (nothing, after misses)
+        kept.judged = (site, nodes, list(world.records), values, judged) if judged is not None else None
     return plan
 
 

@@ -1,6 +1,6 @@
 """``observe`` with an ``ObserveCache`` (the last listing's ``ours`` taken again while the very
-same CloudNode objects are listed for the same deployment) plans exactly what ``observe``
-without one plans, over random listings, records, misses and deployments — listings that reuse
+same CloudNode objects are listed for the same deployment; only changed records and those
+judged last time judged again, ``observe_again``) plans exactly what ``observe`` without one plans, over random listings, records, misses and deployments — listings that reuse
 the last one's node objects most of the time, as ``LibcloudSite.nodes`` does."""
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ def test_a_kept_ours_plans_what_observe_plans_from_nothing(seed: int) -> None:
     nodes = [_node(rng, i) for i in range(12)]
     records = {f"i{i}": _record(rng, i) for i in range(12)}
     deployment = "d"
+    answered: list[bool] = []
+    observe_again = cache.observe_again
+    cache.observe_again = lambda *args: answered.append(observe_again(*args)) or answered[-1]  # type: ignore[method-assign]
     for step in range(300):
         op = rng.random()
         if op < 0.2:
@@ -60,3 +63,4 @@ def test_a_kept_ours_plans_what_observe_plans_from_nothing(seed: int) -> None:
         kept, fresh = core.observe(world, rules), core.observe(replace(world, kept=None), rules)
         assert kept == fresh, step
         assert cache.last is not None and cache.last[2] == core.ours(world, rules)
+    assert sum(answered) > 10  # observe_again answered often
