@@ -509,7 +509,14 @@ class Provisioner:
             site=site_name, nodes=tuple(nodes), listed_at=listed_at, now=self.clock.now(),
             records=self.store.records_for(site_name, launch_ids), misses=self.store.misses(site_name),
             sightings=self.store.sightings(site_name) if sightings else {}, busy=busy,
-            kept=self._observed.setdefault(site_name, core.ObserveCache()))
+            kept=self._observe_cache(site_name))
+
+    def _observe_cache(self, site_name: str) -> core.ObserveCache:
+        """The site's ``core.ObserveCache`` (made on first use)."""
+        kept = self._observed.get(site_name)
+        if kept is None:
+            kept = self._observed[site_name] = core.ObserveCache()
+        return kept
 
     def poll(self, site_name: str) -> int:
         """List the site's nodes once and move records to what the cloud says. Returns the
