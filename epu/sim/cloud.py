@@ -376,13 +376,14 @@ class SimNodeDriver(NodeDriver):
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
-        if (last is not None and last[0] is not NodeState.PENDING and vm.terminated_at is None
-                and last[2] == vm.interruption_at):
+        now = self.cloud.world.t
+        if (last is not None and vm.terminated_at is None and last[2] == vm.interruption_at
+                and (last[0] is not NodeState.PENDING or now < vm.boot_at)):
             # Running, or failed to boot: so it stays until it is terminated (virtual time only
-            # moves on; boot_at and boot_fails are fixed at creation). A quiet listing's node
+            # moves on; boot_at and boot_fails are fixed at creation); pending, still before its
+            # boot time: pending still (the states below, in their order). A quiet listing's node
             # answered without working out its state again.
             return last[1]
-        now = self.cloud.world.t
         if vm.terminated_at is not None:
             state = NodeState.TERMINATED
         elif vm.boot_fails and now >= vm.boot_at:
@@ -451,10 +452,12 @@ class SimNodeDriver(NodeDriver):
                 self._steady = (last[0], last[1], last[2], vms, last[4])
             return list(last[2])
         # ``_node``'s first test inline (most of a listing that changed is VMs that did not): a
-        # running or boot-failed VM still live, or a terminated one, with the same notice, is its
-        # last Node; any other goes through ``_node``.
+        # running or boot-failed VM still live, a pending one still before its boot time, or a
+        # terminated one, with the same notice, is its last Node; any other goes through ``_node``.
         listed, node_of, pending, terminated = self._listed, self._node, NodeState.PENDING, NodeState.TERMINATED
-        nodes = [hit[1] if ((hit := listed.get(v.cloud_id)) is not None and hit[0] is not pending
+        now = self.cloud.world.t
+        nodes = [hit[1] if ((hit := listed.get(v.cloud_id)) is not None
+                            and (hit[0] is not pending or now < v.boot_at)
                             and (v.terminated_at is None) is (hit[0] is not terminated)
                             and hit[2] == v.interruption_at) else node_of(v)
                  for v in vms]

@@ -9,6 +9,7 @@ drive the poll loop, reconciliation and the outbox sweep; reconciliation also ru
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,10 +146,13 @@ class ReportCache:
     store returns the same record object (records are immutable: a change is a new object).
     A quiet cluster's report was mostly rebuilding these events; the events are frozen, so
     sharing one between reports changes nothing a receiver sees."""
-    listing: tuple[list[InstanceRecord], list[tuple[InstanceRecord, bool]], dict[str, list[InstanceEvent]]] | None = None
-    """(the records the store listed, each ended one with whether it was left out as older
-    than the horizon, the events per domain) of the last report: the same events again while
-    the store lists the very same records and no ended one crossed the horizon since."""
+    listing: tuple[list[InstanceRecord], float, float, dict[str, list[InstanceEvent]]] | None = None
+    """(the records the store listed, the earliest ``updated_at`` of the ended ones the report
+    kept, the latest of those it left out as older than the horizon, the events per domain) of
+    the last report: the same events again while the store lists the very same records and no
+    ended one crossed the horizon since — every kept one still at or after the cutoff (the
+    earliest is) and every left-out one still before it (the latest is): two comparisons
+    instead of one per ended record."""
 
 
 def publish_reports(service: Service, store: Store, horizon: float, catalogues: Catalogues | None = None,
@@ -167,20 +171,23 @@ def publish_reports(service: Service, store: Store, horizon: float, catalogues: 
     cutoff = now - horizon
     records = store.list(live_or_updated_since=cutoff)  # not every record ever (O(history))
     last = cache.listing if cache is not None else None
-    if (last is not None and len(last[0]) == len(records) and all(map(operator.is_, last[0], records))
-            and all((r.updated_at < cutoff) == out for r, out in last[1])):
-        by_domain = last[2]
+    if (last is not None and last[1] >= cutoff and last[2] < cutoff and len(last[0]) == len(records)
+            and all(map(operator.is_, last[0], records))):
+        by_domain = last[3]
     else:
         by_domain = defaultdict(list)
         seen = cache.events if cache is not None else {}
         kept: dict[str, tuple[InstanceRecord, InstanceEvent]] = {}
-        ended: list[tuple[InstanceRecord, bool]] = []
+        earliest_kept, latest_out = math.inf, -math.inf
         for r in records:  # one pass: which ended ones the horizon leaves out, and the events
             if r.state in TERMINAL_INSTANCE_STATES:  # ``r.terminal``
-                old = r.updated_at < cutoff
-                ended.append((r, old))
-                if old:
+                at = r.updated_at
+                if at < cutoff:
+                    if at > latest_out:
+                        latest_out = at
                     continue
+                if at < earliest_kept:
+                    earliest_kept = at
             hit = seen.get(r.instance_id)
             if hit is None or hit[0] is not r:
                 hit = (r, InstanceEvent(
@@ -191,7 +198,7 @@ def publish_reports(service: Service, store: Store, horizon: float, catalogues: 
             by_domain[r.domain].append(hit[1])
         if cache is not None:
             cache.events = kept
-            cache.listing = (records, ended, by_domain)
+            cache.listing = (records, earliest_kept, latest_out, by_domain)
     offered = {d: catalogues.offered(names) for d, names in (domain_sites or {}).items()} if catalogues else {}
     sent = 0
     for domain in [*by_domain, *(d for d, o in offered.items() if o and d not in by_domain)]:

@@ -161,11 +161,11 @@ def to_cloud_node(node: Node) -> CloudNode:
     state = node.state.value if isinstance(node.state, NodeState) else str(node.state)
     ips = [ip for ip in list(node.private_ips or []) + list(node.public_ips or []) if ip]
     created = node.created_at.timestamp() if isinstance(node.created_at, datetime) else None
-    return CloudNode(cloud_id=str(node.id), name=node.name or "", state=map_node_state(state), native_state=state,
+    ours = map_node_state(state)  # once: a pure function of the state
+    return CloudNode(cloud_id=str(node.id), name=node.name or "", state=ours, native_state=state,
                      ip=ips[0] if ips else None, tags=_tags_of(node), created_at=created,
-                     preempted=map_node_state(state) == "terminated" and preempted_by_cloud(node.extra),
-                     interruption_at=interruption_notice(node.extra) if map_node_state(state) in ("pending", "started")
-                     else None)
+                     preempted=ours == "terminated" and preempted_by_cloud(node.extra),
+                     interruption_at=interruption_notice(node.extra) if ours in ("pending", "started") else None)
 
 
 def is_not_found(exc: BaseException) -> bool:

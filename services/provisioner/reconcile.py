@@ -37,9 +37,11 @@ positively know is ours and unwanted):
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import compress
 
 from epu.common.messages import PREEMPTED_REASON
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
@@ -82,6 +84,9 @@ class World:
     """By cloud id, this site's."""
     busy: frozenset[str] = frozenset()
     """Work in flight here: ``launch:<id>`` and ``terminate:<id>``."""
+    kept: ObserveCache | None = field(default=None, compare=False, repr=False)
+    """What the caller keeps between observations of this site (optional; ``ObserveCache``):
+    work saved, never a different plan."""
 
 
 # --------------------------------------------------------------------------- actions
@@ -243,28 +248,106 @@ def ours(world: World, rules: Rules) -> dict[str, CloudNode]:
     return out
 
 
+class ObserveCache:
+    """What ``observe`` keeps between calls for one site (``World.kept``, optional): the last
+    listing's ``ours``. The poll of a busy site sees the very same listing (the same CloudNode
+    objects: ``LibcloudSite.nodes`` hands them out again while the cloud's nodes did not change)
+    with other records most of the time; ``ours`` is a function of the nodes (each by its object:
+    a CloudNode is immutable) and of the deployment only, so it is taken again then."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, tuple[CloudNode, ...], dict[str, CloudNode]] | None = None
+        """(deployment, listing, ``ours`` of it): read-only, shared with the ``observe`` calls."""
+        self.judged: tuple[str, dict[str, CloudNode], list[str], list[InstanceRecord], list[int]] | None = None
+        """(site, the ``ours`` it used, the record ids and records in order, the positions of
+        those it judged — absent, or not ``_quiet`` —) of the last ``observe`` without misses:
+        see ``observe_again``."""
+
+    def observe_again(self, plan: Plan, world: World, rules: Rules, nodes: dict[str, CloudNode]) -> bool:
+        """``observe``'s loop over the records, judging only those that may plan something: with
+        no miss held, the very same ``ours`` (the same listing) and the same record ids in the
+        same order as the last observation, a record that is the very object it was (records are
+        immutable) is skipped or ``_quiet`` exactly when it was then (both functions of the
+        record, its node and, for ``_quiet``, misses — none now, so a quiet one stays quiet).
+        Only the changed records and those judged last time (absence and ``_present`` also
+        read the listing time, the misses and the rules) are judged again, in record order: the
+        same actions in the same order. False: not applicable, ``plan`` untouched."""
+        last = self.judged
+        keys = list(world.records)
+        if (last is None or world.misses or last[0] != world.site or last[1] is not nodes
+                or last[2] != keys):
+            return False
+        values = list(world.records.values())
+        again = sorted({*compress(range(len(values)), map(operator.is_not, last[3], values)), *last[4]})
+        site, misses = world.site, world.misses
+        absent = False
+        judged = []
+        for i in again:
+            rec = values[i]
+            if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
+                continue
+            node = nodes.get(rec.cloud_id)
+            if node is None:
+                absent = True
+                judged.append(i)
+                _absent(plan, world, rules, rec)
+            elif not _quiet(rec, node, misses):
+                judged.append(i)
+                _present(plan, world, rec, node)
+        plan.steady = not absent and not plan.actions
+        self.judged = (site, nodes, keys, values, judged)
+        return True
+
+    def ours(self, world: World, rules: Rules) -> dict[str, CloudNode]:
+        """``ours(world, rules)``, the kept one while the deployment and listing are the last's."""
+        last, nodes = self.last, world.nodes
+        if (last is not None and last[0] == rules.deployment and len(last[1]) == len(nodes)
+                and all(map(operator.is_, last[1], nodes))):
+            return last[2]
+        out = ours(world, rules)
+        self.last = (rules.deployment, nodes, out)
+        return out
+
+
 def observe(world: World, rules: Rules) -> Plan:
     """The poll loop: move each tracked record to what the cloud says, count misses, presume
     gone, re-adopt. Destroys nothing but a node the cloud itself lists as failed (right after its
     record is closed ``failed``: it holds a quota slot until it is gone)."""
     plan = Plan()
-    nodes = ours(world, rules)
-    watched = set()
+    kept = world.kept
+    if kept is not None:
+        nodes = kept.ours(world, rules)
+        if kept.observe_again(plan, world, rules, nodes):
+            return plan
+    else:
+        nodes = ours(world, rules)
     site, misses = world.site, world.misses
+    judged: list[int] | None = [] if kept is not None and not misses else None
+    # The watched records only matter to forget the misses of those no longer watched: none
+    # held (a poll's common case), none is gathered.
+    watched: set[str] | None = set() if misses else None
     absent = False
-    for rec in world.records.values():
+    values = list(world.records.values())
+    for i, rec in enumerate(values):
         if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
             continue  # a launch in flight owns a record without a node
-        iid = rec.instance_id
-        watched.add(iid)
+        if watched is not None:
+            watched.add(rec.instance_id)
         node = nodes.get(rec.cloud_id)
         if node is None:
             absent = True
             _absent(plan, world, rules, rec)
         elif not _quiet(rec, node, misses):
             _present(plan, world, rec, node)
-    plan.actions += [ClearMiss(iid) for iid in world.misses if iid not in watched]  # closed since: forget
+        else:
+            continue
+        if judged is not None:
+            judged.append(i)
+    if watched is not None:
+        plan.actions += [ClearMiss(iid) for iid in misses if iid not in watched]  # closed since: forget
     plan.steady = not absent and not plan.actions
+    if kept is not None:  # what ``observe_again`` starts from next time (nothing, after misses)
+        kept.judged = (site, nodes, list(world.records), values, judged) if judged is not None else None
     return plan
 
 
