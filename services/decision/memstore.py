@@ -58,32 +58,6 @@ class _Lease:
     expires_at: float = 0.0
 
 
-class _ActionRow(dict[str, Any]):
-    """An intent log row whose ``body`` (its message's JSON) is made when first read: most rows
-    are never read whole (the open action's message object is what is sent and resent), and the
-    message is frozen, so the text made later is the text made at insert."""
-
-    __slots__ = ("message",)
-    message: Message
-
-    def __missing__(self, key: str) -> Any:
-        if key != "body":
-            raise KeyError(key)
-        body = self["body"] = self.message.model_dump_json()
-        return body
-
-
-_ROW_KEYS = ("action_id", "domain", "kind", "target", "site", "reason", "type", "body", "created_at", "sent_at",
-             "attempts", "done", "outcome")
-"""An intent log row's keys in the order its readers always saw (``body`` after ``type``)."""
-
-
-def _copy(row: dict[str, Any]) -> dict[str, Any]:
-    """A plain copy of an intent log row, its ``body`` made if not yet (``dict()`` would not ask
-    ``__missing__``), its keys in the row's usual order."""
-    return {k: row[k] for k in _ROW_KEYS}
-
-
 @dataclass
 class MemoryDecisionDatabase:
     """The shared data of the engines' store: what the SQL tables hold (``store.metadata``)."""
@@ -416,9 +390,7 @@ class MemoryStore:
         st = self.db.state.get(domain)
         if st is None:
             return {}, 0
-        text = st["memory"]
-        # most policies keep no memory: "{}" needs no parser (a new dict each call all the same)
-        return {} if not text or text == "{}" else json.loads(text), st["iteration"] or 0
+        return json.loads(st["memory"] or "{}"), st["iteration"] or 0
 
     # ------------------------------------------------------------------ intent log
     def _new_actions(self, plan: Plan) -> None:
@@ -429,10 +401,9 @@ class MemoryStore:
 
     def _insert_actions(self, domain: str, plan: Plan, now: float) -> None:
         for p in plan.actions:
-            row = _ActionRow(action_id=p.action_id, domain=domain, kind=p.kind, target=p.instance_id,
-                             site=p.site, reason=p.reason, type=p.message.TYPE,
-                             created_at=now, sent_at=None, attempts=0, done=False, outcome=None)
-            row.message = p.message
+            row = {"action_id": p.action_id, "domain": domain, "kind": p.kind, "target": p.instance_id,
+                   "site": p.site, "reason": p.reason, "type": p.message.TYPE, "body": p.message.model_dump_json(),
+                   "created_at": now, "sent_at": None, "attempts": 0, "done": False, "outcome": None}
             self.db.actions[p.action_id] = row
             self.db.open[p.action_id] = row
             self.db.messages[p.action_id] = p.message
@@ -570,10 +541,10 @@ class MemoryStore:
 
     def action(self, action_id: str) -> dict[str, Any] | None:
         row = self.db.actions.get(action_id)
-        return _copy(row) if row is not None else None
+        return dict(row) if row is not None else None
 
     def actions(self, domain: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
-        rows = [_copy(r) for r in self.db.actions.values()
+        rows = [dict(r) for r in self.db.actions.values()
                 if (not domain or r["domain"] == domain) and (not kind or r["kind"] == kind)]
         return sorted(rows, key=lambda r: r["created_at"])
 
