@@ -41,7 +41,7 @@ from epu.services.decision.store import (
     _STAMPS,
     ENDED,
     PlanWrite,
-    _bump,
+    count_live,
     count_per_site,
     count_per_type,
     message_of,
@@ -116,13 +116,7 @@ class MemoryDecisionDatabase:
             self._count(new, 1)
 
     def _count(self, inst: Instance, sign: int) -> None:
-        if self.counts is not None:
-            per, unproven = self.counts
-            _bump(per, inst.site, sign)
-            if inst.state in PENDING_STATES:
-                _bump(unproven, inst.site, sign)
-        if self.type_counts is not None:
-            _bump(self.type_counts, (inst.site, inst.instance_type), sign)
+        count_live(self.counts, self.type_counts, inst, sign)
 
 
 _SAVED_KEEP = 100_000

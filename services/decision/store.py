@@ -340,13 +340,7 @@ class _Cache:
     def _count(self, inst: Instance, sign: int) -> None:
         """Keep the per-site and per-type counts of ``live`` current (as ``count_per_site`` and
         ``count_per_type`` would count them; a count down to 0 leaves no key)."""
-        if self.counts is not None:
-            per, unproven = self.counts
-            _bump(per, inst.site, sign)
-            if inst.state in PENDING_STATES:
-                _bump(unproven, inst.site, sign)
-        if self.type_counts is not None:
-            _bump(self.type_counts, (inst.site, inst.instance_type), sign)
+        count_live(self.counts, self.type_counts, inst, sign)
 
     def add_open(self, o: _Open) -> None:
         assert self.open is not None
@@ -374,6 +368,19 @@ def _bump(counts: dict[Any, int], key: Any, sign: int) -> None:
         counts[key] = n
     else:
         counts.pop(key, None)
+
+
+def count_live(counts: tuple[dict[str, int], dict[str, int]] | None,
+               type_counts: dict[tuple[str, str], int] | None, inst: Instance, sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) one live instance in kept counts: per site and per site
+    still pending (``counts``), per (site, type) (``type_counts``); None: not kept yet."""
+    if counts is not None:
+        per, unproven = counts
+        _bump(per, inst.site, sign)
+        if inst.state in PENDING_STATES:
+            _bump(unproven, inst.site, sign)
+    if type_counts is not None:
+        _bump(type_counts, (inst.site, inst.instance_type), sign)
 
 
 class Store:
