@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from epu.common import messages as m
-from epu.common.topology import COMMAND_TYPES, DELIVERY_LIMIT, Topology
+from epu.common.topology import COMMAND_TYPES, DELIVERY_LIMIT, STATUS_DEPTH, Topology
 from pydantic import BaseModel
 
 BEGIN = "<!-- BEGIN GENERATED: python -m epu.common.contract_doc -->"
@@ -157,10 +157,11 @@ def generate() -> str:
     out += ["Durable queues are quorum queues with `x-dead-letter-exchange: epu.dlx` and "
             f"`x-delivery-limit: {DELIVERY_LIMIT}`; the latest-value snapshot queues instead have "
             "`x-max-length: 1` and `x-overflow: drop-head` (a replaced snapshot is not dead-lettered); the "
-            "status queues (`epu.status.DOMAIN`) too, and no delivery limit: readers take the status with "
-            "basic.get and requeue it, leaving it for the next reader. The status queues are classic "
-            "queues: a quorum queue counts the status a reader holds against `x-max-length`, so a status "
-            "published meanwhile would be the one dropped.", ""]
+            f"status queues (`epu.status.DOMAIN`) keep `x-max-length: {STATUS_DEPTH}` with drop-head and no "
+            "delivery limit: readers take the statuses with basic.get, keep the newest (highest `at`) and "
+            "requeue them, leaving them for the next reader. More than one, because a quorum queue counts "
+            "a status a reader holds against `x-max-length`: at one, a status published meanwhile would be "
+            "the one dropped.", ""]
     out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
     flows = {
         "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",

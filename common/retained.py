@@ -1,12 +1,12 @@
 """Read latest-value queues without consuming them: how an operator's command sees retained state.
 
-A latest-value queue (``x-max-length`` 1, ``drop-head``; see ``Topology.status_spec``) holds the
-newest message of one kind — a domain's ``EngineStatus``. A reader takes what is there with
-``basic.get`` and puts it back (reject with requeue), so the next reader finds it too; it needs
-only read permission on the queue (the operator's). The queue is a classic one
-(``QueueSpec.classic``): a message put back behind a newer one is then the one dropped, where a
-quorum queue would drop the newer. A reader still takes every message it finds and keeps the one
-built last (the highest ``at``), whatever the queue did.
+A latest-value queue (``x-max-length`` ``STATUS_DEPTH``, ``drop-head``; see
+``Topology.status_spec``) holds the newest messages of one kind — a domain's ``EngineStatus``. A
+reader takes what is there with ``basic.get`` and puts it back (reject with requeue), so the next
+reader finds it too; it needs only read permission on the queue (the operator's). It keeps the
+one built last (the highest ``at``): the queue's order says nothing, as a message put back may
+sit before or behind a newer one, and a few are kept so that a status published while a reader
+holds the previous one is not the one dropped.
 
 A queue that does not exist (no engine has declared it, or the definitions are older) is
 reported as missing, not as an error: the caller says so and carries on with live events.

@@ -20,8 +20,8 @@ Layout:
 * ``epu.decision.snapshot.<domain>``: the latest snapshot of each domain, one message deep
   (a new one drops the old), single-active-consumer: an engine never works through a backlog
   of snapshots.
-* ``epu.status.<domain>``: the engine's newest ``EngineStatus`` of each domain, one message
-  deep and never consumed: ``epu status`` reads it (basic.get, then requeue) to show the whole
+* ``epu.status.<domain>``: the engine's newest ``EngineStatus`` of each domain, a few messages
+  deep (readers keep the newest) and never consumed: ``epu status`` reads it (basic.get, then requeue) to show the whole
   state at once. No delivery limit, so any number of reads leave it in place.
 * ``epu.ctxbroker.instances``: terminated/failed instances, so the broker removes nodes
   whose agent never said goodbye.
@@ -62,6 +62,9 @@ ATTEMPTS_HEADER = "x-epu-attempts"
 
 #: Broker-side guard against poison messages on quorum queues (redelivered this often → DLX).
 DELIVERY_LIMIT = 20
+
+#: How many statuses a status queue keeps (see ``Topology.status_spec``); readers keep the newest.
+STATUS_DEPTH = 4
 
 #: Routing keys of the provisioners' work queue: distinct, so topic permissions tell them apart.
 LAUNCH_KEY = "provisioner.launch"
@@ -110,18 +113,14 @@ class QueueSpec:
     delivery_limit: bool = True
     """A quorum queue's ``x-delivery-limit``. Off for a queue read without consuming (each
     read returns the message, which would count as a failed delivery)."""
-    classic: bool = False
-    """A classic queue even where the deployment uses quorum queues. For a latest-value queue
-    that readers peek at (basic.get, then requeue): a quorum queue counts the message out with a
-    reader against ``x-max-length``, so a newer message published meanwhile is the one dropped
-    and the reader puts the older one back (RabbitMQ 3.10; a classic queue drops the older).
-    Such a queue holds only a value its publisher rebuilds, so it needs no replication."""
+    replaceable: bool = False
+    """Holds only a value its publisher sends again (the status queues): declaring it over a queue
+    an earlier version declared with other arguments deletes and re-creates it
+    (``Topology._recreate``) instead of failing."""
 
     def arguments(self, quorum: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE} if self.dead_letter else {}
-        if self.classic:
-            args["x-queue-type"] = "classic"
-        elif quorum:
+        if quorum:
             args["x-queue-type"] = "quorum"
             if self.delivery_limit:
                 args["x-delivery-limit"] = DELIVERY_LIMIT
@@ -200,14 +199,20 @@ class Topology:
                          purpose=f"the latest snapshot of domain {domain} (latest value, no backlog)")
 
     def status_spec(self, domain: str) -> QueueSpec:
-        """The engine's newest ``EngineStatus`` of a domain, kept for readers: one deep (a new
-        status drops the old), never dead-lettered, no delivery limit — readers take it with
-        basic.get and put it back (requeue), so it stays for the next one. Classic, not quorum
-        (``QueueSpec.classic``): otherwise a status published while a reader holds the previous
-        one is lost, and readers see the previous one until the next heartbeat."""
+        """The engine's newest ``EngineStatus`` of a domain, kept for readers: a few deep (a new
+        status drops the oldest), never dead-lettered, no delivery limit — readers take what is
+        there with basic.get, keep the newest (highest ``at``) and put all back (requeue).
+
+        Why ``STATUS_DEPTH`` and not 1: a quorum queue counts a message out with a reader against
+        ``x-max-length``, so at depth 1 a status published while a reader held the previous one
+        was the one dropped, and the reader put the older back (stale for up to a heartbeat). With
+        room for a few, the newer stays unless more readers than that hold one at once. Why not a
+        classic queue, which drops the older instead: it lives on one node, so when that node of
+        a cluster is lost its durable queue cannot be declared again and the engine could not
+        reconnect (tests/cluster)."""
         return QueueSpec(status_queue_name(domain), EVENTS_EXCHANGE, (f"decision.status.{check_name(domain)}",),
-                         dead_letter=False, delivery_limit=False, classic=True,
-                         extra_arguments={"x-max-length": 1, "x-overflow": "drop-head"},
+                         dead_letter=False, delivery_limit=False, replaceable=True,
+                         extra_arguments={"x-max-length": STATUS_DEPTH, "x-overflow": "drop-head"},
                          purpose=f"the engine's newest status of domain {domain} (latest value, read by epu status)")
 
     def ctxbroker_spec(self) -> QueueSpec:
@@ -258,7 +263,7 @@ class Topology:
                 try:
                     queue(channel).declare()
                 except PreconditionFailed:
-                    if not spec.classic:
+                    if not spec.replaceable:
                         raise
                     channel = self._recreate(channel, queue)
             for key in spec.obsolete_keys:  # unbinding what is not bound is not an error
@@ -267,7 +272,7 @@ class Topology:
     @staticmethod
     def _recreate(channel: Any, queue: Queue) -> Any:
         """Replace a latest-value queue whose arguments an earlier version declared differently
-        (the quorum status queues before ``QueueSpec.classic``): RabbitMQ refuses to redeclare a
+        (the status queues one deep before ``STATUS_DEPTH``): RabbitMQ refuses to redeclare a
         queue with other arguments (406, which closes the channel). Deleting it loses only a value
         its publisher sends again. Returns the channel to carry on with."""
         channel = channel.connection.channel()

@@ -1,6 +1,6 @@
 """The retained status queue against the real RabbitMQ: a status published while a reader holds
-the previous one replaces it (the reader's put-back must not win), and a deployment whose status
-queues an earlier version declared as quorum queues is upgraded by declaring.
+the previous one is the one readers see (the reader's put-back must not win), and a deployment
+whose status queues an earlier version declared one deep is upgraded by declaring.
 
 pika is the reader here on purpose: an independent client doing exactly basic.get then
 basic.nack(requeue), the sequence ``epu status`` performs, interleaved with the engine's publish.
@@ -49,7 +49,7 @@ def test_a_status_published_while_a_reader_holds_the_last_replaces_it(broker: Br
             reader.close()
 
 
-def test_a_quorum_status_queue_of_an_earlier_version_is_replaced_by_declaring(broker: Broker) -> None:
+def test_a_one_deep_status_queue_of_an_earlier_version_is_replaced_by_declaring(broker: Broker) -> None:
     """Redeclaring a queue with other arguments is a 406 that closes the channel; the status queue
     holds only a value the engine sends again, so declaring replaces it and carries on."""
     topo = broker.topology
@@ -67,10 +67,10 @@ def test_a_quorum_status_queue_of_an_earlier_version_is_replaced_by_declaring(br
     check = _pika(broker)
     try:
         channel = check.channel()
-        # passive declares: both exist; a classic queue accepts a classic redeclare, a quorum one would not
         channel.queue_declare(topo.n(later.name), passive=True)
-        channel.queue_declare(name, durable=True, arguments={
-            "x-queue-type": "classic", "x-max-length": 1, "x-overflow": "drop-head"})
+        # a declare with other arguments than the queue's would be refused (406): it has the new ones
+        channel.queue_declare(name, durable=True,
+                              arguments=topo.kombu_queues(topo.status_spec("alpha"))[0].queue_arguments)
     finally:
         check.close()
     pub = Publisher(broker, "decision")
