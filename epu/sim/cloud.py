@@ -31,6 +31,7 @@ from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeDriver, NodeImage, NodeLocation, NodeSize
 from libcloud.compute.types import NodeState
 
+from epu.common.sameness import SameObjects
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_LAUNCH
 from epu.sim.world import World
 
@@ -369,10 +370,9 @@ class SimNodeDriver(NodeDriver):
         earliest boot time of its pending VMs) of the last listing: ``_node`` hands out those
         very Nodes again for the very same VMs while the version stands and no pending one is
         due to boot (see ``list_nodes``, ``listing_unchanged``)."""
-        self._vouched: tuple[tuple[int, list[VM], list[Node], list[VM], float], tuple[Node, ...]] | None = None
-        """(``_steady``, a tuple of Nodes ``listing_unchanged`` found to be its very Nodes): the
-        same two objects again need no element-by-element check (a steady site is asked every
-        poll with the same tuple)."""
+        self._same = SameObjects()
+        """Remembers the tuple of Nodes ``listing_unchanged`` last found to be ``_steady``'s very
+        Nodes: a steady site is asked every poll with the same tuple."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -475,12 +475,8 @@ class SimNodeDriver(NodeDriver):
         last = self._steady
         if last is None or last[0] != self.cloud.version or not self.cloud.world.t < last[4]:
             return False
-        vouched = self._vouched
-        if vouched is None or vouched[0] is not last or vouched[1] is not nodes:
-            if len(last[2]) != len(nodes) or not all(map(operator.is_, last[2], nodes)):
-                return False
-            if type(nodes) is tuple:  # immutable: the same object is the same Nodes next time
-                self._vouched = (last, nodes)
+        if not self._same.check(last, last[2], nodes):
+            return False
         return self.cloud.relisted(last[3])
 
     def destroy_node(self, node: Node) -> bool:

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from epu.common.config.provisioner import SiteConfig
+from epu.common.sameness import SameObjects
 from epu.services.provisioner.drivers import (
     SiteConfigError,
     check_driver_args,
@@ -278,9 +279,9 @@ class LibcloudSite:
         """The Nodes ``launch`` converted since the last listing that converted anything: a
         driver that lists the very Node its create answered (the simulators' do, while it boots)
         is not converted twice. Emptied by that listing (a Node not in it is converted afresh)."""
-        self._vouched: tuple[tuple[str, tuple[Node, ...], tuple[CloudNode, ...]], tuple[CloudNode, ...]] | None = None
-        """(``_last_listing``, a tuple ``unchanged`` found to be its very answer): asked again with
-        the same two objects — a steady poll's, every poll — it needs no element-by-element check."""
+        self._same = SameObjects()
+        """Remembers the tuple ``unchanged`` last found to be ``_last_listing``'s very answer: a
+        steady poll asks with the same tuple every poll."""
         self._create_params, takes_any = keyword_names(driver.create_node)
         self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
@@ -385,12 +386,8 @@ class LibcloudSite:
         last = self._last_listing
         if check is None or last is None or last[0] != self.deployment:
             return False
-        vouched = self._vouched
-        if vouched is None or vouched[0] is not last or vouched[1] is not answer:
-            if len(last[2]) != len(answer) or not all(map(operator.is_, last[2], answer)):
-                return False
-            if type(answer) is tuple:  # immutable: the same object is the same CloudNodes next time
-                self._vouched = (last, answer)
+        if not self._same.check(last, last[2], answer):
+            return False
         return bool(check(last[1]))
 
     def nodes(self) -> list[CloudNode]:

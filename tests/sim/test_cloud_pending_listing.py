@@ -98,7 +98,7 @@ def _world_ops(seed: int):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("seed", range(6))
 def test_unchanged_asked_with_the_same_tuple_answers_as_with_a_fresh_copy(seed: int) -> None:
     """``LibcloudSite.unchanged`` and ``SimNodeDriver.listing_unchanged`` remember the tuple they
-    last found to be their very answer (``_vouched``): two identical worlds, one asking with the
+    last found to be their very answer (``SameObjects``): two identical worlds, one asking with the
     kept tuple (every poll's case), the other with a fresh list (nothing remembered), get the same
     answers, count the same list calls and list the same Nodes, step by step."""
     (c1, s1, step1), (c2, s2, step2) = _world_ops(seed), _world_ops(seed)
@@ -112,7 +112,7 @@ def test_unchanged_asked_with_the_same_tuple_answers_as_with_a_fresh_copy(seed: 
         step1(r1, i)
         step2(r2, i)
         for _ in range(ask.choice((0, 0, 1, 2, 3))):  # asked (maybe several times) before listing
-            hit = s1._vouched is not None and s1._vouched[1] is kept
+            hit = s1._same._vouched is not None and s1._same._vouched[1] is kept
             a, b = s1.unchanged(kept), s2.unchanged(list(kept2))
             assert a == b
             vouched += hit and a
