@@ -119,7 +119,7 @@ class SimBatchSystem:
         name = self.batch_name(vm.name)
         self.serving[name] = vm
         delay = self._rng.uniform(*self.register_seconds)
-        self.world.after(delay, lambda: self._register(name, vm), f"batch register {name}")
+        self.world.call_after(delay, lambda: self._register(name, vm), f"batch register {name}")
 
     def _register(self, name: str, vm: VM) -> None:
         if self.serving.get(name) is not vm or vm.terminated_at is not None:
@@ -150,13 +150,13 @@ class SimBatchSystem:
         if cause == "preempt" and self.lost_node_seconds > 0 and self.flavor != "htcondor":
             for job in self.inner.freeze_node(name):
                 self.preempted_jobs[job] = name
-            self.world.after(self.lost_node_seconds, lambda: self._notice_lost(name, vm, cause),
+            self.world.call_after(self.lost_node_seconds, lambda: self._notice_lost(name, vm, cause),
                              f"batch notices {name} lost")
             return
         self.inner.set_node_up(name, False, f"VM {vm.cloud_id} {cause}")
         if self.flavor == "htcondor":
             # the collector forgets a dead startd's ad after a while
-            self.world.after(self._rng.uniform(60.0, 900.0), lambda: self._expire(name),
+            self.world.call_after(self._rng.uniform(60.0, 900.0), lambda: self._expire(name),
                              f"batch expire {name}")
 
     def _notice_lost(self, name: str, vm: VM, cause: str) -> None:
@@ -244,7 +244,7 @@ class SimBatchSystem:
             vm = self.serving.get(node)
             if vm is not None:
                 self._resources(node, vm)
-                self.world.after(self._rng.uniform(*self.register_seconds),
+                self.world.call_after(self._rng.uniform(*self.register_seconds),
                                  lambda: self._register(node, vm), f"batch register {node}")
             return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
         return self.inner.execute(action, node, cores=cores, address=address, reason=reason, force=force)

@@ -204,7 +204,7 @@ class Bus:
         label = q.labels.get(msg.TYPE)
         if label is None:
             label = q.labels[msg.TYPE] = f"deliver {msg.TYPE} to {q.name}"
-        self.world.after(delay, lambda: self._deliver(q, msg, attempt), label)
+        self.world.call_after(delay, lambda: self._deliver(q, msg, attempt), label)
 
     # ------------------------------------------------------------------ delivery
     def _deliver(self, q: SimQueue, msg: Message, attempt: int) -> None:
@@ -240,7 +240,7 @@ class Bus:
                 self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: {type(exc).__name__}")
                 c.owner.dead_letter(msg, exc)
                 return
-            self.world.after(self.RETRY_BASE * 2 ** (attempt - 1),
+            self.world.call_after(self.RETRY_BASE * 2 ** (attempt - 1),
                              lambda: self._retry(q, c, msg, attempt + 1), f"retry {msg.TYPE}")
 
     def flush(self, q: SimQueue | None = None) -> None:

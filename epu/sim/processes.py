@@ -174,17 +174,25 @@ class Proc:
 
     def every(self, period: float, fn: Callable[[], None], label: str, phase: float = 0.0) -> None:
         """A runtime timer: fires every ``period`` while the process lives and its runtime loop
-        runs (it stops while the process reconnects)."""
+        runs (it stops while the process reconnects). ``running_timers`` and ``guard`` are
+        written out in the tick: a run ticks its timers hundreds of thousands of times."""
         gen = self.gen
+        call_after = self.world.call_after
 
         def tick() -> None:
             if not self.alive or self.gen != gen:
                 return
-            if self.running_timers:
-                self.guard(fn)
-            self.world.after(period, tick, label)
+            if self.aware:  # ``running_timers`` (alive, as just checked, and aware)
+                try:  # ``guard``
+                    fn()
+                except Crash as c:
+                    self.crash(str(c))
+                except Exception:
+                    self.stats.timer_errors += 1
+                    log.debug("timer failed in %s", self.name, exc_info=True)
+            call_after(period, tick, label)
 
-        self.world.after(phase, tick, label)
+        call_after(phase, tick, label)
 
     def guard(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` as this process: a Crash kills it, an error is logged (as the runtime does)."""
@@ -204,7 +212,7 @@ class Proc:
             if self.alive and self.gen == gen:
                 self.guard(fn)
 
-        self.world.after(delay, run, label)
+        self.world.call_after(delay, run, label)
 
     # ------------------------------------------------------------------ network faults
     def drop_link(self, broker_notices: float, process_notices: float) -> None:
@@ -571,9 +579,10 @@ class SensorProc(Proc):
                 self.guard(self.core.tick)
             if self.core is not None and self.alive and self.gen == gen:
                 wait = max(0.5, self.core.next_poll_at - self.clock.monotonic())
-                self.world.after(wait, due, f"sensor poll {self.domain}")
+                self.world.call_after(wait, due, label)
 
-        self.world.after(delay, due, f"sensor poll {self.domain}")
+        label = f"sensor poll {self.domain}"
+        self.world.call_after(delay, due, label)
 
     def teardown(self) -> None:
         self.core = None

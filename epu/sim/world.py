@@ -22,6 +22,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _push = heapq.heappush
 
@@ -30,8 +31,8 @@ T0 = 1_700_000_000.0
 
 
 class Event:
-    """One scheduled call. A plain slotted class, not a dataclass: a month's run makes millions
-    (the heap orders ``(at, seq, event)`` tuples, so an event itself is never compared)."""
+    """One scheduled call that can be cancelled (``World.at``/``after``). A plain slotted class,
+    not a dataclass (the heap orders ``(at, seq, event, None)`` tuples: it is never compared)."""
 
     __slots__ = ("at", "seq", "fn", "label", "cancelled")
 
@@ -51,20 +52,33 @@ class Event:
 
 
 class World:
-    """Virtual time and the event queue. ``run_until`` pops events in time order."""
+    """Virtual time and the event queue. ``run_until`` pops events in time order.
+
+    The queue holds ``(at, seq, fn, label)`` tuples. ``call_at``/``call_after`` push those and
+    return nothing: the commonest scheduling (a delivery, a timer's next tick), without an
+    ``Event`` object per call. ``at``/``after`` return an ``Event`` that can be cancelled: they
+    push ``(at, seq, event, None)`` and ``run_until`` reads the event when it pops it. Both kinds
+    share one sequence counter, so the order is exactly that of one kind alone."""
+
+    _FLUSH = 2048
+    """Digest lines kept before they are hashed (``_fold``): bounded memory on long chunks."""
 
     def __init__(self, seed: int, start: float = T0) -> None:
         self.seed = seed
         self.start = start
         self.t = start
-        self._queue: list[tuple[float, int, Event]] = []
-        """(at, seq, event): the heap compares the tuple's numbers in C, not ``Event.__lt__`` in
-        Python (the same order: ``seq`` is unique, so the event itself is never compared)."""
+        self._queue: list[tuple[float, int, Any, str | None]] = []
+        """(at, seq, fn, label) or (at, seq, event, None): the heap compares the tuple's numbers in
+        C (``seq`` is unique, so what follows it is never compared)."""
         self._next_seq = itertools.count().__next__
-        """The next sequence number (bound once: ``after`` runs for every scheduled event)."""
+        """The next sequence number (bound once: every scheduled event takes one)."""
         self._rngs: dict[str, random.Random] = {}
         self._digest = hashlib.blake2b(digest_size=16)
+        self._lines: list[str] = []
+        """Digest lines not yet hashed. Why: BLAKE2b is a stream, so hashing their concatenation
+        once gives the same bytes as one ``update`` per line, for one call per ``_FLUSH`` lines."""
         self.events = 0
+        """Events run so far (exact whenever no ``run_until`` is running: it counts locally)."""
         self.after_event: list[Callable[[], None]] = []
         """Called after every event (the invariant checkers hook in here)."""
         self.trace: list[str] | None = None
@@ -81,31 +95,48 @@ class World:
 
     # ------------------------------------------------------------------ scheduling
     def at(self, when: float, fn: Callable[[], None], label: str = "") -> Event:
+        """Run ``fn`` at ``when`` (not before now); the returned event can be cancelled."""
         t = self.t
         if when < t:
             when = t
         seq = self._next_seq()
         ev = Event(when, seq, fn, label)
-        _push(self._queue, (when, seq, ev))
+        _push(self._queue, (when, seq, ev, None))
         return ev
 
     def after(self, delay: float, fn: Callable[[], None], label: str = "") -> Event:
-        """``at(t + max(0, delay))``, written out (the commonest call of a run)."""
+        """``at(t + max(0, delay))``; the returned event can be cancelled."""
         when = self.t + delay if delay > 0.0 else self.t + 0.0
         seq = self._next_seq()
         ev = Event(when, seq, fn, label)
-        _push(self._queue, (when, seq, ev))
+        _push(self._queue, (when, seq, ev, None))
         return ev
+
+    def call_at(self, when: float, fn: Callable[[], None], label: str = "") -> None:
+        """``at`` without an event to cancel (cheaper: nothing but the queue's tuple)."""
+        t = self.t
+        _push(self._queue, (when if when > t else t, self._next_seq(), fn, label))
+
+    def call_after(self, delay: float, fn: Callable[[], None], label: str = "") -> None:
+        """``after`` without an event to cancel (the commonest call of a run: deliveries, timers)."""
+        _push(self._queue, (self.t + delay if delay > 0.0 else self.t + 0.0, self._next_seq(), fn, label))
 
     def note(self, text: str) -> None:
         """Fold something that happened into the run's digest (replay check)."""
-        line = f"{self.t:.6f} {text}\n"
-        self._digest.update(line.encode())
+        self._lines.append(f"{self.t:.6f} {text}\n")
         if self.trace is not None:
             self.trace.append(f"{self.t - self.start:10.3f}  {text}")
 
+    def _fold(self) -> None:
+        """Hash the lines kept so far, in order (see ``_lines``)."""
+        lines = self._lines
+        if lines:
+            self._digest.update("".join(lines).encode())
+            lines.clear()
+
     @property
     def digest(self) -> str:
+        self._fold()
         return self._digest.hexdigest()
 
     @property
@@ -115,21 +146,33 @@ class World:
     def run_until(self, end: float) -> None:
         queue = self._queue
         hooks = self.after_event
-        pop, fold = heapq.heappop, self._digest.update  # a month's run pops millions of events
-        while queue and queue[0][0] <= end:
-            ev = pop(queue)[2]
-            if ev.cancelled:
-                continue
-            self.t = ev.at
-            self.events += 1
-            if ev.label:
-                fold(f"{ev.at:.6f} {ev.label}\n".encode())
-                if self.trace is not None:
-                    self.trace.append(f"{ev.at - self.start:10.3f}  {ev.label}")
-            ev.fn()
-            if hooks:
-                for hook in hooks:
-                    hook()
+        pop = heapq.heappop  # a month's run pops millions of events
+        lines = self._lines
+        add = lines.append
+        flush = self._FLUSH
+        n = 0
+        try:
+            while queue and queue[0][0] <= end:
+                at, _, fn, label = pop(queue)
+                if label is None:  # an Event (``at``/``after``)
+                    if fn.cancelled:
+                        continue
+                    label = fn.label
+                    fn = fn.fn
+                self.t = at
+                n += 1
+                if label:
+                    add(f"{at:.6f} {label}\n")
+                    if len(lines) >= flush:
+                        self._fold()
+                    if self.trace is not None:
+                        self.trace.append(f"{at - self.start:10.3f}  {label}")
+                fn()
+                if hooks:
+                    for hook in hooks:
+                        hook()
+        finally:
+            self.events += n
         self.t = max(self.t, end)
 
     # ------------------------------------------------------------------ ids

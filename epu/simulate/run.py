@@ -362,7 +362,7 @@ class Simulate:
             job, nodes, cores, limit = todo[self._next]
             at = t0 + (job.submit - first)
             if at > world.t:
-                world.at(at, self._feed)
+                world.call_at(at, self._feed)
                 return
             self.records[job.job_id] = JobRecord(job.job_id, world.t, job.run, nodes, cores)
             inner.submit(cores=cores, nodes=nodes, duration=job.run, time_limit=limit, job_id=job.job_id)
@@ -393,9 +393,9 @@ class Simulate:
         def tick() -> None:
             self._sample()
             if self.done_at is None:
-                self.world.after(step, tick)
+                self.world.call_after(step, tick)
 
-        self.world.after(0.0, tick)
+        self.world.call_after(0.0, tick)
 
     def expected_seconds(self) -> float:
         todo = self._todo
