@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from epu.common.messages import Message
@@ -177,6 +178,24 @@ class Bus:
         for tap in self.taps:
             tap(msg, sender)
         f = self.faults
+        if self.enabled and (f.loss_rate or f.duplicate_rate or f.reorder_jitter or f.delay_rate):
+            self._publish_faulty(msg)
+            return
+        # no fault applies: ``_publish_faulty`` with its tests false, ``_delay``'s one draw and
+        # ``_send`` written out (a run publishes hundreds of thousands of messages)
+        lo, hi = f.latency
+        rnd = self._rng.random
+        t = msg.TYPE
+        for name in route(msg):
+            q = self.queues.get(name) or self.queue(name)
+            label = q.labels.get(t)
+            if label is None:
+                label = q.labels[t] = f"deliver {t} to {q.name}"
+            self.world.call_after(lo + rnd() * (hi - lo), partial(self._deliver, q, msg, 1), label)
+
+    def _publish_faulty(self, msg: Message) -> None:
+        """``publish``'s routing while message faults apply (loss, duplicates, extra delays)."""
+        f = self.faults
         for name in route(msg):
             if self.enabled and f.loss_rate and msg.TYPE != "policy.change" and self._rng.random() < f.loss_rate:
                 self.stats.lost += 1
@@ -204,7 +223,7 @@ class Bus:
         label = q.labels.get(msg.TYPE)
         if label is None:
             label = q.labels[msg.TYPE] = f"deliver {msg.TYPE} to {q.name}"
-        self.world.call_after(delay, lambda: self._deliver(q, msg, attempt), label)
+        self.world.call_after(delay, partial(self._deliver, q, msg, attempt), label)
 
     # ------------------------------------------------------------------ delivery
     def _deliver(self, q: SimQueue, msg: Message, attempt: int) -> None:
@@ -241,7 +260,7 @@ class Bus:
                 c.owner.dead_letter(msg, exc)
                 return
             self.world.call_after(self.RETRY_BASE * 2 ** (attempt - 1),
-                             lambda: self._retry(q, c, msg, attempt + 1), f"retry {msg.TYPE}")
+                                  lambda: self._retry(q, c, msg, attempt + 1), f"retry {msg.TYPE}")
 
     def flush(self, q: SimQueue | None = None) -> None:
         """A consumer (re)connected or the broker is back: deliver what waited, in order."""
