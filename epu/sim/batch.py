@@ -151,13 +151,13 @@ class SimBatchSystem:
             for job in self.inner.freeze_node(name):
                 self.preempted_jobs[job] = name
             self.world.call_after(self.lost_node_seconds, lambda: self._notice_lost(name, vm, cause),
-                             f"batch notices {name} lost")
+                                  f"batch notices {name} lost")
             return
         self.inner.set_node_up(name, False, f"VM {vm.cloud_id} {cause}")
         if self.flavor == "htcondor":
             # the collector forgets a dead startd's ad after a while
             self.world.call_after(self._rng.uniform(60.0, 900.0), lambda: self._expire(name),
-                             f"batch expire {name}")
+                                  f"batch expire {name}")
 
     def _notice_lost(self, name: str, vm: VM, cause: str) -> None:
         """The daemon timeout: the node goes down and the batch system requeues what is left
@@ -245,7 +245,7 @@ class SimBatchSystem:
             if vm is not None:
                 self._resources(node, vm)
                 self.world.call_after(self._rng.uniform(*self.register_seconds),
-                                 lambda: self._register(node, vm), f"batch register {node}")
+                                      lambda: self._register(node, vm), f"batch register {node}")
             return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
         return self.inner.execute(action, node, cores=cores, address=address, reason=reason, force=force)
 
