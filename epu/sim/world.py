@@ -25,6 +25,10 @@ from contextlib import contextmanager
 from typing import Any
 
 _push = heapq.heappush
+_new, _set, _UUID, _UNKNOWN = object.__new__, object.__setattr__, uuid.UUID, uuid.SafeUUID.unknown
+_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+"""The variant and version bits of a UUID's int (``uuid.UUID.__init__`` with ``version``)."""
+_V4 = (0x8000 << 48) | (4 << 76)
 
 T0 = 1_700_000_000.0
 """Virtual epoch of every run (2023-11-14): timestamps look like real ones in traces."""
@@ -179,11 +183,17 @@ class World:
     @contextmanager
     def running(self) -> Iterator[World]:
         """Make ``uuid.uuid4`` draw from this world's ``ids`` stream while the run lasts."""
-        ids = self.rng("ids")
+        bits = self.rng("ids").getrandbits
         original = uuid.uuid4
 
         def uuid4() -> uuid.UUID:
-            return uuid.UUID(int=ids.getrandbits(128), version=4)
+            """``uuid.UUID(int=bits(128), version=4)``, as its ``__init__`` builds it (variant and
+            version bits set, ``is_safe`` unknown) without its argument checks: a run makes an id
+            for every message and launch."""
+            u = _new(_UUID)
+            _set(u, "int", bits(128) & _CLEAR | _V4)
+            _set(u, "is_safe", _UNKNOWN)
+            return u
 
         uuid.uuid4 = uuid4  # type: ignore[assignment]
         try:

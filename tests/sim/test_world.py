@@ -146,3 +146,23 @@ def test_digest_read_midway_then_more_lines() -> None:
         w.call_after(1.0, lambda: None, "second")
         w.run_until(w.start + 5.0)
     assert a.digest == b.digest and a.events == b.events == 2
+
+
+def test_running_uuid4_is_the_uuid_module_s() -> None:
+    """``World.running``'s ``uuid4`` builds exactly ``uuid.UUID(int=..., version=4)`` from the
+    ``ids`` stream (equal, same text, same fields), and ``uuid.uuid4`` is restored after."""
+    import uuid
+
+    original = uuid.uuid4
+    for seed in range(20):
+        w = World(seed)
+        ref = random.Random(f"{seed}/ids")
+        with w.running():
+            for _ in range(500):
+                got = uuid.uuid4()
+                want = uuid.UUID(int=ref.getrandbits(128), version=4)
+                assert type(got) is uuid.UUID
+                assert got == want and got.int == want.int and str(got) == str(want) and got.hex == want.hex
+                assert got.version == 4 and got.variant == want.variant and got.is_safe is want.is_safe
+                assert hash(got) == hash(want)
+    assert uuid.uuid4 is original
