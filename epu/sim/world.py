@@ -119,7 +119,7 @@ class World:
     def call_at(self, when: float, fn: Callable[[], None], label: str = "") -> None:
         """``at`` without an event to cancel (cheaper: nothing but the queue's tuple)."""
         t = self.t
-        _push(self._queue, (when if when > t else t, self._next_seq(), fn, label))
+        _push(self._queue, (t if when < t else when, self._next_seq(), fn, label))
 
     def call_after(self, delay: float, fn: Callable[[], None], label: str = "") -> None:
         """``after`` without an event to cancel (the commonest call of a run: deliveries, timers)."""
