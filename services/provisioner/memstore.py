@@ -24,6 +24,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from epu.common.messages import LaunchRequest
@@ -46,6 +47,13 @@ _ROW_ORDER = operator.attrgetter("created_at", "instance_id")
 """The order ``list`` answers in (the SQL store's ORDER BY)."""
 _CHANGES_KEPT = 1 << 14
 """Most record ids ``MemoryDatabase.changes`` keeps (past this, the older half is dropped)."""
+
+
+@lru_cache(maxsize=256)
+def _allowed(current: str, new: str) -> bool:
+    """``check_transition(current, new).allowed``, remembered: a pure function of two states, asked
+    at every transition."""
+    return check_transition(current, new).allowed
 
 
 def _evolve(rec: InstanceRecord, **changes: Any) -> InstanceRecord:
@@ -393,7 +401,7 @@ class MemoryStore:
             rec = self.db.instances.get(instance_id)
             if rec is None:
                 return None
-            if not check_transition(rec.state, new_state).allowed:
+            if not _allowed(rec.state, new_state):
                 return None
             write()
             presumed = None if new_state == "terminating" else rec.presumed_gone_at

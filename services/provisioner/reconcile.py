@@ -408,7 +408,7 @@ def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> 
                         else f"terminated by the cloud (node {node.cloud_id})"), None
     else:
         reason, kind = f"node {node.native_state}", None
-    if target and check_transition(rec.state, target).allowed:
+    if target and _moves(rec.state, target):
         plan.actions.append(Follow(rec.instance_id, target, reason, kind, node.ip))
         if target == "failed":
             # the cloud says so itself; a failed node still counts against the quota and is billed
