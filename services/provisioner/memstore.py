@@ -357,7 +357,7 @@ class MemoryStore:
         stored): only the records stored since (``changes``) and the ended ones the horizon may
         have passed (``ended`` entries from ``before`` to ``since``) can have joined or left it;
         every other record is the very object it was, in the answer exactly when it was. Those
-        few are taken out and, if they belong, put back in row order (``_ROW_ORDER`` is unique:
+        few are taken out (found by their row key, not by a scan) and, if they belong, put back in row order (``_ROW_ORDER`` is unique:
         it ends with the id, and a record's ``created_at`` never changes). ``None``: read it
         afresh (the horizon moved back, or too much changed). Called under the lock."""
         db = self.db
@@ -367,8 +367,18 @@ class MemoryStore:
         moved = set(db.changes[first:])
         ended = db.ended
         moved.update(iid for _, iid in ended[bisect.bisect_left(ended, (before, "")):start])
-        out = [r for r in answer if r.instance_id not in moved]
         inst = db.instances
+        out = answer.copy()
+        for iid in moved:
+            # Taken out where it sits, if it is there: ``answer`` is in row order and a record's
+            # ``created_at`` never changes, so its row key is the current record's; a key that
+            # does not order (NaN) leaves the scan to a fresh read.
+            at = inst[iid].created_at
+            if at != at:
+                return None
+            i = bisect.bisect_left(out, (at, iid), key=_ROW_ORDER)
+            if i < len(out) and out[i].instance_id == iid:
+                del out[i]
         for iid in moved:
             rec = inst[iid]
             if rec.state not in _ENDED or rec.updated_at >= since:
