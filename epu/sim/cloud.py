@@ -396,9 +396,10 @@ class SimNodeDriver(NodeDriver):
             return last[1]
         ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"
         node = Node(id=vm.cloud_id, name=vm.name, state=state,
-                    public_ips=[ip] if state == NodeState.RUNNING else [],
-                    private_ips=[ip] if state != NodeState.TERMINATED else [], driver=self,
+                    public_ips=[ip] if state is NodeState.RUNNING else [],
+                    private_ips=[ip] if state is not NodeState.TERMINATED else [], driver=self,
                     extra=self._extra(vm, state), created_at=datetime.fromtimestamp(vm.created_at, UTC))
+        # (``is``: ``state`` is one of the members above, and ``NodeState``'s ``==`` is Python.)
         # A terminated VM's Node is kept too: it stays so (its cause and tags are fixed) for as
         # long as it lingers in listings, so those listings hand out the same Node rather than
         # a new one per poll (each converted again downstream). Entries of VMs no listing can

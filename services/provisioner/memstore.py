@@ -24,6 +24,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from epu.common.messages import LaunchRequest
@@ -46,6 +47,13 @@ _ROW_ORDER = operator.attrgetter("created_at", "instance_id")
 """The order ``list`` answers in (the SQL store's ORDER BY)."""
 _CHANGES_KEPT = 1 << 14
 """Most record ids ``MemoryDatabase.changes`` keeps (past this, the older half is dropped)."""
+
+
+@lru_cache(maxsize=256)
+def _allowed(current: str, new: str) -> bool:
+    """``check_transition(current, new).allowed``, remembered: a pure function of two states, asked
+    at every transition."""
+    return check_transition(current, new).allowed
 
 
 def _evolve(rec: InstanceRecord, **changes: Any) -> InstanceRecord:
@@ -349,7 +357,7 @@ class MemoryStore:
         stored): only the records stored since (``changes``) and the ended ones the horizon may
         have passed (``ended`` entries from ``before`` to ``since``) can have joined or left it;
         every other record is the very object it was, in the answer exactly when it was. Those
-        few are taken out and, if they belong, put back in row order (``_ROW_ORDER`` is unique:
+        few are taken out (found by their row key, not by a scan) and, if they belong, put back in row order (``_ROW_ORDER`` is unique:
         it ends with the id, and a record's ``created_at`` never changes). ``None``: read it
         afresh (the horizon moved back, or too much changed). Called under the lock."""
         db = self.db
@@ -359,8 +367,18 @@ class MemoryStore:
         moved = set(db.changes[first:])
         ended = db.ended
         moved.update(iid for _, iid in ended[bisect.bisect_left(ended, (before, "")):start])
-        out = [r for r in answer if r.instance_id not in moved]
         inst = db.instances
+        out = answer.copy()
+        for iid in moved:
+            # Taken out where it sits, if it is there: ``answer`` is in row order and a record's
+            # ``created_at`` never changes, so its row key is the current record's; a key that
+            # does not order (NaN) leaves the scan to a fresh read.
+            at = inst[iid].created_at
+            if at != at:
+                return None
+            i = bisect.bisect_left(out, (at, iid), key=_ROW_ORDER)
+            if i < len(out) and out[i].instance_id == iid:
+                del out[i]
         for iid in moved:
             rec = inst[iid]
             if rec.state not in _ENDED or rec.updated_at >= since:
@@ -393,7 +411,7 @@ class MemoryStore:
             rec = self.db.instances.get(instance_id)
             if rec is None:
                 return None
-            if not check_transition(rec.state, new_state).allowed:
+            if not _allowed(rec.state, new_state):
                 return None
             write()
             presumed = None if new_state == "terminating" else rec.presumed_gone_at

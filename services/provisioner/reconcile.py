@@ -41,7 +41,7 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import compress
+from itertools import compress, repeat
 
 from epu.common.messages import PREEMPTED_REASON
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
@@ -239,10 +239,22 @@ class Plan:
 ALERT_IDS = 20
 
 
+_CLOUD_ID = operator.attrgetter("cloud_id")
+_TAGS = operator.attrgetter("tags")
+_DEPLOYMENT_TAG = operator.methodcaller("get", TAG_DEPLOYMENT)
+
+
 def ours(world: World, rules: Rules) -> dict[str, CloudNode]:
     """This deployment's nodes by cloud id, each once (the first listing of a duplicate wins)."""
+    nodes = world.nodes
+    ids = list(map(_CLOUD_ID, nodes))
+    if (len(set(ids)) == len(ids)
+            and all(map(operator.eq, map(_DEPLOYMENT_TAG, map(_TAGS, nodes)), repeat(rules.deployment)))):
+        # The common listing — every node this deployment's, none twice (``LibcloudSite.nodes``
+        # answers only its deployment's): the loop's very answer, built in C.
+        return dict(zip(ids, nodes, strict=True))
     out: dict[str, CloudNode] = {}
-    for node in world.nodes:
+    for node in nodes:
         if node.tags.get(TAG_DEPLOYMENT) == rules.deployment and node.cloud_id not in out:
             out[node.cloud_id] = node
     return out
@@ -258,44 +270,54 @@ class ObserveCache:
     def __init__(self) -> None:
         self.last: tuple[str, tuple[CloudNode, ...], dict[str, CloudNode]] | None = None
         """(deployment, listing, ``ours`` of it): read-only, shared with the ``observe`` calls."""
-        self.judged: tuple[str, dict[str, CloudNode], list[str], list[InstanceRecord], list[int]] | None = None
-        """(site, the ``ours`` it used, the record ids and records in order, the positions of
-        those it judged — absent, or not ``_quiet`` —) of the last ``observe`` without misses:
-        see ``observe_again``."""
+        self.judged: tuple[str, dict[str, CloudNode], dict[str, InstanceRecord], set[str]] | None = None
+        """(site, the ``ours`` it used, the records by key, the keys of those it judged — absent,
+        or not ``_quiet`` —) of the last ``observe`` without misses: see ``observe_again``."""
 
     def observe_again(self, plan: Plan, world: World, rules: Rules, nodes: dict[str, CloudNode]) -> bool:
-        """``observe``'s loop over the records, judging only those that may plan something: with
-        no miss held, the very same ``ours`` (the same listing) and the same record ids in the
-        same order as the last observation, a record that is the very object it was (records are
-        immutable) is skipped or ``_quiet`` exactly when it was then (both functions of the
-        record, its node and, for ``_quiet``, misses — none now, so a quiet one stays quiet).
-        Only the changed records and those judged last time (absence and ``_present`` also
-        read the listing time, the misses and the rules) are judged again, in record order: the
-        same actions in the same order. False: not applicable, ``plan`` untouched."""
+        """``observe``'s loop over the records, judging only those that may plan something. With
+        no miss held now or at the last observation of this site, a record that is the very
+        object it was then (records are immutable) and whose node is too (by its cloud id in
+        ``ours``: the very object, or absent both times) is skipped or ``_quiet`` exactly when it
+        was then — both are functions of the record, its node and, for ``_quiet``, the misses
+        (none). So only the records new or changed since, those whose node changed, appeared or
+        left, and those judged last time (absence and ``_present`` also read the listing time,
+        the misses and the rules) are judged again, in record order: the same actions in the same
+        order. Records may come and go and listings change between the two (a launch, a listing
+        that lost or gained nodes). False: not applicable, ``plan`` untouched."""
         last = self.judged
-        keys = list(world.records)
-        if (last is None or world.misses or last[0] != world.site or last[1] is not nodes
-                or last[2] != keys):
+        if last is None or world.misses or last[0] != world.site:
             return False
-        values = list(world.records.values())
-        again = sorted({*compress(range(len(values)), map(operator.is_not, last[3], values)), *last[4]})
+        records = world.records
+        keys = list(records)
+        values = list(records.values())
+        before, judged_before = last[2], last[3]
+        again = map(operator.is_not, map(before.get, keys), values)  # new or changed records
+        old_nodes = last[1]
+        if old_nodes is not nodes:
+            moved = old_nodes.keys() - nodes.keys()  # nodes gone from ``ours``...
+            moved.update(compress(nodes, map(operator.is_not, map(old_nodes.get, nodes), nodes.values())))
+            if moved:  # ... and new or changed ones: their records (by cloud id) judged again
+                again = map(operator.or_, again, map(moved.__contains__, map(_CLOUD_ID, values)))
+        if judged_before:
+            again = map(operator.or_, again, map(judged_before.__contains__, keys))
         site, misses = world.site, world.misses
         absent = False
-        judged = []
-        for i in again:
+        judged: set[str] = set()
+        for i in compress(range(len(values)), again):
             rec = values[i]
             if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
                 continue
             node = nodes.get(rec.cloud_id)
             if node is None:
                 absent = True
-                judged.append(i)
+                judged.add(keys[i])
                 _absent(plan, world, rules, rec)
             elif not _quiet(rec, node, misses):
-                judged.append(i)
+                judged.add(keys[i])
                 _present(plan, world, rec, node)
         plan.steady = not absent and not plan.actions
-        self.judged = (site, nodes, keys, values, judged)
+        self.judged = (site, nodes, dict(zip(keys, values, strict=True)), judged)
         return True
 
     def ours(self, world: World, rules: Rules) -> dict[str, CloudNode]:
@@ -322,11 +344,12 @@ def observe(world: World, rules: Rules) -> Plan:
     else:
         nodes = ours(world, rules)
     site, misses = world.site, world.misses
-    judged: list[int] | None = [] if kept is not None and not misses else None
+    judged: set[str] | None = set() if kept is not None and not misses else None
     # The watched records only matter to forget the misses of those no longer watched: none
     # held (a poll's common case), none is gathered.
     watched: set[str] | None = set() if misses else None
     absent = False
+    keys = list(world.records)
     values = list(world.records.values())
     for i, rec in enumerate(values):
         if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
@@ -342,12 +365,12 @@ def observe(world: World, rules: Rules) -> Plan:
         else:
             continue
         if judged is not None:
-            judged.append(i)
+            judged.add(keys[i])
     if watched is not None:
         plan.actions += [ClearMiss(iid) for iid in misses if iid not in watched]  # closed since: forget
     plan.steady = not absent and not plan.actions
     if kept is not None:  # what ``observe_again`` starts from next time (nothing, after misses)
-        kept.judged = (site, nodes, list(world.records), values, judged) if judged is not None else None
+        kept.judged = (site, nodes, dict(zip(keys, values, strict=True)), judged) if judged is not None else None
     return plan
 
 
@@ -385,7 +408,7 @@ def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> 
                         else f"terminated by the cloud (node {node.cloud_id})"), None
     else:
         reason, kind = f"node {node.native_state}", None
-    if target and check_transition(rec.state, target).allowed:
+    if target and _moves(rec.state, target):
         plan.actions.append(Follow(rec.instance_id, target, reason, kind, node.ip))
         if target == "failed":
             # the cloud says so itself; a failed node still counts against the quota and is billed

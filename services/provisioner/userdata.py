@@ -23,6 +23,7 @@ import base64
 import json
 import string
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,35 @@ class UserdataError(ValueError):
     """The document cannot be produced (too big, bad template). Permanent."""
 
 
+@lru_cache(maxsize=32)
+def _pieces(template_text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The template split once into its text and placeholders: ``string.Template.substitute``
+    writes ``texts[0] + value(names[0]) + texts[1] + ... + texts[-1]`` (``$$`` already made
+    ``$``), so a render joins the values in instead of running the pattern with a callback per
+    placeholder at every launch. ``None``: the template has an invalid placeholder (``substitute``
+    raises its error: ``render`` takes its path then)."""
+    t = string.Template
+    texts: list[str] = []
+    names: list[str] = []
+    run: list[str] = []
+    pos = 0
+    for m in t.pattern.finditer(template_text):
+        run.append(template_text[pos:m.start()])
+        named = m.group("named") or m.group("braced")
+        if named is not None:
+            texts.append("".join(run))
+            names.append(named)
+            run = []
+        elif m.group("escaped") is not None:
+            run.append(t.delimiter)
+        else:
+            return None
+        pos = m.end()
+    run.append(template_text[pos:])
+    texts.append("".join(run))
+    return tuple(texts), tuple(names)
+
+
 @dataclass(frozen=True)
 class UserdataRenderer:
     template_text: str
@@ -120,10 +150,19 @@ class UserdataRenderer:
             ctx.update(worker.values(str(values.get("node_name", "")), str(values.get("instance_id", ""))))
         ctx.update({k: v for k, v in values.items() if v is not None})
         quoted = {k: _quote(str(v)) for k, v in ctx.items()}
-        try:
-            doc = string.Template(self.template_text).substitute(quoted)
-        except (KeyError, ValueError) as exc:
-            raise UserdataError(f"userdata template: unknown or malformed placeholder {exc}") from None
+        pieces = _pieces(self.template_text)
+        if pieces is not None and all(map(quoted.__contains__, pieces[1])):
+            texts, names = pieces
+            parts = [texts[0]]
+            for name, text in zip(names, texts[1:], strict=True):
+                parts.append(quoted[name])
+                parts.append(text)
+            doc = "".join(parts)
+        else:  # an unknown or malformed placeholder: ``substitute`` says which
+            try:
+                doc = string.Template(self.template_text).substitute(quoted)
+            except (KeyError, ValueError) as exc:
+                raise UserdataError(f"userdata template: unknown or malformed placeholder {exc}") from None
         size = len(doc.encode())
         if size > self.max_bytes:
             raise UserdataError(f"userdata is {size} bytes, over the provider limit of {self.max_bytes}")
