@@ -86,7 +86,6 @@ from epu.services.decision.view import (
     partition,
     refresh_census,
     refresh_census_again,
-    refresh_census_since,
 )
 
 log = logging.getLogger("epu.decision")
@@ -800,9 +799,6 @@ class Engine:
                 census = refresh_census_again(memo.census, latest.nodes, now)
             if before is None:
                 before = self.store.instances(domain)
-            if census is None and memo is not None and memo.latest is latest and snap.available:
-                # the same snapshot, instances written since (events): only the new objects refreshed
-                census = refresh_census_since(memo.census, before, latest.nodes, now)
             if census is None:
                 census = refresh_census(before, latest.nodes, now, snap.available)
             after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
@@ -822,8 +818,8 @@ class Engine:
                     latest, stamp if dissolved is None and not changed else None,
                     Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
                            census.known, census.missing, census.gangs, census.counted,
-                           *((census.quiet, census.rest, census.gathered_at, census.absent) if dissolved is None
-                             else (None, None, None, None))), why)
+                           *((census.quiet, census.rest, census.gathered_at) if dissolved is None
+                             else (None, None, None))), why)
         return before, after, parts, changed, came, dissolved, why, gangs
 
     def iterate_domain(self, domain: str, now: float,

@@ -409,9 +409,6 @@ class Census:
     gathered_at: int | None = None
     """With ``quiet``: the ``NodeIndex.serial`` it was gathered on (each quiet busy name was busy
     there: on the next index, built with that one ``before``, only its ``left_busy`` names can leave)."""
-    absent: list[Instance] | None = None
-    """The instances counted in ``missing`` (None: not listed, as on an unavailable snapshot):
-    ``refresh_census_since`` counts the untouched ones again without looking their nodes up."""
 
 
 def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
@@ -431,7 +428,6 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
     changed: list[Instance] = []
     came: list[Instance] = []
     known = missing = 0
-    absent: list[Instance] = []
     gangs = False
     append = out.append
     for inst in instances:  # written for speed: at 50,000 instances each step here is milliseconds
@@ -483,21 +479,19 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
                 known += 1
                 if node is None:
                     missing += 1
-                    absent.append(new)
         elif state == "draining":
             draining.append(new)
             if new.joined_at is not None and not new.removed:
                 known += 1
                 if node is None:
                     missing += 1
-                    absent.append(new)
         elif state in PENDING_STATES:
             if new.retire:
                 draining.append(new)
             else:
                 pending.append(new)
                 active.append(new)
-    return Census(out, (active, pending, joined, draining), changed, came, known, missing, gangs, absent=absent)
+    return Census(out, (active, pending, joined, draining), changed, came, known, missing, gangs)
 
 
 def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census | None:
@@ -540,7 +534,6 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
     changed: list[Instance] = []
     olds: list[Instance] = []  # the instances ``changed`` replaces, in the same order
     missing = 0
-    absent: list[Instance] = []  # quiet instances are never missing (listed, or not known yet)
     for inst in look:  # the same steps as refresh_census's, for speed too
         node = ids.get(inst.instance_id) if ids else None
         name = inst.node_name
@@ -596,7 +589,6 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
             if (state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
                     and not inst.terminate_sent):
                 missing += 1
-                absent.append(new)
         else:
             if inst.seen_at is None:
                 new = evolve(new, seen_at=now)
@@ -620,82 +612,12 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
         was = prev.parts if prev.parts is not None else partition(prev.instances)
         parts: Parts = (list(was[0]), list(was[1]), list(was[2]), list(was[3]))
         return Census(list(prev.instances), parts, [], [], prev.known, missing, prev.gangs, quiet=q, rest=r,
-                      gathered_at=index.serial if gather else None, absent=absent)
+                      gathered_at=index.serial if gather else None)
     # the changed ones put in their places (their parts do not change: a new timer or seen_at
     # only), listed in the instances' order, and the parts again — all in one pass
     after, parts, changed = _swap_partition(prev.instances, dict(zip(map(id, olds), changed, strict=True)))
     return Census(after, parts, changed, [], prev.known, missing, prev.gangs, quiet=q, rest=r,
-                  gathered_at=index.serial if gather else None, absent=absent)
-
-
-def refresh_census_since(prev: Census, instances: list[Instance], index: NodeIndex, now: float) -> Census | None:
-    """``refresh_census(instances, index, now, True)`` when ``prev`` is a census on this very
-    ``index`` that nothing joined in (``prev.joined`` empty: each of ``prev.instances`` is then
-    its own refresh on ``index``, whatever the time) and ``instances`` are the store's instances
-    since — mostly ``prev``'s objects, a few new ones written by instance events. Those of
-    ``prev`` are taken as they are (no node look-up: their ``missing`` is whether ``prev.absent``
-    lists them); only the others get refresh's step. Most iterations after an event used to take
-    the full census, ~2 µs per instance. ``None`` when ``prev`` did not count (an unavailable
-    snapshot) or did not list its ``absent`` ones."""
-    if not prev.counted or prev.absent is None or prev.joined:
-        return None
-    mine = set(map(id, prev.instances))
-    lost = set(map(id, prev.absent))
-    # the others (a few), refreshed in one full census of their own: their new objects in order
-    fresh = [i for i in instances if id(i) not in mine]
-    if fresh:
-        own = refresh_census(fresh, index, now, True)
-        lost.update(map(id, own.absent or ()))
-        refreshed = iter(own.instances)
-        came = own.joined
-    else:
-        came = []
-    out: list[Instance] = []
-    active: list[Instance] = []
-    pending: list[Instance] = []
-    joined: list[Instance] = []
-    draining: list[Instance] = []
-    changed: list[Instance] = []
-    absent: list[Instance] = []
-    known = missing = 0
-    gangs = False
-    append = out.append
-    for inst in instances:  # refresh_census's partition and counts, for speed too
-        if id(inst) in mine:
-            new = inst
-        else:
-            new = next(refreshed)
-            if new is not inst:
-                changed.append(new)
-        append(new)
-        if new.gang:
-            gangs = True
-        if new.terminate_sent:
-            continue
-        state = new.state
-        if state == "joined":
-            if new.retire:
-                draining.append(new)
-            else:
-                joined.append(new)
-                active.append(new)
-        elif state == "draining":
-            draining.append(new)
-        elif state in PENDING_STATES:
-            if new.retire:
-                draining.append(new)
-            else:
-                pending.append(new)
-                active.append(new)
-            continue
-        else:
-            continue
-        if new.joined_at is not None and not new.removed:
-            known += 1
-            if id(new) in lost:
-                missing += 1
-                absent.append(new)
-    return Census(out, (active, pending, joined, draining), changed, came, known, missing, gangs, absent=absent)
+                  gathered_at=index.serial if gather else None)
 
 
 def _swap_partition(instances: list[Instance], swap: dict[int, Instance]) -> tuple[

@@ -19,7 +19,6 @@ from epu.services.decision.view import (
     partition,
     refresh_census,
     refresh_census_again,
-    refresh_census_since,
 )
 
 T0 = 1_700_000_000.0
@@ -219,83 +218,6 @@ def _chained(prev: Census, nodes: Callable[[], NodeIndex], steps: int) -> Iterat
         if got is None:
             return
         prev = got
-
-
-def _written(rnd: random.Random, insts: list[Instance], step: int) -> list[Instance]:
-    """The store's instances after some writes, as instance events leave them: most the very
-    objects before, some replaced by changed copies (a new state, a timer, terminate_sent,
-    retire, a gang, removed), some equal copies (a new object all the same), some gone (ended),
-    some new (launched or adopted), the order moved a little (a written instance goes last)."""
-    out: list[Instance] = []
-    for inst in insts:
-        r = rnd.random()
-        if r < 0.05:
-            continue
-        if r < 0.2:
-            change = rnd.choice([
-                {"state": rnd.choice(STATES)}, {"seen_at": rnd.choice([None, T0])},
-                {"idle_since": rnd.choice([None, T0])}, {"missing_since": rnd.choice([None, T0])},
-                {"terminate_sent": not inst.terminate_sent}, {"retire": rnd.choice(["", "lost"])},
-                {"joined_at": rnd.choice([None, T0])}, {"removed": not inst.removed},
-                {"gang": rnd.choice(["", "g2:3"])}, {"seq": inst.seq + 1}])
-            inst = Instance(**{**_fields(inst), **change})
-        elif r < 0.25:
-            inst = Instance(**_fields(inst))
-        out.append(inst)
-    out += table(rnd, rnd.randint(0, 5))
-    out = [Instance(**{**_fields(i), "instance_id": f"{i.instance_id}-{step}-{k}"}) if i.instance_id.startswith("i")
-           and i not in insts else i for k, i in enumerate(out)]
-    for _ in range(rnd.randint(0, 4)):
-        if out:
-            out.append(out.pop(rnd.randrange(len(out))))
-    return out
-
-
-@pytest.mark.parametrize("seed", range(80))
-def test_the_census_of_instances_written_since_gives_the_census(seed: int) -> None:
-    """``refresh_census_since``: on the same snapshot, after instance events wrote some rows,
-    refreshing only the objects the last census did not list gives exactly the full census of the
-    store's instances (parts in their order, changed, joined, the breaker's counts, the missing
-    ones) — chained, each from the last one's result while nothing joined, from a full census or
-    from a shorter pass on a new snapshot."""
-    rnd = random.Random(seed)
-    index = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
-    prev = refresh_census(table(rnd, 60), index, T0 + 10, True)
-    if prev.joined:  # the engine keeps a census only without joins: its fixed point on the snapshot
-        prev = refresh_census(prev.instances, index, T0 + 11, True)
-    if seed % 2:  # the last census was a shorter pass on a new snapshot
-        index = NodeIndex(list(snapshot_nodes(rnd, 60, ids=seed % 3 == 0).by_name.values()), before=index)
-        again = refresh_census_again(prev, index, T0 + 12)
-        prev = again if again is not None else refresh_census(prev.instances, index, T0 + 12, True)
-        if prev.joined:
-            prev = refresh_census(prev.instances, index, T0 + 13, True)
-    assert not prev.joined
-    for step in range(6):
-        insts = _written(rnd, prev.instances, step)
-        now = T0 + 20 + step
-        got = refresh_census_since(prev, insts, index, now)
-        full = refresh_census(insts, index, now, True)
-        assert got is not None
-        same(got, full)
-        assert got.absent == full.absent and len(got.absent or ()) == got.missing
-        # unchanged: the store's own object, as the full census keeps it (the memo checks identity)
-        assert [a is i for a, i in zip(got.instances, insts, strict=True)] == [
-            b is i for b, i in zip(full.instances, insts, strict=True)]
-        assert got.counted and got.quiet is None
-        if got.joined:
-            assert refresh_census_since(got, insts, index, now) is None
-            got = refresh_census(got.instances, index, now + 1, True)
-        prev = got
-
-
-def test_the_census_since_declines_what_it_cannot_take_over() -> None:
-    rnd = random.Random(2)
-    insts = table(rnd, 10)
-    unavailable = refresh_census(insts, NodeIndex([]), T0, False)
-    assert refresh_census_since(unavailable, insts, NodeIndex([]), T0) is None
-    counted = refresh_census(insts, NodeIndex([]), T0, True)
-    counted.absent = None
-    assert refresh_census_since(counted, insts, NodeIndex([]), T0) is None
 
 
 def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted() -> None:
