@@ -306,6 +306,40 @@ def test_the_stores_site_and_type_counts_follow_every_write() -> None:
         assert store.live_per_type() == count_per_type(live)
 
 
+_INDEX_PARTS = ("by_name", "by_id", "by_short", "busy_short", "idle_short", "down_short", "left_busy")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_an_index_over_the_same_nodes_as_the_one_before_is_the_one_built_anew(seed: int) -> None:
+    """``NodeIndex(nodes, before=...)`` over the very node objects of ``before`` (a quiet cluster's
+    snapshots repeat them) takes ``before``'s look-ups over: the same as building them anew — each
+    look-up in the same order, the name sets, nothing left busy, ``since``, ``free`` — and its
+    own copies (changing them leaves ``before`` as it was); over other objects, or a list that
+    differs by one node, it is built anew."""
+    rnd = random.Random(seed)
+    first = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
+    if rnd.random() < 0.5:
+        first.free  # noqa: B018  # listed (as the engine does on arrival) or not
+    nodes = list(first.items)
+    if seed % 4 == 1 and nodes:  # one node a new object (equal or not): not the same nodes
+        k = rnd.randrange(len(nodes))
+        nodes[k] = NodeInfo(**{**nodes[k].model_dump(), "state": rnd.choice(NODE_STATES)})
+    got = NodeIndex(list(nodes), before=first)
+    built = NodeIndex(list(nodes))  # anew (no ``before``: built in full), and its ``before`` part by definition
+    if first.busy_short is not None and built.busy_short is not None:
+        built.since, built.left_busy = first.serial, first.busy_short - built.busy_short
+    for name in _INDEX_PARTS:
+        assert getattr(got, name) == getattr(built, name), name
+    assert [list(getattr(got, n).items()) for n in ("by_name", "by_id", "by_short")] == [
+        list(getattr(built, n).items()) for n in ("by_name", "by_id", "by_short")]
+    assert got.since == built.since and got.free == built.free and got.serial != first.serial
+    longer = NodeIndex([*nodes, NodeInfo(name="zz-extra", state="free", cores=1)], before=first)
+    assert len(longer) == len(nodes) + 1 and "zz-extra" in longer.by_short  # a longer list: built anew
+    before = {n: dict(getattr(first, n)) for n in ("by_name", "by_id", "by_short")}
+    got.by_name.clear(), got.by_short.clear(), got.free.clear()
+    assert {n: dict(getattr(first, n)) for n in ("by_name", "by_id", "by_short")} == before
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: int) -> None:
     """``NodeIndex(nodes, before=...)``: ``left_busy`` is the set difference of the two indexes'
