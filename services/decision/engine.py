@@ -255,7 +255,9 @@ class Engine:
             return False  # an older snapshot arriving late says nothing new
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [], before=prev.nodes if prev is not None else None)
-        self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
+        latest = self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
+        if prev is not None and prev.jobs_verdict is not None and _same_jobs_question(prev.snapshot, snap):
+            latest.jobs_verdict = prev.jobs_verdict  # the same question: the same answer
         memo = self._refreshed.get(snap.domain)
         if memo is not None:
             memo.latest = None  # it was for the last snapshot: let that one go now
@@ -1114,6 +1116,16 @@ class Engine:
 _STATE = operator.attrgetter("state")
 _SITE = operator.attrgetter("site")
 _TYPE = operator.attrgetter("instance_type")
+
+
+def _same_jobs_question(before: SensorSnapshot, snap: SensorSnapshot) -> bool:
+    """``breaker.jobs_verdict`` asks ``snap`` what it asked ``before``: a function of ``available``,
+    ``running_jobs`` and the node list alone, and these are equal — the very node objects
+    (frozen), as most snapshots of a quiet cluster repeat them (its pass over every job on every
+    node was made again per snapshot)."""
+    a, b = before.nodes, snap.nodes
+    return (before.available == snap.available and before.running_jobs == snap.running_jobs
+            and len(a) == len(b) and all(map(operator.is_, a, b)))
 
 
 def _same_params(a: Any, b: Any) -> bool:

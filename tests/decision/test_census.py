@@ -360,3 +360,40 @@ def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: i
             assert ix.idle_short == {k for k, n in items if n.state == "free" and not n.jobs and not n.cores_used}
             assert ix.down_short == {k for k, n in items if n.state == "down"}
     assert NodeIndex(list(b.by_name.values())).left_busy is None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_jobs_question_answered_once_per_node_list_is_the_breakers_answer(seed: int) -> None:
+    """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), taken over from the
+    last snapshot when the new one lists the very same node objects with the same running-jobs
+    count and availability (``Engine.on_snapshot``), is what asking it gives — over snapshots
+    that repeat the node list, change one node, change ``running_jobs`` or go unavailable."""
+    from epu.services.decision import breaker
+
+    from tests.decision.helpers import config, make_engine, snapshot
+
+    rnd = random.Random(seed)
+    engine, _bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 4, "sites": ["s1"]}}))
+    share, ok = engine.settings.breaker_missing_share, engine.settings.breaker_ok_count
+    nodes = [NodeInfo(name=f"n{k}", state="busy", cores=2, cores_used=1, jobs=[f"j{k}"]) for k in range(12)]
+    taken = 0
+    for step in range(40):
+        r = rnd.random()
+        if r < 0.2:  # a node changes (a new object)
+            k = rnd.randrange(len(nodes))
+            nodes[k] = NodeInfo(name=f"n{k}", state=rnd.choice(["busy", "free"]), cores=2,
+                                cores_used=rnd.choice([0, 1]), jobs=rnd.choice([[], [f"j{k}"]]))
+        elif r < 0.3:
+            nodes = nodes[:-1] if len(nodes) > 2 else nodes
+        snap = snapshot(nodes=nodes, at=clock.now() + step, available=rnd.random() > 0.1)
+        snap = snap.model_copy(update={"running_jobs": 30 if rnd.random() < 0.7 else rnd.choice([0, 12, 100])})
+        before = engine._latest.get("d")
+        reuse = before is not None and before.jobs_verdict is not None
+        engine.on_snapshot(snap)
+        latest = engine._latest["d"]
+        if latest.jobs_verdict is not None:
+            taken += reuse
+            assert latest.jobs_verdict == breaker.jobs_verdict(snap, share=share, ok_count=ok)
+        engine._breaker_check(refresh_census([], latest.nodes, clock.now(), snap.available), latest)
+        assert latest.jobs_verdict in (None, breaker.jobs_verdict(snap, share=share, ok_count=ok))
+    assert taken > 3
