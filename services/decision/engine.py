@@ -255,7 +255,9 @@ class Engine:
             return False  # an older snapshot arriving late says nothing new
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [], before=prev.nodes if prev is not None else None)
-        self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
+        latest = self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
+        if prev is not None and prev.jobs_verdict is not None and _same_jobs_question(prev.snapshot, snap):
+            latest.jobs_verdict = prev.jobs_verdict  # the same question: the same answer
         memo = self._refreshed.get(snap.domain)
         if memo is not None:
             memo.latest = None  # it was for the last snapshot: let that one go now
@@ -342,13 +344,16 @@ class Engine:
                         and all(map(operator.is_, quiet.entries, entries))):
                     self._quiet_reports[report.domain] = quiet
                     return 0
-                items = self._report_news(quiet, entries, report.domain)
-                index = quiet.index if items is not None else None
+                news = self._report_news(quiet, entries, report.domain)
+                if news is not None:
+                    items, in_place = news
+                    index = quiet.index if in_place else None
         repaired = 0
         if items is None:
             items = [e for e in entries if e.domain == report.domain]
-        known = self.store.seqs([e.instance_id for e in items])
-        live = {i.instance_id: i.state for i in self.store.instances(report.domain)}
+        # nothing to look at (a partly read report with no news): nothing to read either
+        known = self.store.seqs([e.instance_id for e in items]) if items else {}
+        live = {i.instance_id: i.state for i in self.store.instances(report.domain)} if items else {}
         stale: list[str] = []
         for evt in items:
             seq = known.get(evt.instance_id)
@@ -380,26 +385,36 @@ class Engine:
         return _QuietReport(entries, stamp, mark_of() if mark_of is not None else None, index)
 
     def _report_news(self, quiet: _QuietReport, entries: tuple[InstanceEvent, ...],
-                     domain: str) -> list[InstanceEvent] | None:
+                     domain: str) -> tuple[list[InstanceEvent], bool] | None:
         """The entries of a report that may say something the last quiet one (``quiet``) did
-        not, in report order — each entry's verdict is a function of the entry (frozen) and of
-        its instance's stored row alone, so only entries that are new objects and entries whose
-        instance was stored since can be news; None when that cannot be told (the full pass
+        not, in report order, and whether each position lists the same instance as in ``quiet``
+        (its index then still holds) — each entry's verdict is a function of the entry (frozen)
+        and of its instance's stored row alone, so only entries that are new objects and entries
+        whose instance was stored since can be news; None when that cannot be told (the full pass
         then). A report every few seconds of ~200 entries, nearly all of ended instances, was
-        read in full whenever any instance had been stored since."""
+        read in full whenever any instance had been stored since, and whenever it grew or shrank
+        (a launch, an instance forgotten): each entry is then found by its instance in ``quiet``."""
         since = getattr(self.store, "saved_since", None)
         old = quiet.entries
-        if since is None or quiet.mark is None or quiet.index is None or len(old) != len(entries):
+        if since is None or quiet.mark is None or quiet.index is None:
             return None
         saved = since(quiet.mark)
         if saved is None:
             return None
-        look = set(compress(count(), map(operator.is_not, old, entries)))
-        if any(entries[k].instance_id != old[k].instance_id for k in look):
-            return None  # the positions moved: ``index`` no longer holds
         where = quiet.index
-        look.update(k for k in map(where.get, saved) if k is not None)
-        return [e for e in map(entries.__getitem__, sorted(look)) if e.domain == domain]
+        if len(old) == len(entries):
+            look = set(compress(count(), map(operator.is_not, old, entries)))
+            if all(entries[k].instance_id == old[k].instance_id for k in look):
+                look.update(k for k in map(where.get, saved) if k is not None)
+                return [e for e in map(entries.__getitem__, sorted(look)) if e.domain == domain], True
+        # grown, shrunk or moved: each entry is compared with its instance's entry in ``quiet``
+        items = []
+        for e in entries:
+            iid = e.instance_id
+            k = where.get(iid)
+            if (k is None or old[k] is not e or iid in saved) and e.domain == domain:
+                items.append(e)
+        return items, False
 
     def apply_offered(self, offered: dict[str, list[Any]]) -> list[str]:
         """A provisioner's discovered catalogues (``instance.report`` ``offered``) replace the
@@ -1101,6 +1116,16 @@ class Engine:
 _STATE = operator.attrgetter("state")
 _SITE = operator.attrgetter("site")
 _TYPE = operator.attrgetter("instance_type")
+
+
+def _same_jobs_question(before: SensorSnapshot, snap: SensorSnapshot) -> bool:
+    """``breaker.jobs_verdict`` asks ``snap`` what it asked ``before``: a function of ``available``,
+    ``running_jobs`` and the node list alone, and these are equal — the very node objects
+    (frozen), as most snapshots of a quiet cluster repeat them (its pass over every job on every
+    node was made again per snapshot)."""
+    a, b = before.nodes, snap.nodes
+    return (before.available == snap.available and before.running_jobs == snap.running_jobs
+            and len(a) == len(b) and all(map(operator.is_, a, b)))
 
 
 def _same_params(a: Any, b: Any) -> bool:

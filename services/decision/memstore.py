@@ -384,7 +384,10 @@ class MemoryStore:
         st = self.db.state.get(domain)
         if st is None:
             return {}, 0
-        return json.loads(st["memory"] or "{}"), st["iteration"] or 0
+        text = st["memory"]
+        # most policies keep no memory: "{}" read as a new empty dict without the parser (asked at
+        # every iteration and by the simulator's wake check; ``Store.memory`` does the same)
+        return (json.loads(text) if text and text != "{}" else {}), st["iteration"] or 0
 
     # ------------------------------------------------------------------ intent log
     def _new_actions(self, plan: Plan) -> None:

@@ -119,7 +119,7 @@ class NodeIndex:
     """A snapshot's nodes, found by instance identity, then by short name (see module docstring)."""
 
     __slots__ = ("by_id", "by_name", "by_short", "busy_short", "idle_short", "down_short", "_free",
-                 "serial", "since", "left_busy")
+                 "serial", "since", "left_busy", "items")
 
     def __init__(self, nodes: dict[str, NodeInfo] | list[NodeInfo] | None = None,
                  before: NodeIndex | None = None) -> None:
@@ -130,6 +130,11 @@ class NodeIndex:
         self.serial = next(_INDEX_SERIALS)
         self._free: list[NodeInfo] | None = None
         items = list(nodes.values()) if isinstance(nodes, dict) else list(nodes or [])
+        self.items: list[NodeInfo] = items
+        """The nodes as given, in order (the next snapshot's index compares its own with them)."""
+        if before is not None and len(items) == len(before.items) and all(map(operator.is_, items, before.items)):
+            self._same_as(before)
+            return
         self.by_name: dict[str, NodeInfo] = {n.name: n for n in items}
         with_id = [n for n in items if n.instance_id]
         self.by_id: dict[str, NodeInfo] = {n.instance_id: n for n in with_id}  # type: ignore[misc]
@@ -157,6 +162,20 @@ class NodeIndex:
         being busy since ``before``."""
         if before is not None and before.busy_short is not None and self.busy_short is not None:
             self.since, self.left_busy = before.serial, before.busy_short - self.busy_short
+
+    def _same_as(self, before: NodeIndex) -> None:
+        """This index over the very node objects ``before`` was built on (frozen: most snapshots
+        of a quiet cluster repeat the last one's nodes): its look-ups copied, its name sets shared
+        (frozen), nothing left busy — what building it anew gives, without a pass per look-up."""
+        self.by_name = dict(before.by_name)
+        self.by_id = dict(before.by_id)
+        self.by_short = dict(before.by_short)
+        self.busy_short, self.idle_short, self.down_short = before.busy_short, before.idle_short, before.down_short
+        self.since = self.left_busy = None
+        if before.busy_short is not None:  # (no identities: the sets exist)
+            self.since, self.left_busy = before.serial, before.busy_short - before.busy_short
+        if before._free is not None:
+            self._free = list(before._free)
 
     @property
     def free(self) -> list[NodeInfo]:

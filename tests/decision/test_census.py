@@ -306,6 +306,40 @@ def test_the_stores_site_and_type_counts_follow_every_write() -> None:
         assert store.live_per_type() == count_per_type(live)
 
 
+_INDEX_PARTS = ("by_name", "by_id", "by_short", "busy_short", "idle_short", "down_short", "left_busy")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_an_index_over_the_same_nodes_as_the_one_before_is_the_one_built_anew(seed: int) -> None:
+    """``NodeIndex(nodes, before=...)`` over the very node objects of ``before`` (a quiet cluster's
+    snapshots repeat them) takes ``before``'s look-ups over: the same as building them anew — each
+    look-up in the same order, the name sets, nothing left busy, ``since``, ``free`` — and its
+    own copies (changing them leaves ``before`` as it was); over other objects, or a list that
+    differs by one node, it is built anew."""
+    rnd = random.Random(seed)
+    first = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
+    if rnd.random() < 0.5:
+        first.free  # noqa: B018  # listed (as the engine does on arrival) or not
+    nodes = list(first.items)
+    if seed % 4 == 1 and nodes:  # one node a new object (equal or not): not the same nodes
+        k = rnd.randrange(len(nodes))
+        nodes[k] = NodeInfo(**{**nodes[k].model_dump(), "state": rnd.choice(NODE_STATES)})
+    got = NodeIndex(list(nodes), before=first)
+    built = NodeIndex(list(nodes))  # anew (no ``before``: built in full), and its ``before`` part by definition
+    if first.busy_short is not None and built.busy_short is not None:
+        built.since, built.left_busy = first.serial, first.busy_short - built.busy_short
+    for name in _INDEX_PARTS:
+        assert getattr(got, name) == getattr(built, name), name
+    assert [list(getattr(got, n).items()) for n in ("by_name", "by_id", "by_short")] == [
+        list(getattr(built, n).items()) for n in ("by_name", "by_id", "by_short")]
+    assert got.since == built.since and got.free == built.free and got.serial != first.serial
+    longer = NodeIndex([*nodes, NodeInfo(name="zz-extra", state="free", cores=1)], before=first)
+    assert len(longer) == len(nodes) + 1 and "zz-extra" in longer.by_short  # a longer list: built anew
+    before = {n: dict(getattr(first, n)) for n in ("by_name", "by_id", "by_short")}
+    got.by_name.clear(), got.by_short.clear(), got.free.clear()
+    assert {n: dict(getattr(first, n)) for n in ("by_name", "by_id", "by_short")} == before
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: int) -> None:
     """``NodeIndex(nodes, before=...)``: ``left_busy`` is the set difference of the two indexes'
@@ -326,3 +360,40 @@ def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: i
             assert ix.idle_short == {k for k, n in items if n.state == "free" and not n.jobs and not n.cores_used}
             assert ix.down_short == {k for k, n in items if n.state == "down"}
     assert NodeIndex(list(b.by_name.values())).left_busy is None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_jobs_question_answered_once_per_node_list_is_the_breakers_answer(seed: int) -> None:
+    """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), taken over from the
+    last snapshot when the new one lists the very same node objects with the same running-jobs
+    count and availability (``Engine.on_snapshot``), is what asking it gives — over snapshots
+    that repeat the node list, change one node, change ``running_jobs`` or go unavailable."""
+    from epu.services.decision import breaker
+
+    from tests.decision.helpers import config, make_engine, snapshot
+
+    rnd = random.Random(seed)
+    engine, _bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 4, "sites": ["s1"]}}))
+    share, ok = engine.settings.breaker_missing_share, engine.settings.breaker_ok_count
+    nodes = [NodeInfo(name=f"n{k}", state="busy", cores=2, cores_used=1, jobs=[f"j{k}"]) for k in range(12)]
+    taken = 0
+    for step in range(40):
+        r = rnd.random()
+        if r < 0.2:  # a node changes (a new object)
+            k = rnd.randrange(len(nodes))
+            nodes[k] = NodeInfo(name=f"n{k}", state=rnd.choice(["busy", "free"]), cores=2,
+                                cores_used=rnd.choice([0, 1]), jobs=rnd.choice([[], [f"j{k}"]]))
+        elif r < 0.3:
+            nodes = nodes[:-1] if len(nodes) > 2 else nodes
+        snap = snapshot(nodes=nodes, at=clock.now() + step, available=rnd.random() > 0.1)
+        snap = snap.model_copy(update={"running_jobs": 30 if rnd.random() < 0.7 else rnd.choice([0, 12, 100])})
+        before = engine._latest.get("d")
+        reuse = before is not None and before.jobs_verdict is not None
+        engine.on_snapshot(snap)
+        latest = engine._latest["d"]
+        if latest.jobs_verdict is not None:
+            taken += reuse
+            assert latest.jobs_verdict == breaker.jobs_verdict(snap, share=share, ok_count=ok)
+        engine._breaker_check(refresh_census([], latest.nodes, clock.now(), snap.available), latest)
+        assert latest.jobs_verdict in (None, breaker.jobs_verdict(snap, share=share, ok_count=ok))
+    assert taken > 3
