@@ -181,17 +181,12 @@ class Bus:
         if self.enabled and (f.loss_rate or f.duplicate_rate or f.reorder_jitter or f.delay_rate):
             self._publish_faulty(msg)
             return
-        # no fault applies: ``_publish_faulty`` with its tests false, ``_delay``'s one draw and
-        # ``_send`` written out (a run publishes hundreds of thousands of messages)
+        # no fault applies: ``_publish_faulty`` with its tests false and ``_delay``'s one draw
+        # (a run publishes hundreds of thousands of messages)
         lo, hi = f.latency
         rnd = self._rng.random
-        t = msg.TYPE
         for name in route(msg):
-            q = self.queues.get(name) or self.queue(name)
-            label = q.labels.get(t)
-            if label is None:
-                label = q.labels[t] = f"deliver {t} to {q.name}"
-            self.world.call_after(lo + rnd() * (hi - lo), partial(self._deliver, q, msg, 1), label)
+            self._send(self.queues.get(name) or self.queue(name), msg, lo + rnd() * (hi - lo))
 
     def _publish_faulty(self, msg: Message) -> None:
         """``publish``'s routing while message faults apply (loss, duplicates, extra delays)."""

@@ -174,8 +174,8 @@ class Proc:
 
     def every(self, period: float, fn: Callable[[], None], label: str, phase: float = 0.0) -> None:
         """A runtime timer: fires every ``period`` while the process lives and its runtime loop
-        runs (it stops while the process reconnects). ``running_timers`` and ``guard`` are
-        written out in the tick: a run ticks its timers hundreds of thousands of times."""
+        runs (it stops while the process reconnects). ``running_timers`` is written out in
+        the tick: a run ticks its timers hundreds of thousands of times."""
         gen = self.gen
         call_after = self.world.call_after
 
@@ -183,13 +183,7 @@ class Proc:
             if not self.alive or self.gen != gen:
                 return
             if self.aware:  # ``running_timers`` (alive, as just checked, and aware)
-                try:  # ``guard``
-                    fn()
-                except Crash as c:
-                    self.crash(str(c))
-                except Exception:
-                    self.stats.timer_errors += 1
-                    log.debug("timer failed in %s", self.name, exc_info=True)
+                self.guard(fn)
             call_after(period, tick, label)
 
         call_after(phase, tick, label)

@@ -172,8 +172,8 @@ class NodeIndex:
         self.by_short = dict(before.by_short)
         self.busy_short, self.idle_short, self.down_short = before.busy_short, before.idle_short, before.down_short
         self.since = self.left_busy = None
-        if before.busy_short is not None:  # (no identities: the sets exist)
-            self.since, self.left_busy = before.serial, before.busy_short - before.busy_short
+        if before.busy_short is not None:  # (no identities: the sets exist; the same nodes, none left busy)
+            self.since, self.left_busy = before.serial, frozenset()
         if before._free is not None:
             self._free = list(before._free)
 

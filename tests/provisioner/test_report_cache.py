@@ -36,6 +36,29 @@ class Sender:
         self.sent.append(message)
 
 
+def _random_step(rng: random.Random, clock: ManualClock, records: list[InstanceRecord], i: int, domain: str,
+                 odds: tuple[float, float, float, float]) -> None:
+    """One random change: below ``odds[0]`` a launch (in ``domain``), then a state change, a
+    record forgotten, a clock stepped back across the horizon; else time moves on."""
+    op = rng.random()
+    now = clock.now()
+    new, change, forget, back = odds
+    if op < new:
+        records.append(InstanceRecord(f"i{i}", domain, "s", f"w{i}", 4, "requested", 1,
+                                      None, None, "", None, now, now))
+    elif op < change and records:
+        k = rng.randrange(len(records))
+        r = records[k]
+        state = rng.choice(("pending", "started", "joined", "terminated", "failed"))
+        records[k] = replace(r, state=state, seq=r.seq + 1, updated_at=now)
+    elif op < forget and records:
+        records.pop(rng.randrange(len(records)))
+    elif op < back:
+        clock.advance(-rng.choice((30.0, 200.0)))
+    else:
+        clock.advance(rng.choice((0.0, 10.0, 60.0, 60.0, 250.0)))
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_kept_report_is_the_report_built_from_nothing(seed: int) -> None:
     rng = random.Random(seed)
@@ -43,22 +66,7 @@ def test_a_kept_report_is_the_report_built_from_nothing(seed: int) -> None:
     store, cache = Records(), ReportCache()
     horizon = 300.0
     for i in range(300):
-        op = rng.random()
-        now = clock.now()
-        if op < 0.15:
-            store.records.append(InstanceRecord(f"i{i}", rng.choice(("a", "b")), "s", f"w{i}", 4, "requested", 1,
-                                                None, None, "", None, now, now))
-        elif op < 0.4 and store.records:
-            k = rng.randrange(len(store.records))
-            r = store.records[k]
-            state = rng.choice(("pending", "started", "joined", "terminated", "failed"))
-            store.records[k] = replace(r, state=state, seq=r.seq + 1, updated_at=now)
-        elif op < 0.45 and store.records:
-            store.records.pop(rng.randrange(len(store.records)))
-        elif op < 0.5:
-            clock.advance(-rng.choice((30.0, 200.0)))  # a clock stepped back
-        else:
-            clock.advance(rng.choice((0.0, 10.0, 60.0, 60.0, 250.0)))
+        _random_step(rng, clock, store.records, i, rng.choice(("a", "b")), (0.15, 0.4, 0.45, 0.5))
         kept, fresh = Sender(clock), Sender(clock)
         assert publish_reports(kept, store, horizon, cache=cache) == publish_reports(fresh, store, horizon)  # type: ignore[arg-type]
         assert kept.sent == fresh.sent
@@ -110,22 +118,7 @@ def test_reports_from_a_filtering_store_are_the_events_of_its_records(seed: int)
     store, cache = HorizonRecords(rng), ReportCache()
     horizon = 300.0
     for i in range(400):
-        op = rng.random()
-        now = clock.now()
-        if op < 0.2:
-            store.records.append(InstanceRecord(f"i{i}", "b" if rng.random() < 0.05 else "a", "s", f"w{i}", 4,
-                                                "requested", 1, None, None, "", None, now, now))
-        elif op < 0.5 and store.records:
-            k = rng.randrange(len(store.records))
-            r = store.records[k]
-            state = rng.choice(("pending", "started", "joined", "terminated", "failed"))
-            store.records[k] = replace(r, state=state, seq=r.seq + 1, updated_at=now)
-        elif op < 0.55 and store.records:
-            store.records.pop(rng.randrange(len(store.records)))
-        elif op < 0.58:
-            clock.advance(-rng.choice((30.0, 200.0)))
-        else:
-            clock.advance(rng.choice((0.0, 10.0, 60.0, 60.0, 250.0)))
+        _random_step(rng, clock, store.records, i, "b" if rng.random() < 0.05 else "a", (0.2, 0.5, 0.55, 0.58))
         sender = Sender(clock)
         publish_reports(sender, store, horizon, cache=cache)  # type: ignore[arg-type]
         expected = _expected(store.last, clock.now() - horizon)
