@@ -2,7 +2,12 @@
 # Each does its own set-up: a virtualenv with the packages, and (for tests) the system
 # services the suite talks to (RabbitMQ, PostgreSQL, Slurm), installed with apt-get as root.
 
-PYTHON ?= python3
+# The interpreter: the distribution's /usr/bin/python3 when it is 3.11 or newer (Debian builds it
+# with optimizations and a static libpython), else the first python3 on PATH. A pyenv or source
+# build without --enable-optimizations runs EPU ~18 % slower (docs/performance.md, "The interpreter").
+ifndef PYTHON
+PYTHON := $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
+endif
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed

@@ -49,6 +49,9 @@ class BatchFaults:
     """Snapshots show the cluster as it was this long ago (a controller answering from old state)."""
     failing_commands: int = 0
     """The next N node commands fail transiently (then succeed)."""
+    answers_lost: int = 0
+    """The next N node commands take effect, then answer with a timeout: the controller applied the
+    change, the client gave up waiting for it (an answer that is wrong, not absent)."""
 
 
 @dataclass
@@ -231,7 +234,15 @@ class SimBatchSystem:
             f.failing_commands -= 1
             self.stats.failed_commands += 1
             return CommandOutcome(False, error="simulated: command timed out", transient=True)
-        instance_id = instance_id or self.command_context
+        outcome = self._apply(action, node, cores, address, reason, force, instance_id or self.command_context)
+        if f.answers_lost > 0:
+            f.answers_lost -= 1
+            self.stats.failed_commands += 1
+            return CommandOutcome(False, error="simulated: command timed out (it took effect)", transient=True)
+        return outcome
+
+    def _apply(self, action: str, node: str, cores: int | None, address: str | None, reason: str, force: bool,
+               instance_id: str | None) -> CommandOutcome:
         if self.flavor == "htcondor":
             return self._execute_condor(action, node, reason, force)
         if action == "add":

@@ -248,18 +248,28 @@ def sensor_clock_steps(per_hour: float, step: tuple[float, float] = (30.0, 3600.
     return fault
 
 
-def command_failures(per_hour: float, count: tuple[int, int] = (1, 4)) -> Fault:
-    """The next few node commands fail transiently (a timeout), then succeed."""
+def _next_commands(name: str, field: str, per_hour: float, count: tuple[int, int]) -> Fault:
+    """Episodes at ``per_hour`` that set ``BatchFaults.<field>``: the next 1..N node commands go wrong."""
 
     def fault(sim: Simulation) -> None:
-        rng = sim.world.rng("batch/cmdfail/n")
+        rng = sim.world.rng(f"{name}/n")
 
         def start() -> None:
-            sim.batch.faults.failing_commands = rng.randint(*count)
+            setattr(sim.batch.faults, field, rng.randint(*count))
 
-        _episodes(sim, "batch/cmdfail", per_hour, (0.0, 0.0), start, lambda: None)
+        _episodes(sim, name, per_hour, (0.0, 0.0), start, lambda: None)
 
     return fault
+
+
+def command_failures(per_hour: float, count: tuple[int, int] = (1, 4)) -> Fault:
+    """The next few node commands fail transiently (a timeout), then succeed."""
+    return _next_commands("batch/cmdfail", "failing_commands", per_hour, count)
+
+
+def lost_command_answers(per_hour: float, count: tuple[int, int] = (1, 3)) -> Fault:
+    """The next few node commands take effect but answer with a timeout (``BatchFaults.answers_lost``)."""
+    return _next_commands("batch/lostanswer", "answers_lost", per_hour, count)
 
 
 # ---------------------------------------------------------------------- operators

@@ -78,7 +78,8 @@ class Checker:
         self.launched: dict[str, str] = {}
         """Launch id → domain, for every launch an engine committed."""
         self.retiring: set[str] = set()
-        """Launch ids being drained or terminated (an offline or a terminate was committed)."""
+        """Launch ids being drained or terminated (an engine committed an offline or a terminate,
+        or an operator sent a terminate)."""
         self.max_epoch: dict[str, int] = {}
         self.paused = False
         """The operator's pause as last applied (PolicyOutcome), whatever an engine believes now."""
@@ -110,6 +111,11 @@ class Checker:
     def on_message(self, msg: Message, sender: Any) -> None:
         if isinstance(msg, TerminateRequest):
             self.terminate_requested.add(msg.instance_id)
+            if sender is not None and getattr(sender, "kind", "") == "operator":
+                # on its way out of the domain as an engine's committed terminate is: the engine
+                # may replace it as soon as it hears "terminating", while the VM still runs for
+                # the moment the destroy takes (``epu sim --seed 7069 --scenario operators``)
+                self.retiring.add(msg.instance_id)
         elif isinstance(msg, PolicyOutcome) and msg.applied and msg.domain == self.sim.domain and msg.config \
                 and sender is not None and getattr(sender, "kind", "") == "decision" \
                 and msg.change_id in self.sim.operator.changes:

@@ -290,12 +290,25 @@ def batch_faults() -> Scenario:
                     stresses="batch system: unavailable and stale snapshots, clock steps, failing commands")
 
 
+def _churn() -> Workload:
+    """Demand that comes and goes in bursts: nodes drain and come back all the time."""
+    return Workload(arrivals_per_hour=20.0, burst_per_hour=4.0, burst_jobs=(4, 24), duration=(60.0, 600.0))
+
+
+@scenario
+def lost_answers() -> Scenario:
+    return Scenario("lost-command-answers", "node commands that take effect but answer with a timeout",
+                    hours=4.0, domain=DomainSpec(params={"idle_seconds": 120.0}),
+                    workload=_churn(),
+                    faults=[F.lost_command_answers(3.0)],
+                    stresses="an answer that is wrong: add, offline, online or remove applied but reported failed")
+
+
 @scenario
 def reclaim() -> Scenario:
     return Scenario("reclaim-race", "demand that comes and goes while nodes drain; online/remove commands fail",
                     hours=4.0, domain=DomainSpec(params={"idle_seconds": 0.0}),
-                    workload=Workload(arrivals_per_hour=20.0, burst_per_hour=4.0, burst_jobs=(4, 24),
-                                      duration=(60.0, 600.0)),
+                    workload=_churn(),
                     faults=[F.command_failures(4.0, (1, 3))],
                     stresses="issue 11: reclaim and finish_drains act on the same node; a failed online")
 

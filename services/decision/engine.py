@@ -551,8 +551,13 @@ class Engine:
             self.store.save_instances([evolve(inst, removed=True)])  # the only proof of removal
         elif res.action == "add" and not res.ok:
             self.store.save_instances([replace(inst, add_sent_at=None)])  # retried next iteration
-        elif res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == "scale-down":
-            self.store.save_instances([replace(inst, state="joined", drain_at=None, retire="")])
+        elif (res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == "scale-down"
+              and row["created_at"] <= inst.state_at):
+            # Only a failure of the offline that began the drain undoes it: a re-sent one may fail
+            # after an earlier attempt took (``epu sim --seed 7046 --scenario batch-faults``), and
+            # the next snapshot decides. ``drain_at`` stays: an error may be a timeout of an offline
+            # that took effect, which ``lifecycle`` (step 6b) drains once a snapshot shows it.
+            self.store.save_instances([replace(inst, state="joined", retire="")])
         elif res.action == "online" and not res.ok and inst.state == "joined":
             # still drained in the batch system: back on the way out (drain, remove, terminate)
             self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
@@ -570,7 +575,7 @@ class Engine:
         if not (res.ok and res.action == "offline" and str(row.get("outcome") or "").startswith("error")):
             return
         inst = self.store.instance(row["target"])
-        if inst is None or inst.state != "joined" or inst.drain_at is not None or inst.removed:
+        if inst is None or inst.state != "joined" or inst.retire or inst.removed:
             return
         self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
                                            retire=inst.retire or "scale-down")])

@@ -220,6 +220,15 @@ class Cycle:
         # 6. scale down
         for inst, why in self._down:
             claim(inst, Node("offline", inst.instance_id, why, retire="scale-down"))
+        # 6b. an offline answered with an error that took effect after all (a timeout): the node is
+        # offline in a snapshot taken after it was sent, while the engine put it back to joined
+        if view.available and not view.breaker:
+            for inst in view.joined:
+                if inst.drain_at is not None and inst.drain_at < view.snapshot_at and inst.instance_id not in claimed:
+                    node = view.node_of(inst)
+                    if node is not None and node.state == "offline":
+                        claim(inst, Node("offline", inst.instance_id, "offline in the batch system after an "
+                                         "offline answered with an error: drain it", retire="scale-down"))
         # 7. finish drains, clean up after instances that ended without one
         for inst in view.draining:
             if inst.instance_id not in claimed:

@@ -139,8 +139,9 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                               requeue=action.requeue and action.op == "remove")
             if kind == "add":
                 out.instances[iid] = evolve(inst, add_sent_at=now)
-            elif kind == "offline":
-                out.instances[iid] = evolve(inst, state="draining", state_at=now, drain_at=now, idle_since=None,
+            elif kind == "offline":  # sent again to a node already draining: the drain began then, not now
+                out.instances[iid] = evolve(inst, state="draining", state_at=inst.state_at if inst.state == "draining"
+                                             else now, drain_at=now, idle_since=None,
                                              retire=action.retire or inst.retire or "scale-down")
             elif kind == "online":
                 out.instances[iid] = evolve(inst, state="joined", state_at=now, drain_at=None, idle_since=None,

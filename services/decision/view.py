@@ -45,6 +45,9 @@ class Instance:
     joined_at: float | None = None
     idle_since: float | None = None
     drain_at: float | None = None
+    """When the last ``offline`` was sent. Kept on an instance put back to ``joined`` because that
+    offline failed: an error may be a timeout of an offline that took effect, which the next
+    snapshot shows (``lifecycle.Cycle.decision``, step 6b)."""
     add_sent_at: float | None = None
     removed: bool = False
     terminate_sent: bool = False

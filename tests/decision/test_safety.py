@@ -288,6 +288,68 @@ def test_an_offline_that_took_effect_after_a_failed_attempt_puts_the_node_on_its
     assert [c.action for c in d.bus.of("node.command")] == ["remove"]
 
 
+def test_a_failed_offline_sent_again_during_a_drain_does_not_undo_it():
+    """The drain's offline took; a stale snapshot still shows the node in service, so the engine
+    sends ``offline`` again, and that attempt times out. Found by ``epu sim --seed 7046 --scenario
+    batch-faults``: the failure put the instance back to ``joined`` while its node stayed offline
+    in the batch system — counted in service, never idle, never retired, billed to the end."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.step(nodes=[d.node(la, "free")])
+    (off,) = d.sent("offline")
+    d.e.on_node_result(result(off))  # the drain began and took
+    began = d.e.store.instance(la.launch_id).state_at
+    d.bus.clear()
+    d.step(nodes=[d.node(la, "free")])  # stale: taken as if before the offline
+    (again,) = d.sent("offline")
+    assert again.reason.endswith("drain it first")
+    assert d.e.store.instance(la.launch_id).state_at == began  # still the drain's start
+    d.e.on_node_result(result(again, ok=False, error="simulated: command timed out"))
+    inst = d.e.store.instance(la.launch_id)
+    assert inst.state == "draining" and inst.retire == "scale-down"
+    d.bus.clear()
+    d.step(nodes=[d.node(la, "offline")])  # the truth: offline and empty
+    assert [c.action for c in d.bus.of("node.command")] == ["remove"]
+
+
+def test_the_failed_offline_that_began_a_drain_still_puts_the_node_back():
+    """Only a re-sent offline keeps the drain: when the first one fails the node is in service —
+    and stays so while the snapshots say it is (a job started on it meanwhile)."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.step(nodes=[d.node(la, "free")])
+    (off,) = d.sent("offline")
+    sent_at = d.e.store.instance(la.launch_id).drain_at
+    d.e.on_node_result(result(off, ok=False, error="scontrol: node busy"))
+    inst = d.e.store.instance(la.launch_id)
+    assert inst.state == "joined" and inst.retire == "" and inst.drain_at == sent_at
+    d.bus.clear()
+    d.step(nodes=[d.node(la, "busy", jobs_=("j1",))])
+    assert d.sent("offline") == [] and d.e.store.instance(la.launch_id).state == "joined"
+
+
+def test_an_offline_answered_with_an_error_that_took_effect_is_drained_after_all():
+    """A timeout after the controller applied the offline: the engine believes the failure, then
+    the next snapshot shows the node offline. Found by the ``lost-command-answers`` scenario (every
+    seed left drained nodes counted in service, billed to the end)."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.step(nodes=[d.node(la, "free")])
+    (off,) = d.sent("offline")
+    d.e.on_node_result(result(off, ok=False, error="simulated: command timed out (it took effect)"))
+    assert d.e.store.instance(la.launch_id).state == "joined"
+    d.bus.clear()
+    d.step(nodes=[d.node(la, "offline")])  # the truth, taken after the offline was sent
+    (again,) = d.sent("offline")
+    assert "after an offline answered with an error" in again.reason
+    d.e.on_node_result(result(again))  # "already offline"
+    inst = d.e.store.instance(la.launch_id)
+    assert inst.state == "draining" and inst.retire == "scale-down"
+    d.bus.clear()
+    d.step(nodes=[d.node(la, "offline")])
+    assert [c.action for c in d.bus.of("node.command")] == ["remove"]
+
+
 def test_a_late_success_changes_nothing_once_the_engine_moved_on():
     """Only a scale-down drain put back to ``joined`` by the failure is taken up again: a node
     the engine has since drained anew (its own command) or that ended is left to that path."""

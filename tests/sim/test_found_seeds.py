@@ -14,6 +14,18 @@ FOUND = [
     # fixed by Engine._late_offline
     ("policy-spare", 1010),
     ("policy-spare", 1012),
+    # an `offline` sent again during a drain (a stale snapshot showed the node in service) timed
+    # out and put the drained node back to `joined`: offline in the batch system, counted in
+    # service, never retired — 1 VM left at rest (invariant 5); fixed in Engine.on_node_result
+    # (only the offline that began the drain undoes it) with the planner keeping the drain's start
+    ("batch-faults", 7046),
+    ("batch-faults", 7077),
+    # the checker's: an operator's terminate, heard by the engine as "terminating", was replaced in
+    # the same iteration while the destroy had not run yet; the VM counted as running and not
+    # retiring, so max_nodes looked exceeded by one (invariant 3). The checker now counts an
+    # operator's terminate as retiring, as it does an engine's committed one
+    ("operators", 7069),
+    ("operators", 7112),
 ]
 
 
