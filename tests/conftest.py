@@ -19,6 +19,8 @@ import pytest
 from epu.common.broker import Broker
 from epu.common.topology import Topology
 
+from tests.support.brokerdiag import broker_diagnosis, is_unreachable_broker
+
 RABBIT_HOST = os.environ.get("EPU_TEST_RABBIT_HOST", "127.0.0.1:5672")
 RABBIT_ADMIN = os.environ.get("EPU_TEST_RABBIT_ADMIN", "guest:guest")
 PG_BASE_URL = os.environ.get("EPU_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
@@ -27,6 +29,28 @@ PG_BASE_URL = os.environ.get("EPU_TEST_PG_URL", "postgresql://postgres@127.0.0.1
 def rabbitmqctl(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60, check=check, input=stdin)
+
+
+_broker_diagnosed = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """The first test that cannot reach the machine's RabbitMQ carries a report of the broker's
+    state (alarms, descriptors, disk, load): without it a CI log says only "timed out"."""
+    global _broker_diagnosed
+    outcome = yield
+    report = outcome.get_result()
+    if (report.failed and not _broker_diagnosed and call.excinfo is not None
+            and is_unreachable_broker(call.excinfo.value)):
+        _broker_diagnosed = True
+        report.sections.append(("RabbitMQ when the broker could not be reached",
+                                broker_diagnosis(*_host_port(RABBIT_HOST))))
+
+
+def _host_port(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host, int(port)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """RabbitMQ nodes of the tests' own (never the system's on 5672): a three-node cluster, started
-once per test session (per xdist worker) and torn down at its end, and a single node with a TLS
+once for this package and torn down when its last test is done (not at the session's end: three idle
+Erlang VMs would otherwise share the 2-core machine with the rest of the suite), and a single node with a TLS
 listener signed by a throwaway CA. Ports and node names are random, so parallel sessions never
 collide. See tests/support/rabbitnodes.py for what makes a private node work beside the system's."""
 
@@ -16,7 +17,7 @@ from tests.support.rabbitnodes import RabbitCluster, RabbitNode, free_port_pair
 from tests.support.tlsca import Issued, LocalCA
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
     cluster = RabbitCluster(tmp_path_factory.mktemp("rabbit-cluster"), size=3)
     try:
