@@ -65,6 +65,15 @@ class CloudFaults:
     """... for this many consecutive listings (min, max)."""
     partial_listing_share: float = 0.5
     """Share of live nodes a partial listing omits."""
+    wrong_state_rate: float = 0.0
+    """A listing shows some running nodes in a state they are not in: ERROR (an OpenStack server
+    that a failed live migration left in ERROR while its guest runs on) or TERMINATED (an
+    answer from a lagging replica of the API)..."""
+    wrong_state_polls: tuple[int, int] = (1, 1)
+    """... for this many consecutive listings (min, max), the same nodes in the same wrong state..."""
+    wrong_state_share: float = 0.3
+    """... a share of the running nodes, each shown in one of ``wrong_states``."""
+    wrong_states: tuple[str, ...] = ("error", "terminated")
     vanish_rate_per_hour: float = 0.0
     """Per live node and hour: deleted behind our back, without a trace."""
     preempt_rate_per_hour: float = 0.0
@@ -122,6 +131,7 @@ class CloudStats:
     preempted: int = 0
     vanished: int = 0
     partial_listings: int = 0
+    wrong_listings: int = 0
 
 
 class SimCloud:
@@ -159,6 +169,10 @@ class SimCloud:
         self._ids = 0
         self._rng = world.rng(f"cloud/{name}")
         self._partial_left = 0
+        self._wrong_left = 0
+        self.misreported: dict[str, NodeState] = {}
+        """The running nodes the last listing shows in a wrong state, and that state (empty but
+        during a ``wrong_state_rate`` episode): the drivers put it on the Nodes they hand out."""
         self.on_running: list[Callable[[VM], None]] = []
         """Called when a node finishes booting (the batch system links its daemon)."""
         self.on_gone: list[Callable[[VM, str], None]] = []
@@ -280,6 +294,8 @@ class SimCloud:
         now = self.world.t
         out = self._listing_at(now)
         f = self.faults
+        if self.misreported or f.wrong_state_rate > 0:
+            self._misreport(out, now)
         if self._partial_left <= 0 and self._fault(f.partial_listing_rate):
             lo, hi = f.partial_listing_polls
             self._partial_left = self._rng.randint(lo, hi)
@@ -291,6 +307,28 @@ class SimCloud:
             return keep
         return out
 
+    def _misreport(self, out: list[VM], now: float) -> None:
+        """Start, go on with or end an episode of wrong states (``CloudFaults.wrong_state_rate``):
+        its nodes are drawn at its start and shown wrong while they still run."""
+        f = self.faults
+        if self._wrong_left <= 0:
+            self.misreported = {}
+            if not self._fault(f.wrong_state_rate):
+                return
+            lo, hi = f.wrong_state_polls
+            self._wrong_left = self._rng.randint(lo, hi)
+            self.misreported = {v.cloud_id: NodeState(self._rng.choice(f.wrong_states)) for v in out
+                                if v.running(now) and self._rng.random() < f.wrong_state_share}
+        self._wrong_left -= 1
+        if not self.enabled:
+            self._wrong_left, self.misreported = 0, {}
+            return
+        self.misreported = {k: st for k, st in self.misreported.items() if self.vms.get(k) and self.vms[k].running(now)}
+        if self.misreported:
+            self.stats.wrong_listings += 1
+            self.world.note(f"wrong listing {self.name}: {len(self.misreported)} shown "
+                            + ", ".join(sorted({st.value for st in self.misreported.values()})))
+
     def relisted(self, listed: list[VM]) -> bool:
         """Would ``list`` now return ``listed``, that very list, and do nothing else but count
         the call? Then it is counted (``stats.lists``) and True: the caller may take the last
@@ -298,7 +336,10 @@ class SimCloud:
         errors, no partial listings: their draws would be skipped) and ``_listing_at`` would hand
         back its last answer; False otherwise, and nothing happened."""
         f, last = self.faults, self._listing
-        if self.enabled and (f.transient_error_rate > 0 or f.partial_listing_rate > 0 or self._partial_left > 0):
+        if self.enabled and (f.transient_error_rate > 0 or f.partial_listing_rate > 0 or self._partial_left > 0
+                             or f.wrong_state_rate > 0):
+            return False
+        if self.misreported:
             return False
         if last is None or last[1] is not listed or not self._listing_holds(last, self.world.t):
             return False
@@ -437,6 +478,22 @@ class SimNodeDriver(NodeDriver):
         return self._node(vm)
 
     def list_nodes(self, *args: Any, **kwargs: Any) -> list[Node]:
+        """The cloud's listing as libcloud Nodes (``_list_nodes``), with the nodes of an episode of
+        wrong states (``CloudFaults.wrong_state_rate``) shown in theirs."""
+        nodes = self._list_nodes()
+        wrong = self.cloud.misreported
+        if wrong:
+            nodes = [self._shown_as(n, wrong[n.id]) if n.id in wrong else n for n in nodes]
+        return nodes
+
+    def _shown_as(self, node: Node, state: NodeState) -> Node:
+        """A fresh Node of ``node`` in a state it is not in (never kept: the next listing may be right)."""
+        ips = [] if state is NodeState.TERMINATED else node.private_ips
+        return Node(id=node.id, name=node.name, state=state, public_ips=[] if state is not NodeState.RUNNING else ips,
+                    private_ips=ips, driver=self, extra={"tags": dict(node.extra.get("tags", {}))},
+                    created_at=node.created_at)
+
+    def _list_nodes(self) -> list[Node]:
         """Every listed VM's Node (``_node``). When the version of the cloud has not moved since
         the last listing (no VM ended, none was noticed for reclaim), the very same VMs are listed
         and none of its pending nodes is due to boot (``now`` before the earliest ``boot_at`` of

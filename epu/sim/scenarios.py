@@ -123,6 +123,15 @@ def partial_listing() -> Scenario:
 
 
 @scenario
+def wrong_listing_state() -> Scenario:
+    return Scenario("wrong-listing-state", "cloud listings show running nodes in ERROR or TERMINATED for one or a few polls",
+                    hours=4.0, sites=[SiteSpec("cloud-a", quota=50, faults=CloudFaults(
+                        wrong_state_rate=0.08, wrong_state_polls=(1, 3), wrong_state_share=0.3))],
+                    stresses="a listing that is wrong, not partial: one poll's ERROR or TERMINATED destroys a "
+                             "running node (and its jobs), or closes its record for good")
+
+
+@scenario
 def vanish() -> Scenario:
     return Scenario("vanish-preempt", "nodes vanish for real or are preempted by the cloud",
                     hours=3.0, sites=[SiteSpec("cloud-a", quota=50, faults=CloudFaults(

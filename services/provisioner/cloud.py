@@ -63,6 +63,10 @@ class CloudNode:
     were killed by the cloud, not by us, and must be requeued (``preempted_by_cloud``)."""
     interruption_at: float | None = None
     """A live node the cloud announced it will reclaim, about when (``interruption_notice``)."""
+    end_observed: bool = False
+    """The driver saw this ERROR or TERMINATED itself (``extra["end_observed"]``: a local process
+    that exited), so it is a fact, not a cloud API's report that a later listing may contradict
+    (``reconcile._ended_unasked``)."""
 
     @property
     def launch_id(self) -> str | None:
@@ -166,7 +170,8 @@ def to_cloud_node(node: Node) -> CloudNode:
     return CloudNode(cloud_id=str(node.id), name=node.name or "", state=ours, native_state=state,
                      ip=ips[0] if ips else None, tags=_tags_of(node), created_at=created,
                      preempted=ours == "terminated" and preempted_by_cloud(node.extra),
-                     interruption_at=interruption_notice(node.extra) if ours in ("pending", "started") else None)
+                     interruption_at=interruption_notice(node.extra) if ours in ("pending", "started") else None,
+                     end_observed=ours in ("failed", "terminated") and (node.extra or {}).get("end_observed") is True)
 
 
 def is_not_found(exc: BaseException) -> bool:

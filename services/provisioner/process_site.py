@@ -169,9 +169,10 @@ class ProcessNodeDriver(NodeDriver):
             state = NodeState.ERROR  # exited by itself
         tags = json.loads(row["tags"])
         ips = ["127.0.0.1"] if state == NodeState.RUNNING else []
+        # every state here is seen first hand (the process table, our own rows): an end is a fact
         return Node(id=row["id"], name=row["name"], state=state, public_ips=[], private_ips=ips, driver=self,
                     extra={"tags": tags, "pid": row["pid"], "client_token": row["client_token"],
-                           "log": row["log_path"]},
+                           "log": row["log_path"], "end_observed": True},
                     created_at=datetime.fromtimestamp(row["created_at"], UTC))
 
     # ------------------------------------------------------------------ libcloud API

@@ -315,7 +315,7 @@ class ObserveCache:
                 _absent(plan, world, rules, rec)
             elif not _quiet(rec, node, misses):
                 judged.add(keys[i])
-                _present(plan, world, rec, node)
+                _present(plan, world, rules, rec, node)
         plan.steady = not absent and not plan.actions
         self.judged = (site, nodes, dict(zip(keys, values, strict=True)), judged)
         return True
@@ -361,7 +361,7 @@ def observe(world: World, rules: Rules) -> Plan:
             absent = True
             _absent(plan, world, rules, rec)
         elif not _quiet(rec, node, misses):
-            _present(plan, world, rec, node)
+            _present(plan, world, rules, rec, node)
         else:
             continue
         if judged is not None:
@@ -391,7 +391,10 @@ def _moves(current: str, new: str) -> bool:
     return check_transition(current, new).allowed
 
 
-def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> None:
+def _present(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, node: CloudNode) -> None:
+    if _ended_unasked(rec, node):
+        _absent(plan, world, rules, rec, shown=node.native_state)
+        return
     if rec.instance_id in world.misses:
         plan.actions.append(ClearMiss(rec.instance_id))
     if rec.presumed_gone:
@@ -421,14 +424,40 @@ def _present(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> 
         plan.actions.append(Notice(rec.instance_id, node.interruption_at))
 
 
-def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord) -> None:
+def _ended_unasked(rec: InstanceRecord, node: CloudNode) -> bool:
+    """Does the listing say a node ended that we never asked to end and that the cloud did not
+    say it reclaimed (a spot preemption names itself)? Then it is this listing's word against
+    earlier ones: an OpenStack server a failed live migration left in ERROR runs on, a lagging
+    replica of the API answers TERMINATED. Such a listing counts as one that did not show the
+    node alive — a miss, toward a presumption (``_absent``) — and never closes the record: a
+    closed record's node is destroyed by the next reconciliation, with whatever runs on it.
+    Two exceptions: ERROR for a node no listing has shown running yet (still ``pending``) — a
+    boot that failed, which the cloud reports once and means — and an end the driver saw itself
+    (``CloudNode.end_observed``)."""
+    if node.end_observed:
+        return False
+    if node.state == "failed":
+        return rec.state not in ("requested", "pending", "terminating") and _moves(rec.state, "failed")
+    return (node.state == "terminated" and not node.preempted and rec.state != "terminating"
+            and _moves(rec.state, "terminated"))
+
+
+def _next_miss(world: World, rec: InstanceRecord) -> Miss | None:
+    """The record's run of misses with this listing added; None when this listing adds nothing."""
     if rec.updated_at > world.listed_at:
-        return  # changed after the listing was taken: its absence there means nothing
+        return None  # changed after the listing was taken: what it shows there means nothing
     prev = world.misses.get(rec.instance_id)
     if prev is not None and world.listed_at <= prev.last_at:
-        return  # a listing no newer than one already counted (late, or the same twice) is no new miss
-    miss = Miss(rec.instance_id, world.site, (prev.count if prev else 0) + 1,
+        return None  # a listing no newer than one already counted (late, or the same twice) is no new miss
+    return Miss(rec.instance_id, world.site, (prev.count if prev else 0) + 1,
                 prev.first_at if prev else world.listed_at, world.listed_at)
+
+
+def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, shown: str | None = None) -> None:
+    """A listing without the record's node (``shown``: with it in that state, see ``_ended_unasked``)."""
+    miss = _next_miss(world, rec)
+    if miss is None:
+        return
     enough = miss.count >= rules.vanish_misses and world.listed_at - miss.first_at >= rules.vanish_min_seconds
     if enough and rec.state == "terminating":
         plan.actions.append(CloseGone(rec.instance_id, f"node {rec.cloud_id} gone after terminate: not listed by "
@@ -438,9 +467,10 @@ def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord) -> None
     plan.actions.append(CountMiss(miss))
     if enough and not rec.presumed_gone:
         span = world.listed_at - miss.first_at
+        seen = "not listed" if shown is None else f"not listed alive (last: {shown}, never asked to end)"
         plan.actions.append(PresumeGone(
             rec.instance_id, rec.cloud_id or "",
-            f"presumed gone: node {rec.cloud_id} not listed by site {world.site} in {miss.count} consecutive "
+            f"presumed gone: node {rec.cloud_id} {seen} by site {world.site} in {miss.count} consecutive "
             f"listings over {span:.0f} s; not destroyed"))
 
 

@@ -105,11 +105,24 @@ PRESENCE = [
     ("never backwards: a started record listed pending", rec("a", "started", "c1"), node("c1", "a", "pending"), None,
      []),
     ("stopped tells nothing", rec("a", "started", "c1"), node("c1", "a", None), None, []),
-    ("error: failed (transient), and the failed node destroyed at once (it holds a quota slot)",
-     rec("a", "started", "c1"), node("c1", "a", "failed"), None,
+    ("a failed boot (error before any listing showed it running): failed (transient), and the node "
+     "destroyed at once (it holds a quota slot)",
+     rec("a", "pending", "c1"), node("c1", "a", "failed"), None,
      [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1"),
       core.Destroy("c1", "a", "closed", "record a failed: node error")]),
-    ("terminated by the cloud", rec("a", "started", "c1"), node("c1", "a", "terminated"), None,
+    ("error on a node listed running before: one listing's word (a failed migration leaves a running "
+     "server in ERROR), counted as a miss; nothing followed, nothing destroyed",
+     rec("a", "started", "c1"), node("c1", "a", "failed"), None, [core.CountMiss(Miss("a", "s", 1, T, T))]),
+    ("error on a joined node: the same", rec("a", "joined", "c1"), node("c1", "a", "failed"), miss("a", 1, T - 15),
+     [core.CountMiss(Miss("a", "s", 2, T - 15, T))]),
+    ("error the driver saw itself (a local process that exited): a fact, failed at once",
+     rec("a", "started", "c1"), replace(node("c1", "a", "failed"), end_observed=True), None,
+     [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1"),
+      core.Destroy("c1", "a", "closed", "record a failed: node error")]),
+    ("terminated by the cloud, never asked: one listing's word (a lagging replica), counted as a miss",
+     rec("a", "started", "c1"), node("c1", "a", "terminated"), None, [core.CountMiss(Miss("a", "s", 1, T, T))]),
+    ("terminated, seen by the driver itself", rec("a", "started", "c1"),
+     replace(node("c1", "a", "terminated"), end_observed=True), None,
      [core.Follow("a", "terminated", "terminated by the cloud (node c1)", None, "10.0.0.1")]),
     ("preempted by the cloud (a spot reclaim): told apart from a plain end", rec("a", "started", "c1"),
      replace(node("c1", "a", "terminated"), preempted=True), None,
@@ -135,6 +148,27 @@ PRESENCE = [
 def test_presence(why, record, listed, prior, expected) -> None:
     plan = core.observe(world([listed], [record], [prior] if prior else []), RULES)
     assert plan.actions == expected, why
+
+
+@pytest.mark.parametrize("native", ["failed", "terminated"])
+def test_an_end_never_asked_for_is_at_most_a_presumption_however_long_it_is_listed(native: str) -> None:
+    """ERROR or TERMINATED listed again and again for a node we did not end: counted with absence,
+    presumed gone once the run is long enough — the engine drains and terminates it if the batch
+    system agrees — and never closed or destroyed on the listing's word (a closed record's live
+    node is destroyed by the next reconciliation, with the jobs on it)."""
+    r = rec("a", "joined", "c1")
+    listed = node("c1", "a", native)
+    for prior in (miss("a", 2, T - 75, T - 15), miss("a", 9, T - 900, T - 15)):
+        for plan in (core.observe(world([listed], [r], [prior]), RULES),
+                     core.reconcile(world([listed], [r], [prior]), RULES)):
+            assert not plan.of(core.Follow) and not plan.of(core.Destroy) and not plan.of(core.CloseGone)
+            [gone] = plan.of(core.PresumeGone)
+            assert f"not listed alive (last: {listed.native_state}, never asked to end)" in gone.reason
+    presumed = rec("a", "joined", "c1", presumed=T - 600)
+    plan = core.reconcile(world([listed], [presumed], [miss("a", 40, T - 900, T - 15)]), RULES)
+    assert kinds(plan) == ["CountMiss"]  # still no readoption: not listed alive
+    plan = core.observe(world([node("c1", "a")], [presumed], [miss("a", 40, T - 900, T - 15)]), RULES)
+    assert kinds(plan) == ["ClearMiss", "Readopt"]  # listed running again: the presumption lifted
 
 
 def test_presumed_gone_node_listed_again_is_readopted_and_followed() -> None:
@@ -394,7 +428,7 @@ def test_a_quiet_pair_is_exactly_one_present_plans_nothing_for() -> None:
         misses = {"a": miss("a", 1, T - 15)} if missed else {}
         w = world([n], [r], misses.values())
         plan = core.Plan()
-        _present(plan, w, r, n)
+        _present(plan, w, RULES, r, n)
         case = (rstate, nstate, rip, nip, presumed, missed, notice)
         if _quiet(r, n, w.misses):
             assert plan.actions == [], case  # never skips a thing to do

@@ -6,6 +6,7 @@ Each test failed on the code before the fix it names (see the docstrings)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from epu.common.clock import ManualClock
@@ -62,6 +63,23 @@ def drop_from_listing(prov: Provisioner, site: str, hidden: set[str], times: int
         if left[0] > 0:
             left[0] -= 1
             out = [n for n in out if n.launch_id not in hidden]
+        return out
+
+    prov.sites[site].nodes = nodes  # type: ignore[method-assign]
+
+
+def show_ended(prov: Provisioner, site: str, shown: set[str], native: str, times: int) -> None:
+    """The next ``times`` listings of ``site`` show the nodes of these launches in ``native``
+    (``error``/``terminated``) while they run on (a failed migration's ERROR, a lagging replica)."""
+    real = prov.sites[site].nodes
+    ours = {"error": "failed", "terminated": "terminated"}[native]
+    left = [times]
+
+    def nodes():  # noqa: ANN202
+        out = real()
+        if left[0] > 0:
+            left[0] -= 1
+            out = [replace(n, state=ours, native_state=native) if n.launch_id in shown else n for n in out]
         return out
 
     prov.sites[site].nodes = nodes  # type: ignore[method-assign]
@@ -194,6 +212,34 @@ def test_one_partial_listing_never_kills_a_vm(build, sqlite_url, cloud, clock) -
     assert report.swept == [] and live(cloud) == {"x1", "x2"}
     assert prov.store.get("x1").state == "started" and not prov.store.get("x1").presumed_gone
     assert "terminated" not in events.states("x1")
+
+
+@pytest.mark.parametrize("native", ["error", "terminated"])
+def test_a_running_node_listed_as_ended_is_never_closed_or_destroyed(build, sqlite_url, cloud, clock,
+                                                                     native: str) -> None:
+    """Was: one listing's ERROR closed the record `failed` and destroyed the node at once, and one
+    listing's TERMINATED closed it `terminated`, whose live node the next reconciliation destroyed
+    — with its jobs (`epu sim --scenario wrong-listing-state`). Now it counts as a miss: presumed
+    gone after enough of them, lifted when the node is listed running again."""
+    prov, events = build(cloud, sqlite_url)
+    launch(prov, "x1", "x2")
+    clock.advance(60)
+    prov.poll("sim")
+    assert prov.store.get("x1").state == "started"
+    show_ended(prov, "sim", {"x1"}, native, times=12)  # 8 polls, 4 reconciliations
+    swept = []
+    for i in range(8):
+        clock.advance(30)
+        prov.poll("sim")
+        if i % 2:
+            swept += prov.reconcile("sim").swept
+    rec = prov.store.get("x1")
+    assert swept == [] and live(cloud) == {"x1", "x2"}
+    assert rec.state == "started" and rec.presumed_gone and not set(events.states("x1")) & {"failed", "terminated"}
+    assert f"not listed alive (last: {native}, never asked to end)" in rec.reason
+    clock.advance(30)
+    prov.poll("sim")  # listed running again
+    assert not prov.store.get("x1").presumed_gone and live(cloud) == {"x1", "x2"}
 
 
 def test_poll_and_reconcile_share_one_miss_history(build, sqlite_url, cloud, clock) -> None:

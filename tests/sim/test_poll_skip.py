@@ -65,7 +65,8 @@ def run(seed: int, skip: bool) -> tuple[list, list, dict, dict, dict, tuple, int
         if op < 0.06:
             prov.handle_launch(LaunchRequest(launch_id=f"L{step}", domain="d", site="s", node_name=f"n{step}"))
         elif op < 0.09 and records:
-            r = rng.choice(records)
+            # the engine ends what the cloud no longer shows alive (presumed gone) first
+            r = rng.choice([r for r in records if r.presumed_gone] or records)
             prov.handle_terminate(TerminateRequest(request_id=f"t{step}", instance_id=r.instance_id, domain="d"))
         elif op < 0.11 and live:
             cloud._accident(rng.choice(live), rng.choice(("vanish", "preempt")))
