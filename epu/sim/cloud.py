@@ -323,7 +323,8 @@ class SimCloud:
         if not self.enabled:
             self._wrong_left, self.misreported = 0, {}
             return
-        self.misreported = {k: st for k, st in self.misreported.items() if self.vms.get(k) and self.vms[k].running(now)}
+        self.misreported = {k: st for k, st in self.misreported.items()
+                            if (vm := self.vms.get(k)) is not None and vm.running(now)}
         if self.misreported:
             self.stats.wrong_listings += 1
             self.world.note(f"wrong listing {self.name}: {len(self.misreported)} shown "
@@ -336,10 +337,8 @@ class SimCloud:
         errors, no partial listings: their draws would be skipped) and ``_listing_at`` would hand
         back its last answer; False otherwise, and nothing happened."""
         f, last = self.faults, self._listing
-        if self.enabled and (f.transient_error_rate > 0 or f.partial_listing_rate > 0 or self._partial_left > 0
-                             or f.wrong_state_rate > 0):
-            return False
-        if self.misreported:
+        if self.misreported or self.enabled and (f.transient_error_rate > 0 or f.partial_listing_rate > 0
+                                                 or self._partial_left > 0 or f.wrong_state_rate > 0):
             return False
         if last is None or last[1] is not listed or not self._listing_holds(last, self.world.t):
             return False
@@ -487,10 +486,11 @@ class SimNodeDriver(NodeDriver):
         return nodes
 
     def _shown_as(self, node: Node, state: NodeState) -> Node:
-        """A fresh Node of ``node`` in a state it is not in (never kept: the next listing may be right)."""
-        ips = [] if state is NodeState.TERMINATED else node.private_ips
-        return Node(id=node.id, name=node.name, state=state, public_ips=[] if state is not NodeState.RUNNING else ips,
-                    private_ips=ips, driver=self, extra={"tags": dict(node.extra.get("tags", {}))},
+        """A fresh Node of ``node`` in a state it is not in, ERROR or TERMINATED (never kept: the
+        next listing may be right)."""
+        return Node(id=node.id, name=node.name, state=state, public_ips=[],
+                    private_ips=[] if state is NodeState.TERMINATED else node.private_ips, driver=self,
+                    extra={"tags": dict(node.extra.get("tags", {}))},
                     created_at=node.created_at)
 
     def _list_nodes(self) -> list[Node]:
