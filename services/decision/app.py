@@ -29,6 +29,7 @@ from epu.common.clock import Clock
 from epu.common.config import EpuConfig
 from epu.common.messages import Envelope, SensorSnapshot
 from epu.common.runtime import RuntimeSettings, Service
+from epu.services.decision import fleet_metrics
 from epu.services.decision.engine import Engine
 from epu.services.decision.heap import HeapKeeper
 from epu.services.decision.lease import Leases
@@ -124,6 +125,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     unsatisfiable = Gauge("epu_decision_unsatisfiable_jobs", "Pending jobs no instance type of the domain can "
                           "ever serve (never launched for), by what rules them out", ["domain", "constraint"],
                           registry=r)
+    fleet = fleet_metrics.install(r, engine, service.clock.now)  # instances, nodes, paused, spend
 
     def observe() -> None:
         now = service.clock.now()
@@ -152,6 +154,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         open_ = engine.breakers()
         for d in engine.domains:
             breaker.labels(d).set(1 if d in open_ else 0)
+        fleet.observe()
 
     feed = StatusFeed(engine, service.publish)
     trim = _malloc_trim()
@@ -166,6 +169,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         for record in records:
             for a in record.actions:
                 actions.labels(record.domain, a.kind).inc()
+        fleet.recorded(records)
         seconds.observe(time.monotonic() - started)
         observe()
         feed.after_iteration(records, service.clock.now())  # what `epu status` shows at once
@@ -174,4 +178,5 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
 
     service.every(config.decision.iteration_seconds, iteration, name="iteration")
     service.engine = engine  # type: ignore[attr-defined]  # tests and the demo look inside
+    service.fleet = fleet  # type: ignore[attr-defined]
     return service
