@@ -1,6 +1,7 @@
 # EPU — the two commands a new user needs: `make run` and `make test`.
 # Each does its own set-up: a virtualenv with the packages, and (for tests) the system
-# services the suite talks to (RabbitMQ, PostgreSQL, Slurm), installed with apt-get as root.
+# services the suite talks to (RabbitMQ, PostgreSQL, Slurm) and promtool (the alert rules' tests),
+# installed with apt-get as root.
 
 # The interpreter: the distribution's /usr/bin/python3 when it is 3.11 or newer (Debian builds it
 # with optimizations and a static libpython), else the first python3 on PATH. A pyenv or source
@@ -53,6 +54,7 @@ run: $(RUN_STAMP)
 # Everything, the real-Slurm end-to-end scenario and its fault tests (tests/e2e) included.
 test: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi
+	@bash scripts/ensure-promtool.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)

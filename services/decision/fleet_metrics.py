@@ -182,9 +182,8 @@ class FleetCollector(Collector):
                      "with them)", ["site"], {(k,): v for k, v in s.site_failures.items()})
         yield _gauge("epu_spend_rate_per_hour", "What the live instances cost per hour now, by domain and site "
                      "(catalogue price, its currency)", ["domain", "site"], s.spend_rate)
-        if s.budget:
-            yield _gauge("epu_spend_budget_per_hour", "The domain's spend cap per hour, as configured",
-                         ["domain"], {(d,): v for d, v in s.budget.items()})
+        yield _gauge("epu_spend_budget_per_hour", "The domain's spend cap per hour, as configured (absent: "
+                     "no cap)", ["domain"], {(d,): v for d, v in s.budget.items()})
         spend = CounterMetricFamily("epu_spend", "Cost of the instances while this engine acted for the domain, "
                                     "by domain and site (catalogue price; restarts at 0 with the process)",
                                     labels=["domain", "site"])
