@@ -89,3 +89,29 @@ class ServiceCommon(Section):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Port of /metrics and /healthz (0 = any free port; unset = disabled)."""
     metrics_host: str = "127.0.0.1"
+    """Address /metrics and /healthz listen on: the default answers this host only; ``0.0.0.0``
+    (every interface) or one of the host's IPv4 addresses or names lets a Prometheus on another
+    host scrape it (the endpoint has no authentication: let only Prometheus through)."""
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _metrics_host(cls, value: str) -> str:
+        """Checked here, not when the service binds: a typo is one line from ``config check``,
+        not a socket error at start. IPv4 only (the endpoint's server is IPv4)."""
+        import ipaddress
+        import re
+
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            address = None
+        if address is not None and address.version == 6:
+            raise ValueError(f"{value!r}: an IPv6 address; give an IPv4 address (0.0.0.0: every "
+                             "interface) or a host name")
+        if address is not None:
+            return value
+        label = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+        if (re.fullmatch(r"[0-9.]+", value) or len(value) > 253
+                or not re.fullmatch(rf"{label}(\.{label})*\.?", value)):
+            raise ValueError(f"{value!r}: expected an IPv4 address (0.0.0.0: every interface) or a host name")
+        return value

@@ -41,6 +41,13 @@ def test_good_file_loads_with_sections_per_service_and_domain(tmp_path: Path) ->
     assert cfg.sensor.poll_seconds == 60  # default
 
 
+def test_metrics_host_takes_an_address_or_a_host_name(tmp_path: Path) -> None:
+    for host in ("0.0.0.0", "192.0.2.7", "control1.cluster.example.org", "localhost"):
+        cfg = load_config(write(tmp_path, GOOD + f"[provisioner]\nmetrics_host = '{host}'\n"), environ={})
+        assert cfg.provisioner.metrics_host == host
+    assert load_config(write(tmp_path, GOOD), environ={}).decision.metrics_host == "127.0.0.1"
+
+
 def test_environment_overrides_the_file(tmp_path: Path) -> None:
     env = {"EPU_DOMAINS__ALPHA__MAX_NODES": "20", "EPU_BROKER__URL": "memory://", "EPU_DECISION__ITERATION_SECONDS": "0.5",
            "EPU_LOGGING__JSON": "true", "UNRELATED": "x"}
@@ -61,6 +68,9 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ("[sites.sim]\nquota = 2\n", "sites.sim.driver: Field required"),
         ("[sensor]\nbackend = 'pbspro'\n", "sensor.backend: Input should be 'simulated', 'torque', 'slurm' or 'htcondor'"),
         ("[broker\n", "not valid TOML"),
+        ("[decision]\nmetrics_host = '::'\n", "decision.metrics_host: Value error, '::': an IPv6 address"),
+        ("[sensor]\nmetrics_host = '10.0.0.300'\n", "sensor.metrics_host: Value error, '10.0.0.300': expected an IPv4"),
+        ("[provisioner]\nmetrics_host = 'http://prom'\n", "provisioner.metrics_host: Value error"),
     ],
 )
 def test_bad_config_names_the_file_and_the_key(tmp_path: Path, text: str, expected: str) -> None:

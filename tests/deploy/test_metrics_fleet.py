@@ -75,3 +75,16 @@ def test_spend_so_far_grows_with_the_rate(running: Running) -> None:
     assert rate > 0
     wait_for(lambda: running.scrape("decision").value("epu_spend_total", domain="demo") > first, 20,
              interval=0.2, message="epu_spend_total growing while instances run")
+
+
+def test_the_example_config_opens_every_services_metrics_to_the_sites_prometheus() -> None:
+    from pathlib import Path
+
+    from epu.common.config import load_config
+
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "epu.toml"
+    cfg = load_config(example, environ={})
+    for name in SERVICES:
+        section = getattr(cfg, name)
+        assert section.metrics_port is not None, name
+        assert not section.metrics_host.startswith("127."), f"[{name}] metrics_host answers this host only"
