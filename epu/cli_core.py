@@ -94,6 +94,11 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     if problems:
         print("\n".join(f"{path}: {p}" for p in problems), file=sys.stderr)
         return 2
+    if services is None or "decision" in services:
+        from epu.simulate.assumptions import config_warnings
+
+        for w in config_warnings(config):  # valid, but the operator should know
+            print(f"{path}: warning: {w}", file=sys.stderr)
     if args.json:
         doc = config.model_dump(mode="json", by_alias=True)
         from epu.common.logs import redact

@@ -154,6 +154,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             for n, s in SCENARIOS.items():
                 print(f"{n.ljust(width)}  {s.summary}")
         return 0
+    if args.out and not plots_installed():
+        print("epu simulate: --out draws timeline.png and waits.png with matplotlib, which is not installed: "
+              "pip install 'epu[plots]' (or leave out --out: --json prints the figures)", file=sys.stderr)
+        return 2
     try:
         plan = build_plan(args)
     except (ConfigError, ModelError, SimulateError, WorkloadError, ValueError) as exc:
@@ -164,6 +168,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (SimulateError, WorkloadError) as exc:
         print(f"epu simulate: {exc}", file=sys.stderr)
         return 2
+
+
+def plots_installed() -> bool:
+    """Whether ``--out`` can draw its plots: checked before the run, which can take minutes."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def build_plan(args: argparse.Namespace) -> Any:
@@ -215,10 +228,33 @@ def print_summary(s: dict[str, Any]) -> None:
           f"max {s['wait_max_s']:.0f} s; bounded slowdown {s['bounded_slowdown']:.2f}")
     print(f"  node-hours {s['node_hours']:.1f}, cost {s['cost']:.2f}, utilization of paid cores "
           f"{100 * s['utilization']:.1f}%")
-    print(f"  launches {s['launches']}, failures {s['failures']}, replacements {s['replacements']}, "
-          f"peak nodes {s['peak_nodes']}")
+    print(f"  launches {s['launches']} ({s.get('launches_per_job', 0):.2f} per job), failures {s['failures']}, "
+          f"replacements {s['replacements']}, peak nodes {s['peak_nodes']}")
+    b = s.get("baseline")
+    if b:
+        print(f"  static cluster of {b['peak_nodes']} nodes (always on): cost {b['cost']:.2f}, wait p50 "
+              f"{b['wait_p50_s']:.0f} s, p95 {b['wait_p95_s']:.0f} s; node-hours {b['node_hours']:.1f}")
+    for site, m in s.get("cloud_model", {}).items():
+        print(f"  cloud model of {site} ({m['source']}): {describe_boot(m['boot'])}, boot failures "
+              f"{m['boot_failure_rate']:g}, never boot {m['never_boot_rate']:g}, API errors {m['api_error_rate']:g}, "
+              f"price {m['price_per_hour']:g}/h billed per {m['billing']}")
     for k, v in s.get("scenario", {}).items():
         print(f"  {k}: {v}")
+    for w in s.get("warnings", []):
+        print(f"  warning: {w}")
+
+
+def describe_boot(d: dict[str, Any]) -> str:
+    kind = d["dist"]
+    if kind == "constant":
+        return f"boots in {d['seconds']:g} s"
+    if kind == "uniform":
+        return f"boots in {d['min']:g}–{d['max']:g} s (uniform)"
+    if kind == "normal":
+        return f"boots in {d['mean']:g} ± {d['std']:g} s (normal)"
+    if kind == "lognormal":
+        return f"boots in a median {d['median']:g} s (lognormal, σ {d['sigma']:g})"
+    return f"boots drawn from {d['values']} measured times"
 
 
 COLUMNS = [("policy", "policy", "{}"), ("wait_p50_s", "p50 wait s", "{:.0f}"), ("wait_p95_s", "p95 wait s", "{:.0f}"),
@@ -234,6 +270,9 @@ def compare_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def print_compare(result: dict[str, Any]) -> None:
+    common = result.get("common_params") or {}
+    if common:
+        print("every run: " + ", ".join(f"{k}={v}" for k, v in common.items()))
     head = [h for _, h, _ in COLUMNS]
     rows = compare_rows(result)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]

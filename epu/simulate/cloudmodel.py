@@ -108,6 +108,20 @@ class Dist(BaseModel):
         vals = list(d.values)
         return lambda r: vals[int(r.random() * len(vals))]
 
+    def high_seconds(self) -> float:
+        """A slow draw: the largest one for bounded distributions (constant, uniform, empirical),
+        about the 98th percentile for the others (mean + 2 std; median × e^(2σ)). What a
+        ``stall_seconds`` must outlast (``assumptions.stall_warning``)."""
+        if self.dist == "constant":
+            return self.seconds
+        if self.dist == "uniform":
+            return self.max
+        if self.dist == "normal":
+            return self.mean + 2 * self.std
+        if self.dist == "lognormal":
+            return self.median * math.exp(2 * self.sigma)
+        return max(self.values) if self.values else 0.0
+
     def mean_seconds(self) -> float:
         if self.dist == "constant":
             return self.seconds

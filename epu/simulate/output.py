@@ -146,7 +146,7 @@ FIGURES = [
     ("wait_max_s", "longest wait (s)"), ("bounded_slowdown", "mean bounded slowdown (τ = 10 s)"),
     ("node_hours", "node-hours (instance lifetimes)"), ("cost", "cost (billing granularity applied)"),
     ("utilization", "utilization of paid cores"), ("launches", "instances launched"),
-    ("failures", "instances that never ran"), ("replacements", "instances given up and replaced"),
+    ("launches_per_job", "instances launched per job (above 1: churn)"), ("failures", "instances that never ran"), ("replacements", "instances given up and replaced"),
     ("api_errors", "transient cloud API errors"), ("peak_nodes", "most instances at once"),
     ("simulated_hours", "simulated hours"), ("engine_iterations", "engine iterations run"),
     ("engine_iterations_skipped", "engine iterations skipped (nothing to decide)"),
@@ -166,24 +166,38 @@ def html_report(d: RunData, summary: dict[str, Any], command: str, extra: dict[s
                include={"quota", "price_per_hour", "cores", "size"}) for s in d.vms},
            "iteration_seconds": d.config.decision.iteration_seconds,
            "sensor_poll_seconds": d.config.sensor.poll_seconds}
-    cloud = {s: d.cloud.site(s).model_dump(exclude_defaults=True) for s in d.vms}
+    cloud = summary.get("cloud_model") or {s: d.cloud.site(s).model_dump(mode="json") for s in d.vms}
+    b = summary.get("baseline")
+    static = ("" if not b else
+              f"<h2>Against a static cluster</h2><p>The same workload on {b['peak_nodes']} always-on nodes "
+              "(the batch model of the run, no elasticity):</p><table><tr><th></th><th>this run</th>"
+              "<th>static</th></tr>" + "".join(
+                  f"<tr><td>{e(label)}</td><td class=n>{e(str(summary.get(k, '')))}</td>"
+                  f"<td class=n>{e(str(b.get(k, '')))}</td></tr>"
+                  for k, label in (("cost", "cost"), ("node_hours", "node-hours"), ("wait_p50_s", "median wait (s)"),
+                                   ("wait_p95_s", "95th percentile wait (s)"), ("wait_max_s", "longest wait (s)"),
+                                   ("utilization", "utilization of paid cores"))) + "</table>")
+    warnings = "".join(f"<li>{e(w)}</li>" for w in summary.get("warnings", []))
+    warnings = f"<h2>Warnings</h2><ul class=warn>{warnings}</ul>" if warnings else ""
     wl = d.workload.describe()
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <title>epu simulate — {e(d.workload.name)} — {e(d.policy)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222}}
 table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:3px 8px}}
 td.n{{text-align:right;font-family:monospace}}pre{{background:#f6f6f6;padding:.6em;overflow-x:auto}}
-img{{max-width:100%}}h2{{margin-top:1.2em}}</style></head><body>
+img{{max-width:100%}}h2{{margin-top:1.2em}}ul.warn{{color:#a40}}</style></head><body>
 <h1>epu simulate: {e(d.workload.name)} under policy <code>{e(d.policy)}</code></h1>
 <p>The real decision engine and provisioner cores ran this workload in virtual time against simulated
 clouds (seed {d.seed}). Same seed, same figures: <code>{e(command or 'epu simulate ...')}</code></p>
-<h2>Figures</h2><table>{rows}</table>
+{warnings}<h2>Figures</h2><table>{rows}</table>{static}
 <h2>Per site</h2><table><tr><th>site</th><th>launches</th><th>node-hours</th><th>cost</th></tr>{sites}</table>
 <h2>Over time</h2><img src="timeline.png" alt="queue, nodes and instances over time">
 <h2>Waits</h2><img src="waits.png" alt="wait distribution">
 <h2>Workload</h2><pre>{e(json.dumps(wl, indent=2))}</pre>
 <h2>Domain and sites (from the config)</h2><pre>{e(json.dumps(cfg, indent=2, default=str))}</pre>
-<h2>Cloud model</h2><pre>{e(json.dumps(cloud, indent=2, default=str))}</pre>
+<h2>Cloud model</h2><p>Per site, every knob the run used and where it came from (<code>cli</code>:
+the --cloud file; <code>config</code>: the site's driver_args; <code>default</code>: the default model).</p>
+<pre>{e(json.dumps(cloud, indent=2, default=str))}</pre>
 <p>Data: <a href="timeline.csv">timeline.csv</a>, <a href="summary.json">summary.json</a>.
 Definitions of every figure: docs/experiments.md.</p></body></html>
 """

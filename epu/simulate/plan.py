@@ -11,6 +11,7 @@ import csv
 import html
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -100,8 +101,15 @@ def from_args(args: argparse.Namespace) -> Plan:
     return Plan(w.name, w, config, cloud, options)
 
 
+BASELINE_KEYS = ("policy", "peak_nodes", "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_max_s",
+                 "bounded_slowdown", "node_hours", "cost", "utilization", "jobs_completed")
+"""What a single run's report says of the static cluster beside its own figures."""
+
+
 def run_plan(plan: Plan, out: Path | None = None, progress: Any = None, command: str = "",
-             options: Options | None = None) -> dict[str, Any]:
+             options: Options | None = None, with_baseline: bool = True) -> dict[str, Any]:
+    """One run; with ``with_baseline`` its summary carries the static cluster's cost and waits
+    (``baseline``: what the same workload costs and waits on a fixed cluster of its size)."""
     opts = replace(options or plan.options, progress=progress)
     w = plan.workload
     if plan.label and w.name != plan.label:  # a named experiment: its name on every title
@@ -111,6 +119,9 @@ def run_plan(plan: Plan, out: Path | None = None, progress: Any = None, command:
     extra = plan.extra(data) if plan.extra else {}
     if extra:
         summary["scenario"] = extra
+    if with_baseline:
+        static = baseline(plan)
+        summary["baseline"] = {k: static[k] for k in BASELINE_KEYS if k in static}
     if out is not None:
         from epu.simulate.output import write_results
 
@@ -128,21 +139,48 @@ def baseline(plan: Plan) -> dict[str, Any]:
     return static_summary(plan.workload, nodes, d.cores_per_node, price, model.period)
 
 
+def variant_labels(variants: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], dict[str, Any]]:
+    """Each run's label — its policy and the parameters that set it apart (those whose value is
+    not the same in every run) — and the parameters every run shares. Why: two runs of one
+    policy that differ in ``idle_seconds`` must not both read ``queue-demand``, and ten runs
+    sharing a long parameter list should not repeat it in every label."""
+    missing = object()
+    keys = list(dict.fromkeys(k for _, params in variants for k in params))  # as the operator wrote them
+    varying = [k for k in keys if len({repr(params.get(k, missing)) for _, params in variants}) > 1]
+    common = {k: variants[0][1][k] for k in keys if k not in varying}
+    labels = []
+    for policy, params in variants:
+        own = [f"{k}={params[k]}" for k in varying if k in params]
+        labels.append(policy + (":" + ",".join(own) if own else ""))
+    seen: dict[str, int] = {}
+    twice = {x for x in labels if labels.count(x) > 1}  # the same variant twice: number them
+    for i, label in enumerate(labels):
+        if label in twice:
+            seen[label] = seen.get(label, 0) + 1
+            labels[i] = f"{label} #{seen[label]}"
+    return labels, common
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label).strip("_")[:80]
+
+
 def run_compare(plan: Plan, variants: list[tuple[str, dict[str, Any]]], out: Path | None = None,
                 progress: bool = True, command: str = "") -> dict[str, Any]:
     from epu.simulate.cli import Progress
 
     runs = []
-    for i, (policy, params) in enumerate(variants):
-        label = policy + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    labels, common = variant_labels(variants)
+    for i, ((policy, params), label) in enumerate(zip(variants, labels, strict=True)):
         bar = Progress(f"{label}", progress)
         opts = replace(plan.options, policy=policy, params=params or None)
-        sub = out / f"{i + 1:02d}-{policy}" if out else None
-        s = run_plan(plan, sub, bar, command, options=opts)
+        sub = out / f"{i + 1:02d}-{_slug(label)}" if out else None
+        s = run_plan(plan, sub, bar, command, options=opts, with_baseline=False)
         bar.close()
         s["policy"] = label
+        s["params"] = dict(params)
         runs.append(s)
-    result = {"workload": plan.workload.name, "baseline": baseline(plan), "runs": runs}
+    result = {"workload": plan.workload.name, "baseline": baseline(plan), "runs": runs, "common_params": common}
     if out is not None:
         write_compare(result, out)
     return result
@@ -169,7 +207,7 @@ def write_compare(result: dict[str, Any], out: Path) -> None:
         static = r is result["baseline"]
         ax.scatter([r["wait_p95_s"]], [r["cost"]], s=70, marker="s" if static else markers[i % len(markers)],
                    color="black" if static else f"C{i}", label=r["policy"], zorder=3)
-        ax.annotate(r["policy"].split(":")[0], (r["wait_p95_s"], r["cost"]), textcoords="offset points",
+        ax.annotate(r["policy"], (r["wait_p95_s"], r["cost"]), textcoords="offset points",
                     xytext=(7, -3 + 9 * (i % 3 - 1)), fontsize=8)
     ax.set_xlabel("95th percentile wait (s)")
     ax.set_ylabel("cost")

@@ -13,7 +13,9 @@ Definitions (docs/experiments.md repeats them for readers of the results):
   or never finished booting) plus transient API errors (counted apart); replacements =
   instances given up before they ever ran (terminated while still booting);
 * peak nodes = the most instances alive at once;
-* jobs killed = running jobs that lost their node and were requeued (EPU must keep it at 0).
+* jobs killed = running jobs that lost their node and were requeued (EPU must keep it at 0);
+* launches per job = launches / jobs (above 1: churn, flagged in ``warnings``);
+* cloud model = each site's model in full and where it came from (``assumptions``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from epu.simulate.assumptions import churn_warning, describe_site
 from epu.simulate.run import RunData
 
 
@@ -63,9 +66,11 @@ def summarize(d: RunData) -> dict[str, Any]:
     launches = never_ran = replaced = 0
     events: list[tuple[float, int]] = []
     per_site: dict[str, dict[str, float]] = {}
+    cloud_model: dict[str, Any] = {}
     for site, vms in d.vms.items():
         model = d.cloud.site(site)
         price = model.price_per_hour if model.price_per_hour is not None else d.config.sites[site].price_per_hour
+        cloud_model[site] = {"source": d.cloud_sources.get(site, "default"), **describe_site(model, price)}
         cores = d.cores.get(site, 1)
         s_nodes = s_cost = 0.0
         for vm in vms:
@@ -101,8 +106,10 @@ def summarize(d: RunData) -> dict[str, Any]:
         "api_errors": d.cloud_errors,
         "replacements": replaced,
         "peak_nodes": peak,
+        "launches_per_job": round(launches / len(d.jobs), 3) if d.jobs else 0.0,
         "simulated_hours": round((d.end - d.start) / 3600.0, 3),
         "sites": per_site,
+        "cloud_model": cloud_model,
         "engine_iterations": d.iterations,
         "engine_iterations_skipped": d.iterations_skipped,
         "engine_ms_per_iteration": round(1000 * d.engine_cpu_seconds / d.iterations, 3) if d.engine_cpu_seconds else None,
@@ -113,6 +120,8 @@ def summarize(d: RunData) -> dict[str, Any]:
     })
     if d.skipped:
         out["skipped"] = dict(d.skipped)
+    churn = churn_warning(launches, len(d.jobs), never_ran)
+    out["warnings"] = [*d.warnings, *([churn] if churn else [])]
     return out
 
 

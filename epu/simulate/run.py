@@ -43,6 +43,7 @@ from epu.sim.cloud import VM, CloudFaults, SimCloud
 from epu.sim.processes import EngineProc, ProvisionerProc, SensorProc, StoreFaults, release_store
 from epu.sim.simulation import quiet_loggers
 from epu.sim.world import World, WorldClock
+from epu.simulate.assumptions import effective_model, run_warnings
 from epu.simulate.cloudmodel import CloudModel, SiteModel
 from epu.workloads.model import TraceJob, Workload
 
@@ -124,6 +125,10 @@ class RunData:
     """Running jobs that lost their node (requeued by the batch system): 0 is the safety claim."""
     sizes: dict[str, str] = field(default_factory=dict)
     cores: dict[str, int] = field(default_factory=dict)
+    cloud_sources: dict[str, str] = field(default_factory=dict)
+    """site → where its cloud model came from (``assumptions.SOURCES``)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the operator should know before trusting the figures (``assumptions.run_warnings``)."""
 
 
 # ---------------------------------------------------------------------- config
@@ -259,6 +264,9 @@ class Simulate:
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise SimulateError(f"domains.{self.domain}: {exc}") from None
         self.sites = domain_sites(self.config, self.domain)
+        # each site's model: --cloud, else its own knobs in the operator's config, else the default
+        self.cloud_model, self.cloud_sources = effective_model(config, self.sites, self.cloud_model)
+        self.warnings = run_warnings(self.config, self.domain, self.cloud_model, self.cloud_sources)
         self.world = World(self.options.seed)
         self.bus = Bus(self.world)
         self.clouds: dict[str, SimCloud] = {}
@@ -441,7 +449,8 @@ class Simulate:
             wall_seconds=time.perf_counter() - wall0, cpu_seconds=time.process_time() - cpu0,
             cloud_errors=sum(c.stats.errors for c in self.clouds.values()),
             sizes={n: self.config.sites[n].size for n in self.sites},
-            cores={n: self.config.sites[n].cores for n in self.sites})
+            cores={n: self.config.sites[n].cores for n in self.sites},
+            cloud_sources=dict(self.cloud_sources), warnings=list(self.warnings))
 
     def close(self) -> None:
         release_store(self.provisioner.store)

@@ -140,7 +140,7 @@ def test_cli_compare_with_a_static_baseline(capsys: pytest.CaptureFixture[str], 
     assert runs[0]["cost"] < base["cost"]  # idle for most of two hours: elasticity pays
     assert runs[1]["cost"] > runs[0]["cost"]  # a spare node is paid for, until the run's tail ends
     for f in ("compare.csv", "compare.png", "compare.html", "compare.json", "01-queue-demand/report.html",
-              "02-spare/timeline.csv"):
+              "02-spare_spare_nodes=1_billing_period_seconds=0/timeline.csv"):
         assert (tmp_path / "c" / f).stat().st_size > 0
     assert len((tmp_path / "c" / "compare.csv").read_text().splitlines()) == 4
 
