@@ -6,8 +6,11 @@ down — so it exports the fleet by domain, site, type and state, the batch node
 domains, and spend (instance records × the catalogue's price). Labels are bounded by the
 configuration (domains, sites, types, states, reasons): never an instance or a node name.
 
-Only the domains this engine is *active* for are exported: a standby shares the store, and two
-engines exporting one domain would double every sum. A scrape reads the last sample
+Only the domains this engine acts for are exported: a standby shares the store, and two engines
+exporting one domain would double every sum. "Acts for": active now, or active before and still
+holding the domain's newest snapshot without having been fenced — so a sensor that stops (the
+snapshot ages, the engine turns standby) does not hide instances that are still paid for, while
+an engine that lost its broker connection (it forgets its snapshots) or its lease stops exporting. A scrape reads the last sample
 (``FleetCollector.collect``) while the engine thread builds the next (``FleetObserver.observe``):
 a sample is replaced whole, so a scrape never sees half an update.
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.messages import DecisionRecord
-from epu.services.decision.view import PENDING_STATES, Instance
+from epu.services.decision.view import PENDING_STATES
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -57,15 +60,31 @@ class FleetSample:
     site_failures: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class _DomainFleet:
+    """One domain's instances, aggregated; reused while the store's stamp of the domain (and the
+    prices) stay the same — a quiet domain of 50,000 instances costs nothing per sample."""
+
+    key: tuple[Any, ...]
+    counts: dict[tuple[str, str, str, str], int]
+    rate: dict[str, float]
+    """site → price per hour of the live instances."""
+    booting_since: dict[str, float]
+    """site → launch time of the oldest instance not joined yet."""
+    retiring: dict[str, str]
+    """instance → why it is being taken out."""
+
+
 class FleetObserver:
     """Builds a ``FleetSample`` from the engine and keeps the counters; runs on the engine thread.
 
     ``engine`` needs ``domains``, ``leadership(domain)``, ``latest_snapshot(domain)``, ``store``
-    (``instances()``, ``current_config(domain)``, ``site_health()``), ``config.sites``, ``types``,
-    ``site_infos`` and ``cooldown`` — what ``Engine`` has.
+    (``instances(domain)``, ``domain_stamp(domain)``, ``current_config(domain)``,
+    ``site_health()``), ``config.sites``, ``types``, ``site_infos`` and ``cooldown`` — what
+    ``Engine`` has.
     """
 
-    def __init__(self, engine: Any, now: Callable[[], float], min_interval: float = 2.0) -> None:
+    def __init__(self, engine: Any, now: Callable[[], float], min_interval: float = 5.0) -> None:
         self.engine = engine
         self.now = now
         self.min_interval = min_interval
@@ -75,33 +94,65 @@ class FleetObserver:
         """(domain, site, type) → launches the iterations sent."""
         self.retired: Counter[tuple[str, str]] = Counter()
         """(domain, reason) → instances seen being taken out, by why."""
-        self._retiring: set[str] = set()
+        self._domains: dict[str, _DomainFleet] = {}
+        self._owned: set[str] = set()
+        """Domains this engine exports (see the module docstring)."""
         self._last: float | None = None
 
     # ------------------------------------------------------------------ inputs
-    def type_of(self, inst: Instance) -> str:
-        if inst.instance_type:
-            return inst.instance_type
-        site = self.engine.config.sites.get(inst.site)
+    def _site_type(self, site_name: str, instance_type: str) -> str:
+        if instance_type:
+            return instance_type
+        site = self.engine.config.sites.get(site_name)
         return (site.size if site is not None else "") or DEFAULT_TYPE
 
-    def price(self, inst: Instance) -> float:
-        """The instance's price per hour: its catalogue type's, else its site's (0 when unknown)."""
-        if inst.instance_type:
-            t = next((t for t in self.engine.types.get(inst.site, []) if t.name == inst.instance_type), None)
-            if t is not None:
-                return float(t.price_per_hour)
-        info = self.engine.site_infos.get(inst.site)
-        return float(info.price_per_hour) if info is not None else 0.0
+    def prices(self) -> dict[tuple[str, str], float]:
+        """(site, type) → price per hour: each catalogue type's, and ("site", "") the site's own
+        (an untyped launch's)."""
+        e = self.engine
+        out = {(n, ""): float(info.price_per_hour) for n, info in e.site_infos.items()}
+        for n, types in e.types.items():
+            for t in types:
+                out[(n, t.name)] = float(t.price_per_hour)
+        return out
+
+    def owned(self) -> list[str]:
+        """The domains whose fleet this engine exports now."""
+        e = self.engine
+        for d in e.domains:
+            state = e.leadership(d)
+            if state == "active":
+                self._owned.add(d)
+            elif state == "fenced" or e.latest_snapshot(d) is None:
+                self._owned.discard(d)
+        return [d for d in e.domains if d in self._owned]
 
     def recorded(self, records: Iterable[DecisionRecord]) -> None:
         """Count the launches an iteration sent, by site and type."""
         for r in records:
             for a in r.actions:
                 if a.kind == "launch":
-                    site = self.engine.config.sites.get(a.site)
-                    type_ = a.instance_type or (site.size if site is not None else "") or DEFAULT_TYPE
-                    self.launches[(r.domain, a.site, type_)] += 1
+                    self.launches[(r.domain, a.site, self._site_type(a.site, a.instance_type))] += 1
+
+    def _aggregate(self, domain: str, key: tuple[Any, ...], prices: dict[tuple[str, str], float]) -> _DomainFleet:
+        counts: Counter[tuple[str, str, str, str]] = Counter()
+        rate: dict[str, float] = {}
+        booting: dict[str, float] = {}
+        retiring: dict[str, str] = {}
+        types: dict[tuple[str, str], str] = {}
+        for inst in self.engine.store.instances(domain):
+            site, it = inst.site, inst.instance_type
+            label = types.get((site, it))
+            if label is None:
+                label = types[(site, it)] = self._site_type(site, it)
+            counts[(domain, site, label, inst.state)] += 1
+            price = prices.get((site, it)) if it else None
+            rate[site] = rate.get(site, 0.0) + (price if price is not None else prices.get((site, ""), 0.0))
+            if inst.state in PENDING_STATES and inst.launched_at < booting.get(site, float("inf")):
+                booting[site] = inst.launched_at
+            if inst.retire:
+                retiring[inst.instance_id] = inst.retire
+        return _DomainFleet(key, dict(counts), rate, booting, retiring)
 
     def observe(self, force: bool = False) -> FleetSample:
         """Sample the fleet now (at most every ``min_interval`` seconds unless ``force``: an
@@ -111,24 +162,28 @@ class FleetObserver:
         now = self.now()
         if not force and self._last is not None and now - self._last < self.min_interval:
             return self.sample
-        active = [d for d in e.domains if e.leadership(d) == "active"]
+        active = self.owned()
+        prices = self.prices()
+        price_key = tuple(sorted(prices.items()))
         s = FleetSample()
-        retiring: set[str] = set()
-        counts: Counter[tuple[str, str, str, str]] = Counter()
-        for inst in e.store.instances():
-            if inst.domain not in active:
-                continue
-            key = (inst.domain, inst.site)
-            counts[(inst.domain, inst.site, self.type_of(inst), inst.state)] += 1
-            s.spend_rate[key] = s.spend_rate.get(key, 0.0) + self.price(inst)
-            if inst.state in PENDING_STATES:
-                s.booting_oldest[key] = max(s.booting_oldest.get(key, 0.0), max(0.0, now - inst.launched_at))
-            if inst.retire:
-                retiring.add(inst.instance_id)
-                if inst.instance_id not in self._retiring:
-                    self.retired[(inst.domain, inst.retire)] += 1
-        self._retiring = retiring
-        s.instances = dict(counts)
+        for d in active:
+            key = (e.store.domain_stamp(d), price_key)
+            before = self._domains.get(d)
+            fleet = before if before is not None and before.key == key else self._aggregate(d, key, prices)
+            if fleet is not before:
+                seen = before.retiring if before is not None else {}
+                for iid, why in fleet.retiring.items():
+                    if seen.get(iid) != why:
+                        self.retired[(d, why)] += 1
+                self._domains[d] = fleet
+            s.instances.update(fleet.counts)
+            for site, r in fleet.rate.items():
+                s.spend_rate[(d, site)] = r
+            for site, since in fleet.booting_since.items():
+                s.booting_oldest[(d, site)] = max(0.0, now - since)
+        for d in list(self._domains):
+            if d not in active:
+                del self._domains[d]  # taken up again later: counted afresh from the store
         for d in active:
             snap = e.latest_snapshot(d)
             if snap is not None and snap.available:
@@ -148,11 +203,11 @@ class FleetObserver:
         s.site_failures = {name: h.failures for name, h in e.store.site_health().items()}
         if self._last is not None:
             hours = max(0.0, now - self._last) / 3600.0
-            for key, rate in self.sample.spend_rate.items():  # what ran since the last sample
-                if key[0] in active:
-                    self.spend_total[key] = self.spend_total.get(key, 0.0) + rate * hours
-        for key in s.spend_rate:
-            self.spend_total.setdefault(key, 0.0)
+            for key2, rate in self.sample.spend_rate.items():  # what ran since the last sample
+                if key2[0] in active:
+                    self.spend_total[key2] = self.spend_total.get(key2, 0.0) + rate * hours
+        for key2 in s.spend_rate:
+            self.spend_total.setdefault(key2, 0.0)
         self._last = now
         self.sample = s
         return s
