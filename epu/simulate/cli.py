@@ -83,12 +83,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=1, help="the seed of every random draw (default 1)")
     run.add_argument("--compare", action="append", metavar="POLICY[:k=v,...]",
                      help="run each of these (repeatable) and a static cluster of the trace's size; one table")
+    run.add_argument("--jobs", type=_positive_int, metavar="N",
+                     help="with --compare: runs at once, one process each (default: one per core)")
     run.add_argument("--out", metavar="DIR", help="write the results folder here")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     run.add_argument("--no-skip", action="store_true",
                      help="run every engine iteration (slower; same results — for checking the fast path)")
     p.set_defaults(func=cmd_simulate)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {n}")
+    return n
 
 
 def _literal(text: str) -> Any:
@@ -196,7 +208,8 @@ def execute(plan: Any, args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if args.compare:
         variants = [parse_variant(v) for v in args.compare]
-        result = run_compare(plan, variants, out=out, progress=not args.no_progress, command=command)
+        result = run_compare(plan, variants, out=out, progress=not args.no_progress, command=command,
+                             jobs=args.jobs)
         if args.json:
             print(json.dumps(result, indent=2))
         else:

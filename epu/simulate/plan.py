@@ -12,6 +12,7 @@ import html
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -165,18 +166,59 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label).strip("_")[:80]
 
 
+_FORKED: tuple[Plan, list[Options], list[Path | None], str] | None = None
+"""What forked workers of ``run_compare`` run: set before the pool forks, inherited, never pickled
+(a scenario's ``extra`` is a closure)."""
+
+
+def _run_forked(i: int) -> dict[str, Any]:
+    assert _FORKED is not None
+    plan, opts, subs, command = _FORKED
+    return run_plan(plan, subs[i], None, command, options=opts[i], with_baseline=False)
+
+
+def compare_jobs(requested: int | None, runs: int) -> int:
+    """How many runs at once: ``requested``, else one per core; never more than the runs."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(runs, requested or cores))
+
+
 def run_compare(plan: Plan, variants: list[tuple[str, dict[str, Any]]], out: Path | None = None,
-                progress: bool = True, command: str = "") -> dict[str, Any]:
+                progress: bool = True, command: str = "", jobs: int | None = None) -> dict[str, Any]:
+    """Every variant on the same workload, and the static baseline. Runs go in parallel over
+    ``jobs`` processes (default: one per core): each run is deterministic on its own, so the
+    figures are those of running them one after another."""
+    global _FORKED
     from epu.simulate.cli import Progress
 
-    runs = []
     labels, common = variant_labels(variants)
-    for i, ((policy, params), label) in enumerate(zip(variants, labels, strict=True)):
-        bar = Progress(f"{label}", progress)
-        opts = replace(plan.options, policy=policy, params=params or None)
-        sub = out / f"{i + 1:02d}-{_slug(label)}" if out else None
-        s = run_plan(plan, sub, bar, command, options=opts, with_baseline=False)
-        bar.close()
+    opts = [replace(plan.options, policy=policy, params=params or None) for policy, params in variants]
+    subs = [out / f"{i + 1:02d}-{_slug(label)}" if out else None for i, label in enumerate(labels)]
+    workers = compare_jobs(jobs, len(variants))
+    summaries: list[dict[str, Any]] = []
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _FORKED = (plan, opts, subs, command)
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                pending = [pool.submit(_run_forked, i) for i in range(len(variants))]
+                for label, f in zip(labels, pending, strict=True):
+                    summaries.append(f.result())
+                    if progress and sys.stderr.isatty():
+                        print(f"{label}: done", file=sys.stderr, flush=True)
+        finally:
+            _FORKED = None
+    else:
+        for label, o, sub in zip(labels, opts, subs, strict=True):
+            bar = Progress(f"{label}", progress)
+            summaries.append(run_plan(plan, sub, bar, command, options=o, with_baseline=False))
+            bar.close()
+    runs = []
+    for (_policy, params), label, s in zip(variants, labels, summaries, strict=True):
         s["policy"] = label
         s["params"] = dict(params)
         runs.append(s)

@@ -147,3 +147,23 @@ def test_out_without_the_plots_extra_says_what_to_install_before_the_run(capsys,
     assert code == 2
     assert "pip install 'epu[plots]'" in err
     assert out == "" and not (tmp_path / "r").exists()  # nothing ran, nothing written
+
+
+def test_compare_runs_in_parallel_with_the_figures_of_one_after_another(capsys, tmp_path) -> None:
+    from epu.simulate.output import stable
+
+    argv = ["--generator", "waves:waves=2,jobs=4,period=1800,run_min=120,run_max=600", "--json",
+            "--compare", "queue-demand:idle_seconds=60", "--compare", "queue-demand:idle_seconds=600",
+            "--compare", "threshold"]
+    code, out, _ = simulate(capsys, *argv, "--jobs", "1")
+    assert code == 0
+    one = json.loads(out)
+    code, out, _ = simulate(capsys, *argv, "--jobs", "3", "--out", str(tmp_path / "p"))
+    assert code == 0
+    par = json.loads(out)
+    assert [stable(r) for r in par["runs"]] == [stable(r) for r in one["runs"]]
+    assert par["baseline"] == one["baseline"]
+    assert (tmp_path / "p" / "03-threshold" / "report.html").is_file()  # written by its worker
+    with pytest.raises(SystemExit) as exit_:
+        simulate(capsys, *argv, "--jobs", "0")
+    assert exit_.value.code == 2 and "--jobs: expected 1 or more, got 0" in capsys.readouterr().err
