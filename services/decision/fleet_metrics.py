@@ -10,9 +10,10 @@ Only the domains this engine acts for are exported: a standby shares the store, 
 exporting one domain would double every sum. "Acts for": active now, or active before and still
 holding the domain's newest snapshot without having been fenced — so a sensor that stops (the
 snapshot ages, the engine turns standby) does not hide instances that are still paid for, while
-an engine that lost its broker connection (it forgets its snapshots) or its lease stops exporting. A scrape reads the last sample
-(``FleetCollector.collect``) while the engine thread builds the next (``FleetObserver.observe``):
-a sample is replaced whole, so a scrape never sees half an update.
+an engine that lost its broker connection (it forgets its snapshots) or its lease stops
+exporting. A scrape reads the last sample (``FleetCollector.collect``) while the engine thread
+builds the next (``FleetObserver.observe``): a sample is replaced whole, so a scrape never sees
+half an update.
 
 Spend: an instance is paid from its launch until it ends (``requested`` to ``terminated`` or
 ``failed``), at its catalogue type's ``price_per_hour`` (the site's for an untyped launch), in
@@ -37,10 +38,6 @@ from prometheus_client.registry import Collector
 
 DEFAULT_TYPE = "default"
 """The ``type`` label of an instance launched without a catalogue type on a site without a size."""
-
-REPLACING = frozenset({"stalled", "lost", "interrupted"})
-"""Retirement reasons the engine replaces the instance for (the rest are scale-down, gang, operator)."""
-
 
 @dataclass
 class FleetSample:
