@@ -11,10 +11,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.deploy.conftest import Running
+from tests.deploy.prometheus_tool import promtool_path
 from tests.deploy.scrape import metric_names
 
 PROM = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
@@ -27,11 +27,7 @@ PROMETHEUS_OWN = {"up"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("promtool")
-    if exe is None:
-        pytest.fail("promtool is missing: `make test` installs it (scripts/ensure-promtool.sh), or "
-                    "`sudo apt-get install -y prometheus`")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, cwd=PROM)
+    return subprocess.run([promtool_path(), *args], capture_output=True, text=True, timeout=120, cwd=PROM)
 
 
 def rules() -> list[dict]:
@@ -63,7 +59,7 @@ def test_a_broken_rule_fails_its_unit_test(tmp_path: Path) -> None:
     text = RULES.read_text().replace("max_over_time(epu_decision_site_backoff_seconds[10m])",
                                      "epu_decision_site_backoff_seconds")
     (tmp_path / RULES.name).write_text(text)
-    out = subprocess.run([shutil.which("promtool") or "promtool", "test", "rules", "tests/epu-alerts.test.yml"],
+    out = subprocess.run([promtool_path(), "test", "rules", "tests/epu-alerts.test.yml"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode != 0 and "EpuSiteBackedOff" in out.stdout + out.stderr
 
