@@ -16,6 +16,13 @@ cloud, so that the world — not a script — decides what a snapshot shows:
 
   Every flavor reports the node's identity (``NodeInfo.instance_id``) unless
   ``report_identity`` is off (a backend that cannot say: the engine falls back to names);
+* drains as each batch system does them: Slurm's ``DRAIN`` and Torque's ``offline`` never touch
+  running jobs; HTCondor's ``offline`` is what the real backend sends (``condor_drain``), and a
+  graceful drain (``condor_drain = "graceful"``) *evicts* the node's jobs once
+  ``retirement_seconds`` (the pool's ``MaxJobRetirementTime``, HTCondor's default 0) are spent —
+  while a peaceful startd shutdown (``"peaceful"``, EPU's default) waits for them whatever the
+  retirement time. An evicted job is a killed job (invariant 1), so a backend that drains the
+  evicting way is caught by a seed;
 * faults (``BatchFaults``): the controller down (``available=False``, commands fail
   transiently), nodes missing from snapshots while they run jobs (a collector or slurmctld
   restart), stale snapshots, commands failing transiently a few times.
@@ -34,7 +41,7 @@ from epu.services.sensor.backend import (
     check_action,
     check_node_name,
 )
-from epu.services.sensor.simulated import SimulatedBatch
+from epu.services.sensor.simulated import SimulatedBatch, mismatched_add
 from epu.sim.cloud import VM
 from epu.sim.world import World, WorldClock
 
@@ -77,7 +84,8 @@ class SimBatchSystem:
     name = "simulated"
 
     def __init__(self, world: World, clock: WorldClock, *, flavor: str = "slurm", fqdn_suffix: str = "cluster.internal",
-                 report_identity: bool = True, register_seconds: tuple[float, float] = (2.0, 15.0)) -> None:
+                 report_identity: bool = True, register_seconds: tuple[float, float] = (2.0, 15.0),
+                 condor_drain: str = "peaceful", retirement_seconds: float = 0.0) -> None:
         if flavor not in ("slurm", "torque", "htcondor"):
             raise ValueError(f"unknown batch flavor {flavor!r}")
         self.world = world
@@ -85,6 +93,14 @@ class SimBatchSystem:
         self.fqdn_suffix = fqdn_suffix
         self.report_identity = report_identity
         self.register_seconds = register_seconds
+        if condor_drain not in ("peaceful", "graceful"):
+            raise ValueError(f"unknown condor_drain {condor_drain!r} (peaceful or graceful)")
+        self.condor_drain = condor_drain
+        """How an HTCondor ``offline`` drains (the real backend's ``drain_type``)."""
+        self.retirement_seconds = retirement_seconds
+        """HTCondor's MaxJobRetirementTime: a graceful drain evicts once it is spent."""
+        self._drains: dict[str, int] = {}
+        """Node → the number of its current graceful drain (an ``online`` ends it)."""
         self.inner = SimulatedBatch(clock)
         self.inner.group_at_source = True  # shapes, not a record per pending job (see SimulatedBatch)
         self.inner.sample_jobs = 0
@@ -249,6 +265,8 @@ class SimBatchSystem:
             # the node exists at once; it is up when its daemon (on a running VM) registers
             if not self.inner.add_node(node, cores or 1, instance_id=instance_id, up=False):
                 n = self.inner.node(node)
+                if n is not None and cores and n.cores != cores:
+                    return mismatched_add(node, n.cores, cores)
                 if n is not None and instance_id and n.instance_id is None:
                     n.instance_id = instance_id
                 return CommandOutcome(True, output=f"node {node} already exists")
@@ -281,4 +299,21 @@ class SimBatchSystem:
             if out.ok and vm is not None:
                 self.retired.add(vm.cloud_id)
             return out
-        return self.inner.execute(action, name, reason=reason, force=force)
+        out = self.inner.execute(action, name, reason=reason, force=force)
+        if action == "online" and out.ok:
+            self._drains.pop(name, None)
+        if action == "offline" and out.changed and self.condor_drain == "graceful":
+            # condor_drain -graceful: retirement honoured, then the jobs are vacated
+            count = self._drains[name] = self._drains.get(name, 0) + 1
+            self.world.call_after(self.retirement_seconds, lambda: self._evict(name, count),
+                                  f"batch graceful drain of {name} evicts")
+        return out
+
+    def _evict(self, name: str, drain: int) -> None:
+        """The graceful drain's retirement is spent: the node's jobs are vacated (requeued — and
+        killed as far as their work is concerned)."""
+        node = self.inner.node(name)
+        if self._drains.get(name) != drain or node is None or not node.offline or not node.jobs:
+            return
+        self.inner.evict_jobs(name, f"evicted: graceful drain, MaxJobRetirementTime {self.retirement_seconds:.0f}s "
+                                    "spent")

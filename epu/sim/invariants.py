@@ -122,10 +122,11 @@ class Checker:
             self.paused = bool(msg.config.get("paused"))
 
     def on_kill(self, job_id: str, node: str, why: str) -> None:
-        """A batch node removed with ``force`` takes its jobs down: nothing in EPU may do that
-        (only an operator at the batch system's own console)."""
-        if why == "node removed by force":
-            self.fail(1, f"job {job_id} killed: node {node} removed by force")
+        """A batch node removed with ``force`` takes its jobs down, and a drain that evicts them
+        (HTCondor's graceful drain once MaxJobRetirementTime is spent) kills their work: nothing in
+        EPU may do either (only an operator at the batch system's own console)."""
+        if why == "node removed by force" or why.startswith("evicted"):
+            self.fail(1, f"job {job_id} killed: node {node} {why}")
 
     def on_create(self, vm: VM) -> None:
         creator = next((p for p in self.sim.provisioners if p.name == vm.created_by), None)
