@@ -265,13 +265,12 @@ def htcondor_names() -> Scenario:
 
 @scenario
 def htcondor_drains() -> Scenario:
-    return Scenario("htcondor-drains", "HTCondor with a retirement time of 0: busy nodes offlined (operators' "
-                    "unforced terminates, scale-down races), drains as the real backend sends them",
+    return Scenario("htcondor-drains", "HTCondor with a retirement time of 0: nodes offlined the moment they "
+                    "look idle (a job may start there meanwhile), drains as the real backend sends them",
                     hours=4.0, domain=DomainSpec(flavor="htcondor", params={"idle_seconds": 0.0},
                                                  retirement_seconds=0.0),
                     workload=Workload(arrivals_per_hour=80.0, burst_per_hour=2.0, burst_jobs=(5, 30),
                                       duration=(60.0, 1800.0)),
-                    faults=[F.operator_actions(4.0, terminate_share=0.8, force_share=0.0)],
                     stresses="issue 26: a graceful condor_drain evicts once MaxJobRetirementTime is spent "
                              "(DomainSpec.condor_drain = \"graceful\" shows the kills; EPU's peaceful shutdown none)")
 
