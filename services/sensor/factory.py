@@ -5,7 +5,8 @@ Options per backend (all optional):
 * simulated: ``nodes`` (table name → cores) or ``node_count``/``node_cores``/``node_prefix``
 * torque: ``bin_dir`` (where qstat/pbsnodes/qmgr live), ``server``, ``use_pbs_python`` (default true)
 * slurm: ``bin_dir``, ``partition`` (where added nodes go), ``features``, ``conf`` (SLURM_CONF)
-* htcondor: ``pool`` (collector host), ``schedd`` (schedd name), ``drain_type``, ``template``,
+* htcondor: ``pool`` (collector host), ``schedd`` (schedd name), ``drain_type`` (``peaceful``, the
+  default: never evicts), ``template``,
   ``read_format`` (``bindings``, the default, or ``af``: condor_q/condor_status -af text, with
   ``bin_dir`` and ``condor_config``)
 """

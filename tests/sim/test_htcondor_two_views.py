@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from epu.services.sensor.backend import CommandOutcome
 from epu.services.sensor.htcondor.removal import RemovalFacts, RemovalStep
+
 from epu.sim.scenarios import get_scenario, names
 from epu.sim.simulation import Simulation
 
