@@ -66,6 +66,7 @@ from epu.services.sensor.htcondor.parse import (
     normalize_startds,
 )
 from epu.services.sensor.htcondor.removal import BUSY_SLOT_STATES, RemovalFacts, removal_step
+from epu.services.sensor.htcondor.shutdowns import ShutdownMemory
 from epu.services.sensor.runner import CommandRunner
 from epu.services.sensor.shapes import ShapeGrouper, short_hostname
 
@@ -98,7 +99,7 @@ class HTCondorBackend:
     def __init__(self, htcondor: Any = None, *, pool: str | None = None, schedd: str | None = None,
                  drain_type: str = "peaceful", clock: Clock | None = None,
                  template: dict[str, Any] | None = None, max_shapes: int = 2000, read_format: str = "bindings",
-                 runner: Any = None, bin_dir: str | None = None) -> None:
+                 runner: Any = None, bin_dir: str | None = None, shutdown_state_path: str | None = None) -> None:
         if read_format not in READ_FORMATS:
             raise ValueError(f"htcondor read_format must be 'bindings' or 'af', not {read_format!r}")
         self.read_format = read_format
@@ -115,7 +116,7 @@ class HTCondorBackend:
             raise ValueError(f"htcondor drain_type must be one of {', '.join(DRAIN_TYPES)}, not {drain_type!r}")
         self.drain_type = drain_type
         self.clock = clock or RealClock()
-        self.shutdowns: dict[str, Any] = {}
+        self.shutdowns = ShutdownMemory(shutdown_state_path)
         """Short node name → the master ad a peaceful shutdown was sent to (its address is what
         later tells whether the master has exited, when its ad is gone from the collector)."""
 
@@ -142,7 +143,8 @@ class HTCondorBackend:
         return cls(pool=opts.get("pool"), schedd=opts.get("schedd"), drain_type=str(opts.get("drain_type", "peaceful")),
                    clock=clock, template=template, max_shapes=int(opts.get("max_shapes", 2000)),
                    read_format=str(opts.get("read_format", "bindings")),
-                   runner=CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"))
+                   runner=CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"),
+                   shutdown_state_path=opts.get("shutdown_state_path"))
 
     # ------------------------------------------------------------------ daemons
     def collector(self) -> Any:

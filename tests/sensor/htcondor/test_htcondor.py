@@ -371,3 +371,19 @@ def test_jobs_grouped_by_text_keep_per_job_ids_waits_and_distinct_requirements()
     assert (unmatched.count, unmatched.sample_job_ids) == (1, ["302.0"])
     assert [j.job_id for j in out.queued] == ["300.0", "301.0", "302.0", "303.0", "304.0", "310.0"]
     assert out.queued[4].submit_time == 1795322950.0 and out.queued[1].wait_seconds == NOW - 1795321000
+
+
+def test_a_shutdown_sent_before_a_sensor_restart_is_confirmed_after_it(condor: FakeCondor, tmp_path: Path) -> None:
+    """The master exits while the sensor is down: its ad is gone, and only the address it had —
+    kept in ``shutdown_state_path`` — can confirm it exited. Without it the node would stay unknown."""
+    state = tmp_path / "sensor.sqlite3.htcondor-shutdowns.json"
+    first = HTCondorBackend(condor, shutdown_state_path=str(state))
+    assert first.execute("remove", "exec10.example.org").transient  # shutdown sent, in progress
+    condor.lose("exec10.example.org")
+    condor.exited.add("exec10.example.org")
+    restarted = HTCondorBackend(condor, shutdown_state_path=str(state))
+    done = restarted.execute("remove", "exec10.example.org")
+    assert done.ok and "exited" in done.output
+    assert "exec10" not in HTCondorBackend(condor, shutdown_state_path=str(state)).shutdowns  # forgotten once done
+    forgetful = HTCondorBackend(condor)  # memory only: the same node is unknown
+    assert forgetful.execute("remove", "exec10.example.org").transient
