@@ -16,6 +16,20 @@ cloud, so that the world — not a script — decides what a snapshot shows:
 
   Every flavor reports the node's identity (``NodeInfo.instance_id``) unless
   ``report_identity`` is off (a backend that cannot say: the engine falls back to names);
+* drains as each batch system does them: Slurm's ``DRAIN`` and Torque's ``offline`` never touch
+  running jobs; HTCondor's ``offline`` is what the real backend sends (``condor_drain``), and a
+  graceful drain (``condor_drain = "graceful"``) *evicts* the node's jobs once
+  ``retirement_seconds`` (the pool's ``MaxJobRetirementTime``, HTCondor's default 0) are spent —
+  while a peaceful startd shutdown (``"peaceful"``, EPU's default) waits for them whatever the
+  retirement time. An evicted job is a killed job (invariant 1), so a backend that drains the
+  evicting way is caught by a seed;
+* HTCondor as two views: the collector (what snapshots and the backend's command checks see)
+  can lose a live worker's ads for long stretches (``collector_lost``, fault
+  ``faults.collector_losses``) while the schedd — the true jobs, ``RemoteHost`` — still lists
+  what runs there. ``remove`` is answered through the real backend's decision
+  (``services/sensor/htcondor/removal.py``) from those two views, not from the world's truth; the
+  peaceful shutdown it sends ends only when the node's jobs have ended (then the master exits
+  and the node's ads go);
 * faults (``BatchFaults``): the controller down (``available=False``, commands fail
   transiently), nodes missing from snapshots while they run jobs (a collector or slurmctld
   restart), stale snapshots, commands failing transiently a few times.
@@ -24,6 +38,7 @@ cloud, so that the world — not a script — decides what a snapshot shows:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epu.common.messages import NodeInfo
@@ -34,7 +49,8 @@ from epu.services.sensor.backend import (
     check_action,
     check_node_name,
 )
-from epu.services.sensor.simulated import SimulatedBatch
+from epu.services.sensor.htcondor.removal import RemovalFacts, RemovalStep, removal_step
+from epu.services.sensor.simulated import SimulatedBatch, mismatched_add
 from epu.sim.cloud import VM
 from epu.sim.world import World, WorldClock
 
@@ -77,7 +93,8 @@ class SimBatchSystem:
     name = "simulated"
 
     def __init__(self, world: World, clock: WorldClock, *, flavor: str = "slurm", fqdn_suffix: str = "cluster.internal",
-                 report_identity: bool = True, register_seconds: tuple[float, float] = (2.0, 15.0)) -> None:
+                 report_identity: bool = True, register_seconds: tuple[float, float] = (2.0, 15.0),
+                 condor_drain: str = "peaceful", retirement_seconds: float = 0.0) -> None:
         if flavor not in ("slurm", "torque", "htcondor"):
             raise ValueError(f"unknown batch flavor {flavor!r}")
         self.world = world
@@ -85,6 +102,22 @@ class SimBatchSystem:
         self.fqdn_suffix = fqdn_suffix
         self.report_identity = report_identity
         self.register_seconds = register_seconds
+        if condor_drain not in ("peaceful", "graceful"):
+            raise ValueError(f"unknown condor_drain {condor_drain!r} (peaceful or graceful)")
+        self.condor_drain = condor_drain
+        """How an HTCondor ``offline`` drains (the real backend's ``drain_type``)."""
+        self.retirement_seconds = retirement_seconds
+        """HTCondor's MaxJobRetirementTime: a graceful drain evicts once it is spent."""
+        self._drains: dict[str, int] = {}
+        """Node → the number of its current graceful drain (an ``online`` ends it)."""
+        self.collector_lost: dict[str, float] = {}
+        """HTCondor node → until when the collector has lost its ads (the worker runs on)."""
+        self.remove_decision: Callable[[RemovalFacts], RemovalStep] = removal_step
+        """How an HTCondor ``remove`` is decided from the two views: the real backend's function."""
+        self.shutdowns: dict[str, str] = {}
+        """HTCondor node → the VM whose master was sent a peaceful shutdown (still running)."""
+        self.exited: set[str] = set()
+        """VM ids whose HTCondor master exited after its peaceful shutdown."""
         self.inner = SimulatedBatch(clock)
         self.inner.group_at_source = True  # shapes, not a record per pending job (see SimulatedBatch)
         self.inner.sample_jobs = 0
@@ -202,7 +235,12 @@ class SimBatchSystem:
         if f.down:
             self.stats.unavailable += 1
             raise BackendUnavailable("simulated: batch controller not responding")
+        if self.flavor == "htcondor":
+            self._progress_shutdowns()
         obs = self.inner.snapshot()
+        if self.flavor == "htcondor" and self.collector_lost:
+            obs = Observation(jobs=obs.jobs, nodes=[n for n in obs.nodes if not self.lost(n.name)],
+                              running_jobs=obs.running_jobs, shapes=obs.shapes, finished_jobs=obs.finished_jobs)
         now = self.world.t
         self._history.append((now, obs))
         while len(self._history) > 2 and self._history[1][0] <= now - 3600:
@@ -249,6 +287,8 @@ class SimBatchSystem:
             # the node exists at once; it is up when its daemon (on a running VM) registers
             if not self.inner.add_node(node, cores or 1, instance_id=instance_id, up=False):
                 n = self.inner.node(node)
+                if n is not None and cores and n.cores != cores:
+                    return mismatched_add(node, n.cores, cores)
                 if n is not None and instance_id and n.instance_id is None:
                     n.instance_id = instance_id
                 return CommandOutcome(True, output=f"node {node} already exists")
@@ -271,14 +311,89 @@ class SimBatchSystem:
             return CommandOutcome(True, output="htcondor: the schedd reschedules a lost startd's jobs")
         return self.inner.requeue_jobs(node, reason)
 
+    # ------------------------------------------------------------------ HTCondor's two views
+    def lost(self, name: str) -> bool:
+        """The collector has lost ``name``'s ads (its daemons run on)."""
+        until = self.collector_lost.get(name)
+        if until is None:
+            return False
+        if self.world.t >= until:
+            del self.collector_lost[name]
+            return False
+        return True
+
+    def _master_alive(self, name: str) -> bool:
+        vm = self.serving.get(name)
+        return vm is not None and vm.terminated_at is None and vm.cloud_id not in self.exited
+
+    def _progress_shutdowns(self) -> None:
+        """A master told to shut down peacefully exits once its node's jobs have ended: its
+        startd's and its own ads go, and it does not come back."""
+        for name, cloud_id in list(self.shutdowns.items()):
+            node = self.inner.node(name)
+            if node is not None and node.jobs:
+                continue
+            self.exited.add(cloud_id)
+            self.retired.add(cloud_id)
+            if node is not None:
+                self.inner.execute("remove", name, force=False)
+            del self.shutdowns[name]
+
+    def _remove_condor(self, name: str, force: bool) -> CommandOutcome:
+        """``remove`` decided as the real backend decides it, from what each view shows: the
+        schedd's jobs on the node (true), the collector's ads (maybe lost), the master's answer at
+        its last address (alive or exited)."""
+        self._progress_shutdowns()
+        node = self.inner.node(name)
+        vm = self.serving.get(name)
+        jobs = sorted(node.jobs) if node is not None else []
+        seen = not self.lost(name)
+        master_seen = seen and self._master_alive(name)
+        busy = len(node.jobs) if node is not None and seen else 0
+        sent = name in self.shutdowns or (vm is not None and vm.cloud_id in self.exited)
+        answers = None
+        if not master_seen and sent and (force or not jobs):
+            answers = self._master_alive(name)
+        step = self.remove_decision(RemovalFacts(node=name, force=force, schedd_jobs=jobs, busy_slots=busy,
+                                                 master_seen=master_seen, shutdown_sent=sent,
+                                                 master_answers=answers))
+        if step.send_shutdown and vm is not None and vm.cloud_id not in self.exited:
+            self.shutdowns[name] = vm.cloud_id
+            if node is not None and not node.offline:
+                self.inner.execute("offline", name, reason="peaceful shutdown")  # no new job starts
+            self._progress_shutdowns()
+        if step.outcome.ok:
+            if vm is not None:
+                self.retired.add(vm.cloud_id)
+            node = self.inner.node(name)
+            if node is not None and (force or not node.jobs):
+                self.inner.execute("remove", name, force=force)
+        return step.outcome
+
     def _execute_condor(self, action: str, node: str, reason: str, force: bool) -> CommandOutcome:
         name = node if node.endswith("." + self.fqdn_suffix) else self.batch_name(node)
         if action == "add":
             return CommandOutcome(True, output="htcondor: startds join by themselves")
         if action == "remove":
-            vm = self.serving.get(name)
-            out = self.inner.execute("remove", name, reason=reason, force=force)
-            if out.ok and vm is not None:
-                self.retired.add(vm.cloud_id)
-            return out
-        return self.inner.execute(action, name, reason=reason, force=force)
+            return self._remove_condor(name, force)
+        if self.lost(name) or (self.inner.node(name) is None and not self._master_alive(name)):
+            return CommandOutcome(False, transient=True, error=f"{action} {name}: no ad for it in the collector — "
+                                                                "unknown; retried")
+        out = self.inner.execute(action, name, reason=reason, force=force)
+        if action == "online" and out.ok:
+            self._drains.pop(name, None)
+        if action == "offline" and out.changed and self.condor_drain == "graceful":
+            # condor_drain -graceful: retirement honoured, then the jobs are vacated
+            count = self._drains[name] = self._drains.get(name, 0) + 1
+            self.world.call_after(self.retirement_seconds, lambda: self._evict(name, count),
+                                  f"batch graceful drain of {name} evicts")
+        return out
+
+    def _evict(self, name: str, drain: int) -> None:
+        """The graceful drain's retirement is spent: the node's jobs are vacated (requeued — and
+        killed as far as their work is concerned)."""
+        node = self.inner.node(name)
+        if self._drains.get(name) != drain or node is None or not node.offline or not node.jobs:
+            return
+        self.inner.evict_jobs(name, f"evicted: graceful drain, MaxJobRetirementTime {self.retirement_seconds:.0f}s "
+                                    "spent")

@@ -8,6 +8,7 @@ crash, an outage, a window of partial snapshots — with a start and an end.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -210,6 +211,34 @@ def nodes_missing(per_hour: float, share: tuple[float, float] = (0.2, 1.0),
         _episodes(sim, "batch/missing", per_hour, length, start, stop)
 
     return fault
+
+
+def collector_losses(per_hour: float, nodes: tuple[int, int] = (1, 3),
+                     length: tuple[float, float] = (900.0, 3600.0)) -> Fault:
+    """HTCondor as two views: the collector loses the ads of a few live workers (a restart or HA
+    switch that they re-advertise to late, lost UDP updates, an expired ad) for long stretches —
+    past the stall limit — while the schedd still shows their jobs. Few at a time, so the
+    engine's circuit breaker does not open."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("batch/collector")
+        t = sim.world.start + 600.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end:
+                break
+            count, dur = rng.randint(*nodes), rng.uniform(*length)
+            sim.world.at(t, lambda count=count, dur=dur: _lose(sim, rng, count, dur), "fault collector loses ads")
+
+    return fault
+
+
+def _lose(sim: Simulation, rng: random.Random, count: int, dur: float) -> None:
+    batch = sim.batch
+    live = sorted(name for name in batch.serving if batch.inner.node(name) is not None and not batch.lost(name))
+    for name in rng.sample(live, min(count, len(live))):
+        batch.collector_lost[name] = sim.world.t + dur
+        sim.world.note(f"collector lost the ads of {name} for {dur:.0f}s")
 
 
 def stale_snapshots(per_hour: float, age: tuple[float, float] = (60.0, 600.0),

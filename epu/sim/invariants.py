@@ -33,7 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyOutcome, TerminateRequest
+from epu.common.messages import (
+    LaunchRequest,
+    Message,
+    NodeCommand,
+    PolicyChange,
+    PolicyOutcome,
+    TerminateRequest,
+)
 from epu.sim.bus import snapshot_queue
 
 if TYPE_CHECKING:
@@ -78,6 +85,8 @@ class Checker:
         self.launched: dict[str, str] = {}
         """Launch id → domain, for every launch an engine committed."""
         self.retiring: set[str] = set()
+        self._retire_asked: dict[str, list[str]] = {}
+        """An operator's policy change id → the instances it asks to retire (until applied)."""
         """Launch ids being drained or terminated (an engine committed an offline or a terminate,
         or an operator sent a terminate)."""
         self.max_epoch: dict[str, int] = {}
@@ -116,16 +125,24 @@ class Checker:
                 # may replace it as soon as it hears "terminating", while the VM still runs for
                 # the moment the destroy takes (``epu sim --seed 7069 --scenario operators``)
                 self.retiring.add(msg.instance_id)
+        elif isinstance(msg, PolicyChange) and msg.retire and sender is not None \
+                and getattr(sender, "kind", "") == "operator":
+            self._retire_asked[msg.change_id] = list(msg.retire)
         elif isinstance(msg, PolicyOutcome) and msg.applied and msg.domain == self.sim.domain and msg.config \
                 and sender is not None and getattr(sender, "kind", "") == "decision" \
                 and msg.change_id in self.sim.operator.changes:
             self.paused = bool(msg.config.get("paused"))
+            # an operator's unforced terminate, applied: on its way out from now on (the engine stops
+            # counting it at once, while its drain may wait — its node lost from the collector, the
+            # breaker open; ``epu sim --seed 5008 --scenario htcondor-two-views``)
+            self.retiring.update(self._retire_asked.pop(msg.change_id, ()))
 
     def on_kill(self, job_id: str, node: str, why: str) -> None:
-        """A batch node removed with ``force`` takes its jobs down: nothing in EPU may do that
-        (only an operator at the batch system's own console)."""
-        if why == "node removed by force":
-            self.fail(1, f"job {job_id} killed: node {node} removed by force")
+        """A batch node removed with ``force`` takes its jobs down, and a drain that evicts them
+        (HTCondor's graceful drain once MaxJobRetirementTime is spent) kills their work: nothing in
+        EPU may do either (only an operator at the batch system's own console)."""
+        if why == "node removed by force" or why.startswith("evicted"):
+            self.fail(1, f"job {job_id} killed: node {node} {why}")
 
     def on_create(self, vm: VM) -> None:
         creator = next((p for p in self.sim.provisioners if p.name == vm.created_by), None)

@@ -49,6 +49,12 @@ class DomainSpec:
     """slurm, torque or htcondor (see ``batch.py``)."""
     report_identity: bool = True
     """The backend reports NodeInfo.instance_id (False: names only)."""
+    condor_drain: str = "peaceful"
+    """HTCondor only: how ``offline`` drains — ``peaceful`` (EPU's backend: a peaceful startd
+    shutdown, never evicts) or ``graceful`` (``condor_drain -graceful``: evicts once
+    ``retirement_seconds`` are spent)."""
+    retirement_seconds: float = 0.0
+    """HTCondor's MaxJobRetirementTime (its default: 0)."""
     partitions: dict[str, list[str]] = field(default_factory=dict)
     """Partition → instance types (``[domains.NAME.partitions]``)."""
     default_partition: str = ""

@@ -264,6 +264,30 @@ def htcondor_names() -> Scenario:
 
 
 @scenario
+def htcondor_drains() -> Scenario:
+    return Scenario("htcondor-drains", "HTCondor with a retirement time of 0: nodes offlined the moment they "
+                    "look idle (a job may start there meanwhile), drains as the real backend sends them",
+                    hours=4.0, domain=DomainSpec(flavor="htcondor", params={"idle_seconds": 0.0},
+                                                 retirement_seconds=0.0),
+                    workload=Workload(arrivals_per_hour=80.0, burst_per_hour=2.0, burst_jobs=(5, 30),
+                                      duration=(60.0, 1800.0)),
+                    stresses="issue 26: a graceful condor_drain evicts once MaxJobRetirementTime is spent "
+                             "(DomainSpec.condor_drain = \"graceful\" shows the kills; EPU's peaceful shutdown none)")
+
+
+@scenario
+def htcondor_two_views() -> Scenario:
+    return Scenario("htcondor-two-views", "HTCondor as two views: the collector loses live workers' ads for "
+                    "15-60 min while the schedd still lists their jobs; peaceful shutdowns last as long as the jobs",
+                    hours=5.0, domain=DomainSpec(flavor="htcondor", params={"idle_seconds": 120.0}),
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.5, burst_jobs=(5, 30),
+                                      duration=(300.0, 3600.0)),
+                    faults=[F.collector_losses(3.0), F.operator_actions(1.0, terminate_share=0.6, force_share=0.0)],
+                    stresses="issue 26: remove trusted a collector that had lost the node (no ads = gone) and "
+                             "answered a peaceful shutdown ok at once")
+
+
+@scenario
 def draining_missing() -> Scenario:
     return Scenario("draining-missing", "nodes briefly missing from snapshots while workers drain often",
                     hours=4.0, domain=DomainSpec(params={"idle_seconds": 0.0}),

@@ -123,7 +123,8 @@ class Simulation:
         self.clouds = {s.name: SimCloud(self.world, s.name, quota=s.account_quota, boot_seconds=s.boot_seconds,
                                         faults=s.faults) for s in scenario.sites}
         self.batch = SimBatchSystem(self.world, WorldClock(self.world), flavor=d.flavor,
-                                    report_identity=d.report_identity)
+                                    report_identity=d.report_identity, condor_drain=d.condor_drain,
+                                    retirement_seconds=d.retirement_seconds)
         self.batch.default_cores = d.cores_per_node
         self.batch.node_types = node_types(scenario)
         for cloud in self.clouds.values():

@@ -43,6 +43,13 @@ from epu.services.sensor.backend import (
 )
 
 
+def mismatched_add(node: str, have: int, asked: int) -> CommandOutcome:
+    """An ``add`` of a node that exists with another core count: an error naming both (what the
+    real backends answer), never an ok that leaves the old count."""
+    return CommandOutcome(False, output=f"node {node}: {have} cores", error=(
+        f"node {node} already exists with {have} core(s), not the {asked} asked: not changed"))
+
+
 @dataclass
 class SimNode:
     name: str
@@ -537,6 +544,8 @@ class SimulatedBatch:
                 return refused
             if action == "add":
                 if existing is not None:
+                    if cores and existing.cores != cores:
+                        return mismatched_add(node, existing.cores, cores)
                     if instance_id and existing.instance_id is None:
                         existing.instance_id = instance_id
                     return CommandOutcome(True, output=f"node {node} already exists")
@@ -586,6 +595,19 @@ class SimulatedBatch:
                     job.end_time = math.inf  # its heap entry goes stale: it never ends by itself
             self._dirty = True  # the head job's reservation moves
             return sorted(node.jobs)
+
+    def evict_jobs(self, name: str, why: str) -> list[str]:
+        """The batch system vacates the node's running jobs (an HTCondor drain whose retirement
+        time is spent): they go back to the queue and ``on_kill`` hears ``why``."""
+        with self._lock:
+            self._advance()
+            node = self._nodes.get(name)
+            if node is None or not node.jobs:
+                return []
+            jobs = sorted(node.jobs)
+            self._requeue_jobs_of(node, why)
+            self._schedule()
+            return jobs
 
     def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
         """Put the jobs running on ``node`` back at the head of the queue (its machine is gone:

@@ -123,6 +123,35 @@ def test_a_draining_node_missing_from_one_snapshot_is_not_terminated():
     assert term.instance_id == la.launch_id
 
 
+def test_a_remove_answered_in_progress_or_unknown_is_asked_again_and_never_terminates():
+    """Issue 26, defect 1, the engine's side: the sensor answers a ``remove`` it cannot confirm
+    (HTCondor: no ads in the collector — unknown; a peaceful shutdown whose master has not exited
+    yet) with a failed, transient result. The engine must keep the VM and ask again until the
+    sensor answers ok — however long the node stays out of the snapshots."""
+    d = Domain(1)
+    (la,) = d.launches
+    d.step(nodes=[d.node(la, "free")])
+    (off,) = d.sent("offline")
+    d.e.on_node_result(result(off))
+    d.bus.clear()
+    answers = ["remove n: no ad for it in the collector - unknown, not gone; retried",
+               "remove n: peaceful shutdown of its master in progress; not removed until the master has exited",
+               "remove n: its master still answers: shutdown in progress; retried"]
+    for error in answers * 3:
+        d.step(nodes=[])  # the collector lost it: absent from every snapshot
+        (rm,) = d.sent("remove")
+        d.e.on_node_result(result(rm, ok=False, error=error))
+        assert d.sent("terminate") == []
+        d.bus.clear()
+    d.step(nodes=[])
+    (rm,) = d.sent("remove")
+    d.e.on_node_result(result(rm))  # the master exited and the schedd lists no job there
+    d.bus.clear()
+    d.step(nodes=[])
+    (term,) = d.sent("terminate")
+    assert term.instance_id == la.launch_id
+
+
 def test_stalled_instance_that_was_added_is_removed_before_it_is_terminated():
     cfg = config(domains={"d": {"max_nodes": 10, "sites": ["s1"], "params": {"stall_seconds": 300}}})
     e, bus, clock = make_engine(cfg=cfg)

@@ -158,3 +158,12 @@ def test_a_node_removed_and_added_again_is_the_new_one_in_the_snapshot(clock: Ma
     assert [(n.name, n.cores) for n in b.snapshot().nodes] == [("a", 1), ("b", 4)]
     b.add_node("0", 2)
     assert [n.name for n in b.snapshot().nodes] == ["0", "a", "b"]
+
+
+def test_add_of_an_existing_node_with_another_core_count_is_an_error_naming_both(clock: ManualClock) -> None:
+    """Issue 26, defect 10, in the simulated batch system: answered as the real backends answer."""
+    b = SimulatedBatch(clock)
+    assert b.execute("add", "w1", cores=2).changed
+    out = b.execute("add", "w1", cores=4)
+    assert not out.ok and "2 core(s)" in (out.error or "") and "4 asked" in (out.error or "")
+    assert states(b) == {"w1": ("free", 0)} and b.node("w1").cores == 2

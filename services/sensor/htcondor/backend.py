@@ -17,12 +17,22 @@
 * read: with ``[sensor.options] template`` (the machine attributes a new worker advertises),
   an idle job whose ``Requirements`` are false for it is not demand, and one whose
   ``Requirements`` name attributes the template lacks is reported ``RequirementsUnknown``.
-* ``offline``: ``Startd.drainJobs`` (graceful by default). A graceful drain only waits for
-  running jobs up to ``MaxJobRetirementTime``; without it set on the startd, jobs are evicted
-  after ``MachineMaxVacateTime``. ``drain_type`` = graceful|quick|fast in the options.
-* ``online``: ``Startd.cancelDrainJobs``.
-* ``remove``: refuse while jobs run (unless force), then a peaceful shutdown of the node's
-  daemons: ``DaemonsOffPeaceful`` sent to its master. Some binding versions alias
+* ``offline`` (``drain_type = "peaceful"``, the default): a peaceful shutdown of the node's
+  startd, sent to its master (``condor_off -peaceful -daemon startd``: DAEMON_OFF_PEACEFUL with
+  the subsystem ``STARTD``). No new job starts there, and running jobs finish *whatever*
+  ``MaxJobRetirementTime`` the pool or the machine sets: the startd treats a peaceful shutdown
+  as infinite retirement (HTCondor's Resource::evalRetirementRemaining). A ``condor_drain``
+  (``drain_type = graceful|quick|fast``, ``Startd.drainJobs``) evicts once the retirement time
+  is spent (default 0), so it is only used when an operator asks for it.
+* ``online``: peaceful: the startd is started again (DAEMON_ON ``STARTD``) once it has exited; a
+  peaceful shutdown still waiting for jobs cannot be taken back (refused, the node leaves when
+  they end). Drains: ``Startd.cancelDrainJobs``.
+* ``remove``: confirmed by the schedd's job list *and* the node gone (``htcondor/removal.py``):
+  refused while the schedd lists a job whose ``RemoteHost`` is on the node or a slot is
+  Claimed/Matched/Preempting (unless force); then a peaceful shutdown of the master
+  (``OffPeaceful``: its children first, then itself), answered *in progress* (transient) until
+  the master, at the address it had, no longer accepts connections. No ads in the collector is
+  unknown (transient), never "gone". Some binding versions alias
   ``DaemonCommands.DaemonOffPeaceful`` to ``DaemonOn`` (469) — sending it would start, not
   stop — so the numbers are checked against HTCondor's condor_commands.h before use and the
   command refuses to run if they do not match.
@@ -55,13 +65,20 @@ from epu.services.sensor.htcondor.parse import (
     normalize_jobs,
     normalize_startds,
 )
+from epu.services.sensor.htcondor.removal import BUSY_SLOT_STATES, RemovalFacts, removal_step
+from epu.services.sensor.htcondor.shutdowns import ShutdownMemory
 from epu.services.sensor.runner import CommandRunner
-from epu.services.sensor.shapes import ShapeGrouper
+from epu.services.sensor.shapes import ShapeGrouper, short_hostname
 
-#: From HTCondor's src/condor_includes/condor_commands.h (SCHED_VERS = 400).
-EXPECTED_COMMAND_NUMBERS = {"DaemonsOffPeaceful": 484, "DaemonOn": 469, "DaemonsOn": 483, "DaemonOff": 467}
-#: What DAEMON_OFF_PEACEFUL really is (SCHED_VERS + 86); listed to explain the check.
-DAEMON_OFF_PEACEFUL = 486
+#: From HTCondor's src/condor_includes/condor_commands.h (SCHED_VERS = 400, DC_BASE = 60000).
+EXPECTED_COMMAND_NUMBERS = {"DaemonsOffPeaceful": 484, "DaemonOn": 469, "DaemonOff": 467, "OffPeaceful": 60015}
+#: DAEMON_OFF_PEACEFUL (SCHED_VERS + 83): stop one daemon of a master peacefully and hold it off
+#: (``condor_off -peaceful -daemon startd``). The bindings have no member with this number (their
+#: ``DaemonOffPeaceful`` is 469, DAEMON_ON), so it is sent as the number itself.
+DAEMON_OFF_PEACEFUL = 483
+DRAIN_TYPES = ("peaceful", "graceful", "quick", "fast")
+#: What the bindings raise when the daemon's address refuses connections: nothing listens there.
+UNREACHABLE = "Unable to connect to the remote daemon"
 
 JOB_CONSTRAINT = "JobStatus =!= 3 && JobStatus =!= 4"
 READ_FORMATS = ("bindings", "af")
@@ -80,9 +97,9 @@ class HTCondorBackend:
     name = "htcondor"
 
     def __init__(self, htcondor: Any = None, *, pool: str | None = None, schedd: str | None = None,
-                 drain_type: str = "graceful", clock: Clock | None = None,
+                 drain_type: str = "peaceful", clock: Clock | None = None,
                  template: dict[str, Any] | None = None, max_shapes: int = 2000, read_format: str = "bindings",
-                 runner: Any = None, bin_dir: str | None = None) -> None:
+                 runner: Any = None, bin_dir: str | None = None, shutdown_state_path: str | None = None) -> None:
         if read_format not in READ_FORMATS:
             raise ValueError(f"htcondor read_format must be 'bindings' or 'af', not {read_format!r}")
         self.read_format = read_format
@@ -95,8 +112,13 @@ class HTCondorBackend:
         self.bin_dir = bin_dir
         self.pool = pool
         self.schedd_name = schedd
+        if drain_type not in DRAIN_TYPES:
+            raise ValueError(f"htcondor drain_type must be one of {', '.join(DRAIN_TYPES)}, not {drain_type!r}")
         self.drain_type = drain_type
         self.clock = clock or RealClock()
+        self.shutdowns = ShutdownMemory(shutdown_state_path)
+        """Short node name → the master ad a peaceful shutdown was sent to (its address is what
+        later tells whether the master has exited, when its ad is gone from the collector)."""
 
     @staticmethod
     def _import_bindings() -> Any:
@@ -118,10 +140,11 @@ class HTCondorBackend:
             raise ValueError("[sensor.options] template must be a table of machine attributes "
                              "(e.g. {Arch = \"X86_64\", OpSys = \"LINUX\", Memory = 16000, Cpus = 4})")
         env = {"CONDOR_CONFIG": str(opts["condor_config"])} if opts.get("condor_config") else None
-        return cls(pool=opts.get("pool"), schedd=opts.get("schedd"), drain_type=str(opts.get("drain_type", "graceful")),
+        return cls(pool=opts.get("pool"), schedd=opts.get("schedd"), drain_type=str(opts.get("drain_type", "peaceful")),
                    clock=clock, template=template, max_shapes=int(opts.get("max_shapes", 2000)),
                    read_format=str(opts.get("read_format", "bindings")),
-                   runner=CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"))
+                   runner=CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"),
+                   shutdown_state_path=opts.get("shutdown_state_path"))
 
     # ------------------------------------------------------------------ daemons
     def collector(self) -> Any:
@@ -197,40 +220,138 @@ class HTCondorBackend:
         if action == "add":
             return CommandOutcome(True, output=f"HTCondor startds join the pool by themselves; nothing to do for {node}")
         try:
-            startds = self._ads_for(node, "Startd")
             if action == "remove":
-                return self._remove(node, startds, force)
-            if not startds:
-                return CommandOutcome(False, error=f"no startd ad for {node} in the collector",
-                                      output=f"condor_status {node}: no ads")
-            startd = self.htcondor.Startd(startds[0])
-            if action == "offline":
-                if any(_draining(ad) for ad in startds):
-                    return CommandOutcome(True, output=f"{node} already draining")
-                kind = {"graceful": "Graceful", "quick": "Quick", "fast": "Fast"}[self.drain_type]
-                request = startd.drainJobs(getattr(self.htcondor.DrainTypes, kind),
-                                           reason=" ".join((reason or "epu: offline").split())[:200])
-                return CommandOutcome(True, changed=True, output=f"drain request {request} ({kind})")
-            if not any(_draining(ad) for ad in startds):
-                return CommandOutcome(True, output=f"{node} is not draining")
-            startd.cancelDrainJobs()
-            return CommandOutcome(True, changed=True, output=f"drain of {node} cancelled")
+                return self._remove(node, force)
+            if self.drain_type == "peaceful":
+                return self._offline_peaceful(node) if action == "offline" else self._online_peaceful(node)
+            return self._drain(action, node, reason)
         except BackendUnavailable as exc:
             return CommandOutcome(False, error=str(exc), transient=True)
         except Exception as exc:
-            return CommandOutcome(False, error=f"{action} {node}: {type(exc).__name__}: {exc}", output=str(exc))
+            return failed(f"{action} {node}", exc)
 
-    def _remove(self, node: str, startds: list[Any], force: bool) -> CommandOutcome:
-        busy = [ad for ad in startds if str(ad.get("State", "")) == "Claimed"]
-        if busy and not force:
-            return CommandOutcome(False, error=f"{node} still runs {len(busy)} claimed slot(s): offline it and wait, "
-                                              "or force")
+    def _drain(self, action: str, node: str, reason: str) -> CommandOutcome:
+        """``condor_drain`` (``drain_type`` graceful/quick/fast): evicts once retirement is spent."""
+        startds = self._ads_for(node, "Startd")
+        if not startds:
+            return unknown_node(node, action)
+        startd = self.htcondor.Startd(startds[0])
+        if action == "offline":
+            if any(_draining(ad) for ad in startds):
+                return CommandOutcome(True, output=f"{node} already draining")
+            kind = {"graceful": "Graceful", "quick": "Quick", "fast": "Fast"}[self.drain_type]
+            request = startd.drainJobs(getattr(self.htcondor.DrainTypes, kind),
+                                       reason=" ".join((reason or "epu: offline").split())[:200])
+            return CommandOutcome(True, changed=True, output=f"drain request {request} ({kind})")
+        if not any(_draining(ad) for ad in startds):
+            return CommandOutcome(True, output=f"{node} is not draining")
+        startd.cancelDrainJobs()
+        return CommandOutcome(True, changed=True, output=f"drain of {node} cancelled")
+
+    def _offline_peaceful(self, node: str) -> CommandOutcome:
+        """Stop the node's startd peacefully through its master: no new job, running jobs run to
+        their end whatever ``MaxJobRetirementTime`` says. Sending it again changes nothing."""
         masters = self._ads_for(node, "Master")
         if not masters:
-            return CommandOutcome(True, output=f"no master ad for {node}: already gone")
-        command = verified_command(self.htcondor, "DaemonsOffPeaceful")
-        self.htcondor.send_command(masters[0], command)
-        return CommandOutcome(True, changed=True, output=f"DaemonsOffPeaceful ({int(command)}) sent to {node}'s master")
+            return unknown_node(node, "offline")
+        self.htcondor.send_command(masters[0], DAEMON_OFF_PEACEFUL, "STARTD")
+        return CommandOutcome(True, changed=True, output=(
+            f"peaceful shutdown of {node}'s startd (DAEMON_OFF_PEACEFUL {DAEMON_OFF_PEACEFUL} STARTD): no new job "
+            "starts, running jobs finish whatever MaxJobRetirementTime says"))
+
+    def _online_peaceful(self, node: str) -> CommandOutcome:
+        startds = self._ads_for(node, "Startd")
+        if any(str(ad.get("Activity", "")) == "Retiring" for ad in startds):
+            return CommandOutcome(False, error=(
+                f"{node}'s startd is shutting down peacefully and waits for its jobs: HTCondor cannot take that "
+                "back; the node leaves once they end"))
+        if startds:
+            return CommandOutcome(True, output=f"{node}'s startd runs (not offline)")
+        masters = self._ads_for(node, "Master")
+        if not masters:
+            return unknown_node(node, "online")
+        command = verified_command(self.htcondor, "DaemonOn")
+        self.htcondor.send_command(masters[0], command, "STARTD")
+        self.shutdowns.pop(short_hostname(node), None)
+        return CommandOutcome(True, changed=True, output=f"DaemonOn ({int(command)}) STARTD sent to {node}'s master")
+
+    def jobs_on_node(self, node: str) -> list[str]:
+        """Ids of the jobs any schedd lists as running on ``node`` (``RemoteHost`` = slot@node)."""
+        pattern = _quote("@" + re.escape(node) + "(\\.|$)")
+        constraint = f"({JOB_CONSTRAINT}) && RemoteHost =!= undefined && regexp({pattern}, RemoteHost, \"i\")"
+        try:
+            schedds = self.schedds()
+            if not schedds:
+                raise BackendUnavailable("htcondor: the collector located no schedd: the job list is unknown")
+            ads: list[Any] = []
+            for schedd in schedds:
+                ads += schedd.query(constraint=constraint, projection=["ClusterId", "ProcId", "RemoteHost"])
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"htcondor: schedd query: {type(exc).__name__}: {exc}") from None
+        return [f"{ad.get('ClusterId')}.{ad.get('ProcId')}" for ad in ads]
+
+    def _remove(self, node: str, force: bool) -> CommandOutcome:
+        key = short_hostname(node)
+        try:
+            jobs: list[str] | None = self.jobs_on_node(key)
+        except BackendUnavailable:
+            jobs = None
+        startds = self._ads_for(node, "Startd")
+        masters = self._ads_for(node, "Master")
+        remembered = self.shutdowns.get(key)
+        answers: bool | None = None
+        if not masters and remembered is not None and jobs is not None and (force or not jobs):
+            answers = self._master_answers(remembered)
+        step = removal_step(RemovalFacts(
+            node=node, force=force, schedd_jobs=jobs,
+            busy_slots=sum(str(ad.get("State", "")) in BUSY_SLOT_STATES for ad in startds),
+            master_seen=bool(masters), shutdown_sent=remembered is not None, master_answers=answers))
+        if step.send_shutdown:
+            command = verified_command(self.htcondor, "OffPeaceful")
+            self.htcondor.send_command(masters[0], command)
+            self.shutdowns[key] = masters[0]
+        elif step.outcome.ok:
+            self.shutdowns.pop(key, None)
+        return step.outcome
+
+    def _master_answers(self, master_ad: Any) -> bool | None:
+        """Ask the master at the address it had (the same idempotent shutdown): True if it
+        accepts it, False if nothing listens there any more (it exited), None if unclear."""
+        try:
+            self.htcondor.send_command(master_ad, verified_command(self.htcondor, "OffPeaceful"))
+        except Exception as exc:
+            return False if UNREACHABLE.lower() in str(exc).lower() else None
+        return True
+
+
+def classify_condor_error(exc: BaseException) -> str:
+    """``transient`` (the daemon could not be located, reached or talked to — it may be back
+    soon), else ``permanent`` (a refused command number, a bad argument). From the messages
+    the htcondor2 bindings raise (loose_functions.cpp and the daemon clients)."""
+    text = str(exc).lower()
+    if isinstance(exc, BackendUnavailable) or any(m in text for m in TRANSIENT_CONDOR_MESSAGES):
+        return "transient"
+    return "permanent"
+
+
+#: Messages of ``HTCondorException`` that mean "could not talk to it now".
+TRANSIENT_CONDOR_MESSAGES = ("unable to locate", "unable to connect", "failed to start command", "failed to send",
+                             "failed to fetch ads", "failed to get", "timed out", "timeout",
+                             "connection refused", "communication", "end-of-message", "ad not found")
+
+
+def failed(what: str, exc: BaseException) -> CommandOutcome:
+    transient = classify_condor_error(exc) == "transient"
+    return CommandOutcome(False, error=f"{what}: {type(exc).__name__}: {exc}", output=str(exc), transient=transient)
+
+
+def unknown_node(node: str, action: str) -> CommandOutcome:
+    """No ad for ``node``: the collector may have lost it (restart, lost updates): unknown, retried."""
+    return CommandOutcome(False, transient=True, output=f"condor_status {node}: no ads", error=(
+        f"{action} {node}: no ad for it in the collector — unknown (a collector restart or lost updates look the "
+        "same as a gone node); retried"))
 
 
 def _draining(ad: Any) -> bool:

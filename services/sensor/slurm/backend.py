@@ -55,6 +55,7 @@ from epu.services.sensor.backend import (
 )
 from epu.services.sensor.runner import CommandResult, CommandRunner
 from epu.services.sensor.shapes import ShapeGrouper
+from epu.services.sensor.slurm.errors import classify
 from epu.services.sensor.slurm.parse import (
     LicenseFree,
     comment_with_instance,
@@ -71,8 +72,6 @@ BUSY_TOKENS = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
 #: Job states still holding a node (what a preempted node's jobs may be in until Slurm notices).
 ON_NODE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
 JOB_ID = re.compile(r"\d+(?:_\d+)?")
-#: Errors of ``scontrol requeue`` that mean the job is no longer there to requeue (it ended).
-REQUEUE_GONE = ("Invalid job id", "Job/step already completing or completed", "already completed")
 
 
 def check_address(address: str) -> str:
@@ -271,7 +270,7 @@ class SlurmBackend:
             r = failed[0]
             return CommandOutcome(False, changed=len(failed) < len(results), output=output,
                                   error=f"{what} failed (exit {r.returncode}): {r.text() or 'no output'}",
-                                  transient=r.timed_out)
+                                  transient=r.timed_out or classify(r.text()) == "transient")
         return CommandOutcome(True, changed=bool(results), output=output)
 
     def _update(self, node: str, *settings: str) -> CommandOutcome:
@@ -302,6 +301,11 @@ class SlurmBackend:
                 results += self._identity(node, None, instance_id)
             return self._outcome(results, f"scontrol create NodeName={node}")
         tokens = set(slurm_state_tokens(fields.get("State", "")))
+        have = fields.get("CPUTot", "")
+        if cores and have.isdigit() and int(have) != int(cores):
+            return CommandOutcome(False, output=f"NodeName={node} CPUTot={have} State={fields.get('State')}", error=(
+                f"node {node} exists in Slurm with {have} CPU(s), not the {int(cores)} asked: not changed (a slot "
+                "of another size, or a name held by another node)"))
         results = self._identity(node, fields, instance_id)
         if address and fields.get("NodeAddr") != address and "CLOUD" in tokens:
             results.append(self._scontrol("update", f"NodeName={node}", f"NodeAddr={address}"))
@@ -321,6 +325,12 @@ class SlurmBackend:
             return CommandOutcome(False, error=f"node {node} still runs jobs ({fields.get('State')}, "
                                   f"{alloc} CPUs allocated): offline it and wait, or force",
                                   output=f"State={fields.get('State')} CPUAlloc={alloc}")
+        if not force:  # the controller's job list confirms: a suspended job holds no CPU, yet dies with the VM
+            jobs = self.jobs_on_node(node)
+            if jobs:
+                return CommandOutcome(False, output=f"squeue -w {node}: {' '.join(jobs[:20])}", error=(
+                    f"node {node} still has job(s) {', '.join(jobs[:10])} per squeue "
+                    f"({ON_NODE_STATES}): offline it and wait, or force"))
         if "DYNAMIC_NORM" in tokens or "DYNAMIC" in tokens:
             results = []
             if busy:
@@ -364,13 +374,14 @@ class SlurmBackend:
         if not drain.ok:
             return self._outcome([drain], f"drain {node} before requeueing its jobs")
         results = [self._scontrol("requeue", job) for job in ids]
-        failed = [r for r in results if not r.ok and not any(g in r.text() for g in REQUEUE_GONE)]
+        failed = [r for r in results if not r.ok and classify(r.text(), "requeue") != "already"]
         output = "\n".join(f"$ scontrol {' '.join(r.argv[1:])}\n{r.text()}".rstrip() for r in [drain, *results])
         if failed:
             r = failed[0]
             return CommandOutcome(False, changed=len(failed) < len(results), output=output,
                                   error=f"scontrol requeue {r.argv[-1]} failed (exit {r.returncode}): "
-                                        f"{r.text() or 'no output'}", transient=r.timed_out)
+                                        f"{r.text() or 'no output'}",
+                                  transient=r.timed_out or classify(r.text()) == "transient")
         return CommandOutcome(True, changed=True, output=output)
 
     def jobs_on_node(self, node: str) -> list[str]:

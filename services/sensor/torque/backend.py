@@ -61,10 +61,12 @@ from epu.services.sensor.backend import (
 )
 from epu.services.sensor.runner import CommandResult, CommandRunner
 from epu.services.sensor.shapes import ShapeGrouper
+from epu.services.sensor.torque.errors import classify, is_transient
 from epu.services.sensor.torque.parse import (
     JOB_ATTRIBUTES,
     instance_property,
     iter_records,
+    jobs_on_node,
     normalize_jobs,
     normalize_nodes,
     parse_pbsnodes,
@@ -74,11 +76,8 @@ from epu.services.sensor.torque.parse import (
 
 log = logging.getLogger("epu.sensor.torque")
 
-STDERR_FAILURE_MARKERS = ("unknown node", "error", "cannot", "unauthorized", "invalid")
-#: Failures that go away by themselves: the command is worth re-running later, so its result
-#: is not remembered (a just-created node, an unreachable server).
-TRANSIENT_MARKERS = ("mom-list-not-sent", "cannot connect", "communication failure", "timed out",
-                     "connection refused", "server is busy", "no route to host")
+STDERR_FAILURE_MARKERS = ("unknown node", "error", "cannot", "unauthorized", "invalid", "unavailable",
+                          "could not", "busy", "time out")
 EPU_NOTE = re.compile(r"\s*\[epu: [^\]]*\]")
 #: Torque job ids ``qrerun`` may be given: ``123``, ``123.server``, array elements ``123[4].server``.
 JOB_ID = re.compile(r"\d+(?:\[\d*\])?(?:\.[A-Za-z0-9][A-Za-z0-9.-]*)?")
@@ -100,8 +99,8 @@ def admin_note(note: str) -> str:
 
 
 def transient_text(text: str) -> bool:
-    low = (text or "").lower()
-    return any(marker in low for marker in TRANSIENT_MARKERS)
+    """A failure that goes away by itself (``torque/errors.py``): not remembered, re-run later."""
+    return is_transient(text)
 
 
 def stderr_failure(res: CommandResult) -> bool:
@@ -315,7 +314,7 @@ class TorqueBackend:
             return CommandOutcome(False, output=text, error="qmgr create node timed out", transient=True)
         exists = "already exists" in text.lower()
         if not res.ok and not exists:
-            if "unknown node" in text.lower():
+            if "unknown node" in text.lower():  # PBSE_UNKNODE on create: the name does not resolve
                 return CommandOutcome(False, output=text, transient=True,
                                       error=f"Torque cannot resolve {node} on the head node (qmgr: Unknown node): "
                                             "run the context agent on the head node so joined workers are in its "
@@ -324,11 +323,15 @@ class TorqueBackend:
                                   error=f"qmgr create node {node} failed (exit {res.returncode}): {text or 'no output'}")
         outputs = [text or (f"node {node} already exists" if exists else f"node {node} created")]
         changed = not exists
+        rec = self.node_record(node) if exists else None
+        if exists and rec is not None and rec.get("np", "").isdigit() and int(rec["np"]) != int(cores):
+            return CommandOutcome(False, output=text, error=(
+                f"node {node} already exists with np={rec['np']} core(s), not the {int(cores)} asked: not changed "
+                "(a name held by another node, or a slot of another size); remove it first"))
         prop = instance_property(instance_id)
         if instance_id and prop is None:
             outputs.append(f"instance id {instance_id!r} cannot be a Torque property: node matched by name only")
         if prop is not None:
-            rec = self.node_record(node) if exists else None
             _features, current = split_properties((rec or {}).get("properties", ""))
             if current != instance_id:
                 if current is not None:
@@ -384,20 +387,33 @@ class TorqueBackend:
             changed = True
         return CommandOutcome(True, changed=changed, output="\n".join(outputs))
 
+    def server_jobs_on(self, node: str) -> list[str]:
+        """Jobs the server's job list (``qstat -f -x -t``) shows on ``node`` (``exec_host``), not
+        completed. The node's own ``jobs`` attribute comes from its MOM's reports and is empty
+        until the MOM reports again (seen after a pbs_server restart): not proof enough."""
+        qstat = self._run("qstat", "-f", "-x", "-t")
+        if not qstat.ok:
+            raise BackendUnavailable(f"qstat -f -x -t failed (exit {qstat.returncode}): {qstat.text()}")
+        try:
+            return jobs_on_node(qstat.stdout, node)
+        except Exception as exc:  # truncated output: unknown, not empty
+            raise BackendUnavailable(f"cannot parse Torque XML: {type(exc).__name__}: {exc}") from None
+
     def _remove(self, node: str) -> CommandOutcome:
         info = self.node(node)
         if info is None:
             return CommandOutcome(True, output=f"node {node} is not known to Torque (already removed)")
-        if info.jobs:
-            return CommandOutcome(False, output=f"jobs={','.join(info.jobs)} state={info.native_state}",
-                                  error=f"node {node} runs job(s) {', '.join(info.jobs)}: Torque would block "
-                                        "~120 s and purge them; offline it and wait for them to end")
+        jobs = info.jobs or self.server_jobs_on(node)  # the server's job list when the node shows none
+        if jobs:
+            return CommandOutcome(False, output=f"jobs={','.join(jobs)} state={info.native_state}",
+                                  error=f"node {node} runs job(s) {', '.join(jobs)} (pbsnodes and qstat): Torque "
+                                        "would block ~120 s and purge them; offline it and wait for them to end")
         res = self._qmgr(f"delete node {node}")
         text = res.text()
         if res.timed_out:
             return CommandOutcome(False, output=text, error="qmgr delete node timed out", transient=True)
         if not res.ok:
-            if "unknown node" in text.lower():
+            if classify(text, "delete node") == "already":
                 return CommandOutcome(True, output=text or f"node {node} already removed")
             return CommandOutcome(False, output=text, transient=transient_text(text),
                                   error=f"qmgr delete node {node} failed (exit {res.returncode}): {text or 'no output'}")

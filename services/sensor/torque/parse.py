@@ -507,3 +507,26 @@ def scan_node_records_plain(xml: str | bytes) -> list[Record]:
 
 def parse_pbsnodes(xml: str | bytes, warnings: list[str] | None = None) -> list[NodeInfo]:
     return normalize_nodes(scan_node_records(xml), warnings)
+
+
+_JOB_CHUNK = re.compile(r"<Job>(.*?)</Job>", re.S)
+_JOB_FIELD = re.compile(r"<(Job_Id|job_state|exec_host)>([^<]*)</")
+
+
+def jobs_on_node(xml: str, node: str) -> list[str]:
+    """Ids of the jobs ``qstat -f -x`` lists on ``node`` (an ``exec_host`` entry ``node/N`` or
+    ``node.domain/N``), except completed ones (``C`` keeps its ``exec_host``). Raises on output
+    that is cut short (no closing ``</Data>``): an unreadable list is not an empty one."""
+    text = (xml or "").strip()
+    if text and not text.endswith("</Data>"):
+        raise ValueError("qstat XML cut short (no closing </Data>)")
+    want = node.split(".")[0].lower()
+    out = []
+    for chunk in _JOB_CHUNK.finditer(text):
+        fields = dict(_JOB_FIELD.findall(chunk.group(1)))
+        if fields.get("job_state", "") == "C":
+            continue
+        hosts = {h.split("/")[0].split(".")[0].lower() for h in fields.get("exec_host", "").split("+") if h}
+        if want in hosts:
+            out.append(fields.get("Job_Id", "?"))
+    return out

@@ -136,6 +136,8 @@ class FakeSchedd:
 
     def query(self, constraint: str = "True", projection: Any = ()) -> list[Any]:
         self.world.log.append(("schedd.query", constraint, tuple(projection)))
+        if self.world.schedd_down:
+            raise htcondor2.HTCondorException("Failed to connect to schedd")
         return [ad for ad in self.world.jobs if classad2.ExprTree(constraint).eval(ad) is True]
 
 
@@ -150,9 +152,14 @@ class FakeCondor:
         self.DaemonCommands = daemon_commands
         self.log: list[Any] = []
         self.down = False
+        self.schedd_down = False
+        self.exited: set[str] = set()
+        """Machines whose master has exited: its address refuses connections."""
+        self.send_error: str | None = None
         self.startds = ads("startds.ads")
-        self.masters = [classad2.ClassAd({"MyType": "DaemonMaster", "Name": m, "Machine": m})
-                        for m in {str(a["Machine"]) for a in self.startds}]
+        self.masters = [classad2.ClassAd({"MyType": "DaemonMaster", "Name": m, "Machine": m,
+                                          "MyAddress": f"<10.0.0.{i}:9618?sock=condor_master>"})
+                        for i, m in enumerate(sorted({str(a["Machine"]) for a in self.startds}), 1)]
         self.jobs = ads("jobs.ads")
 
     def Collector(self, pool: str | None = None) -> FakeCollector:  # noqa: N802
@@ -165,7 +172,20 @@ class FakeCondor:
         return FakeStartd(self.log, ad)
 
     def send_command(self, ad: Any, command: Any, target: str | None = None) -> None:
-        self.log.append(("send_command", str(ad["Machine"]), int(command)))
+        machine = str(ad["Machine"])
+        if ad.get("MyAddress") is None:  # as htcondor2.send_command checks before any I/O
+            raise ValueError("Address not available in location ClassAd.")
+        if self.send_error:
+            raise htcondor2.HTCondorException(self.send_error)
+        if machine in self.exited:  # what htcondor2's _send_command raises when nothing listens there
+            raise htcondor2.HTCondorException("Unable to connect to the remote daemon.")
+        self.log.append(("send_command", machine, int(command), target) if target else
+                        ("send_command", machine, int(command)))
+
+    def lose(self, machine: str) -> None:
+        """The collector forgets every ad of ``machine`` (a restart, lost updates)."""
+        self.startds = [a for a in self.startds if str(a["Machine"]) != machine]
+        self.masters = [a for a in self.masters if str(a["Machine"]) != machine]
 
 
 @pytest.fixture
@@ -194,8 +214,9 @@ def test_add_is_a_no_op(condor: FakeCondor) -> None:
     assert out.ok and not out.changed and "by themselves" in out.output and condor.log == []
 
 
-def test_offline_drains_and_online_cancels(condor: FakeCondor) -> None:
-    b = HTCondorBackend(condor)
+def test_graceful_drain_type_drains_and_online_cancels(condor: FakeCondor) -> None:
+    """``drain_type = "graceful"`` (an operator's choice, it evicts after MaxJobRetirementTime)."""
+    b = HTCondorBackend(condor, drain_type="graceful")
     out = b.execute("offline", "exec02.example.org", reason="epu: idle")
     assert out.ok and out.changed
     assert condor.log[-1] == ("drain", "exec02.example.org", htcondor2.DrainTypes.Graceful, "epu: idle")
@@ -206,18 +227,99 @@ def test_offline_drains_and_online_cancels(condor: FakeCondor) -> None:
     assert b.execute("online", "exec01.example.org").changed is False
 
 
-def test_remove_is_a_peaceful_shutdown_with_verified_command_number(condor: FakeCondor) -> None:
+def test_offline_is_a_peaceful_startd_shutdown_never_a_drain_that_evicts(condor: FakeCondor) -> None:
+    """Issue 26, defect 2: a graceful drain evicts once MaxJobRetirementTime (default 0) is
+    spent. The default offline stops the startd peacefully through its master — DAEMON_OFF_PEACEFUL
+    (483) with STARTD, ``condor_off -peaceful -daemon startd`` — which waits for running jobs
+    whatever the retirement time. Never a drain, whatever the node runs."""
     b = HTCondorBackend(condor)
-    refused = b.execute("remove", "exec01.example.org")
-    assert not refused.ok and "claimed" in (refused.error or "")
-    out = b.execute("remove", "exec10.example.org")
-    assert out.ok and condor.log[-1] == ("send_command", "exec10.example.org", 484)
-    gone = b.execute("remove", "exec99.example.org")
-    assert gone.ok and not gone.changed
+    out = b.execute("offline", "exec01.example.org", reason="epu: idle")  # a claimed slot runs 102.0
+    assert out.ok and out.changed and "MaxJobRetirementTime" in out.output
+    assert condor.log[-1] == ("send_command", "exec01.example.org", 483, "STARTD")
+    assert not any(e[0] == "drain" for e in condor.log)
+    assert b.execute("offline", "exec01.example.org").ok  # again: the same idempotent command
+
+
+def test_online_after_a_peaceful_offline(condor: FakeCondor) -> None:
+    b = HTCondorBackend(condor)
+    refused = b.execute("online", "exec05.example.org")  # Retiring: its jobs still run
+    assert not refused.ok and "cannot take that back" in (refused.error or "")
+    assert b.execute("online", "exec01.example.org").changed is False  # startd runs normally
+    condor.startds = [a for a in condor.startds if str(a["Machine"]) != "exec10.example.org"]  # startd exited
+    out = b.execute("online", "exec10.example.org")
+    assert out.ok and out.changed and condor.log[-1] == ("send_command", "exec10.example.org", 469, "STARTD")
+
+
+def test_remove_waits_for_the_master_to_exit_and_answers_ok_only_then(condor: FakeCondor) -> None:
+    """Issue 26, defect 1: a peaceful shutdown is answered ok only once the master has exited —
+    until then the answer is transient (not remembered, the engine asks again, the VM lives)."""
+    b = HTCondorBackend(condor)
+    first = b.execute("remove", "exec10.example.org")
+    assert not first.ok and first.transient and "in progress" in (first.error or "")
+    assert condor.log[-1] == ("send_command", "exec10.example.org", 60015)  # OffPeaceful: children, then itself
+    again = b.execute("remove", "exec10.example.org")  # master still advertised
+    assert not again.ok and again.transient
+    condor.lose("exec10.example.org")  # its ads are gone, but its master still answers
+    waiting = b.execute("remove", "exec10.example.org")
+    assert not waiting.ok and waiting.transient and "still answers" in (waiting.error or "")
+    condor.exited.add("exec10.example.org")  # now nothing listens at its address
+    done = b.execute("remove", "exec10.example.org")
+    assert done.ok and done.changed and "exited" in done.output
+
+
+def test_remove_of_a_node_the_collector_lost_is_unknown_never_gone(condor: FakeCondor) -> None:
+    """No ads is unknown (a collector restart, an HA switch, lost updates), never "already gone"."""
+    out = HTCondorBackend(condor).execute("remove", "exec99.example.org")
+    assert not out.ok and out.transient and "unknown" in (out.error or "")
+    assert not any(e[0] == "send_command" for e in condor.log)
+
+
+def test_remove_is_refused_while_the_schedd_lists_a_job_on_a_node_the_collector_lost(condor: FakeCondor) -> None:
+    """The draining worker still finishing job 120.0 dropped out of the collector: the schedd's
+    ``RemoteHost`` still names it, so the remove is refused (and nothing is sent)."""
+    condor.jobs = ads("jobs_on_lost_node.ads")
+    b = HTCondorBackend(condor)
+    out = b.execute("remove", "exec11")
+    assert not out.ok and not out.transient and "120.0" in (out.error or "") and "schedd" in (out.error or "")
+    assert "122.0" not in (out.error or "")  # exec110 is another machine
+    assert not any(e[0] == "send_command" for e in condor.log)
+    forced = b.execute("remove", "exec11", force=True)  # the operator (or a preemption) forces it
+    assert forced.ok
+
+
+def test_remove_with_an_unreadable_schedd_is_transient(condor: FakeCondor) -> None:
+    condor.schedd_down = True
+    out = HTCondorBackend(condor).execute("remove", "exec10.example.org")
+    assert not out.ok and out.transient and "schedd" in (out.error or "")
+    assert not any(e[0] == "send_command" for e in condor.log)
+
+
+@pytest.mark.parametrize("machine", ["exec01.example.org", "exec07.example.org", "exec08.example.org"])
+def test_claimed_matched_and_preempting_slots_refuse_remove(condor: FakeCondor, machine: str) -> None:
+    condor.jobs = []  # the schedd's answer may lag a match: the slot's state alone refuses
+    out = HTCondorBackend(condor).execute("remove", machine)
+    assert not out.ok and "claimed/matched/preempting" in (out.error or "")
+    assert not any(e[0] == "send_command" for e in condor.log)
+
+
+def test_condor_connection_errors_are_transient_and_bad_commands_permanent(condor: FakeCondor) -> None:
+    """Issue 26, defect 10: an error the daemon may not give next time is transient (not
+    remembered under the command id; a re-send runs again)."""
+    condor.send_error = "Unable to connect to the remote daemon."
+    out = HTCondorBackend(condor).execute("offline", "exec02.example.org")
+    assert not out.ok and out.transient
+    condor.send_error = "Failed to start command."
+    assert HTCondorBackend(condor).execute("offline", "exec02.example.org").transient
+    condor.send_error = None
+    condor.masters = [classad2.ClassAd({"MyType": "DaemonMaster", "Name": "exec02.example.org",
+                                        "Machine": "exec02.example.org"})]  # an ad without an address
+    bad = HTCondorBackend(condor).execute("offline", "exec02.example.org")
+    assert not bad.ok and not bad.transient and "Address not available" in (bad.error or "")
 
 
 def test_swapped_command_numbers_are_refused(condor: FakeCondor) -> None:
-    swapped = SimpleNamespace(DaemonsOffPeaceful=htcondor2.DaemonCommands.DaemonsOn)
+    swapped = SimpleNamespace(OffPeaceful=htcondor2.DaemonCommands.DaemonsOn,
+                              DaemonsOffPeaceful=htcondor2.DaemonCommands.DaemonsOn)
     with pytest.raises(RuntimeError, match="refusing"):
         verified_command(SimpleNamespace(DaemonCommands=swapped), "DaemonsOffPeaceful")
     condor.DaemonCommands = swapped
@@ -243,7 +345,7 @@ def test_commands_find_a_machine_by_its_short_name(condor: FakeCondor) -> None:
     """Snapshots name machines ``exec02`` (short); the engine sends commands with that name."""
     b = HTCondorBackend(condor)
     out = b.execute("offline", "exec02", reason="epu: idle")
-    assert out.ok and out.changed and condor.log[-1][:2] == ("drain", "exec02.example.org")
+    assert out.ok and out.changed and condor.log[-1][:2] == ("send_command", "exec02.example.org")
     assert not b.execute("offline", "exec0").ok  # a prefix of another name matches nothing
 
 
@@ -269,3 +371,19 @@ def test_jobs_grouped_by_text_keep_per_job_ids_waits_and_distinct_requirements()
     assert (unmatched.count, unmatched.sample_job_ids) == (1, ["302.0"])
     assert [j.job_id for j in out.queued] == ["300.0", "301.0", "302.0", "303.0", "304.0", "310.0"]
     assert out.queued[4].submit_time == 1795322950.0 and out.queued[1].wait_seconds == NOW - 1795321000
+
+
+def test_a_shutdown_sent_before_a_sensor_restart_is_confirmed_after_it(condor: FakeCondor, tmp_path: Path) -> None:
+    """The master exits while the sensor is down: its ad is gone, and only the address it had —
+    kept in ``shutdown_state_path`` — can confirm it exited. Without it the node would stay unknown."""
+    state = tmp_path / "sensor.sqlite3.htcondor-shutdowns.json"
+    first = HTCondorBackend(condor, shutdown_state_path=str(state))
+    assert first.execute("remove", "exec10.example.org").transient  # shutdown sent, in progress
+    condor.lose("exec10.example.org")
+    condor.exited.add("exec10.example.org")
+    restarted = HTCondorBackend(condor, shutdown_state_path=str(state))
+    done = restarted.execute("remove", "exec10.example.org")
+    assert done.ok and "exited" in done.output
+    assert "exec10" not in HTCondorBackend(condor, shutdown_state_path=str(state)).shutdowns  # forgotten once done
+    forgetful = HTCondorBackend(condor)  # memory only: the same node is unknown
+    assert forgetful.execute("remove", "exec10.example.org").transient

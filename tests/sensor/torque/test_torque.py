@@ -179,9 +179,22 @@ def test_add_never_undoes_an_administrators_scheduling_false() -> None:
 
 def test_add_existing_node_is_idempotent() -> None:
     b, _ = backend({("qmgr", "-c", "create node fakenode np=2"): "04_qmgr_create_node_fakenode_np2__already_exists",
+                    ("pbsnodes", "-x", "fakenode"): "75_pbsnodes_-x__vm_free_others_down",
                     SCHED_LIST: SCHED_TRUE})
     out = b.execute("add", "fakenode", cores=2)
     assert out.ok and not out.changed and "already exists" in out.output
+
+
+def test_add_of_an_existing_node_with_another_core_count_is_an_error_naming_both() -> None:
+    """Issue 26, defect 10: ``fakenode`` exists with np=2 (captured); an add asking 4 cores used to
+    answer ok and leave 2 — the engine then counted 4 cores that Torque never schedules."""
+    b, runner = backend({("qmgr", "-c", "create node fakenode np=4"): "04_qmgr_create_node_fakenode_np2__already_exists",
+                         ("pbsnodes", "-x", "fakenode"): "75_pbsnodes_-x__vm_free_others_down",
+                         SCHED_LIST: SCHED_TRUE})
+    out = b.execute("add", "fakenode", cores=4, instance_id="5f2a9c")
+    assert not out.ok and not out.transient
+    assert "np=2" in (out.error or "") and "4 asked" in (out.error or "")
+    assert not any("properties" in " ".join(c) for c in runner.calls)  # nothing changed on it
 
 
 def test_add_carries_the_instance_id_as_a_property_read_back_as_identity() -> None:
@@ -282,8 +295,12 @@ def test_remove_refuses_a_node_running_jobs_even_forced() -> None:
     assert not any(c[0] == "qmgr" for c in runner.calls)
 
 
+QSTAT_FULL = ("qstat", "-f", "-x", "-t")
+
+
 def test_remove_idle_node_and_missing_node() -> None:
     b, runner = backend({("pbsnodes", "-x", "elastic02"): "51_pbsnodes_-x_elastic02__15s_after_create",
+                         QSTAT_FULL: "70_qstat_-f_-x_-t",
                          ("qmgr", "-c", "delete node elastic02"): "52_qmgr_delete_node_elastic02"})
     out = b.execute("remove", "elastic02")
     assert out.ok and out.changed
@@ -294,9 +311,71 @@ def test_remove_idle_node_and_missing_node() -> None:
 
 def test_remove_race_deleted_meanwhile_is_success() -> None:
     b, _ = backend({("pbsnodes", "-x", "elastic02"): "51_pbsnodes_-x_elastic02__15s_after_create",
+                    QSTAT_FULL: "70_qstat_-f_-x_-t",
                     ("qmgr", "-c", "delete node elastic02"): "53_qmgr_delete_node_elastic02__missing"})
     out = b.execute("remove", "elastic02")
     assert out.ok and not out.changed and "Unknown node" in out.output
+
+
+def test_remove_is_confirmed_by_the_servers_job_list_not_the_nodes_jobs_attribute() -> None:
+    """Issue 26, defect 1 (Torque): the node reads ``free`` with no ``jobs`` (its MOM has not
+    reported since a restart, captured 75) while qstat lists 3.vm and 4.vm running on
+    ``vm/0``, ``vm/1`` (captured 70): the remove is refused and nothing is deleted."""
+    b, runner = backend({("pbsnodes", "-x", "vm"): "75_pbsnodes_-x__vm_free_others_down",
+                         QSTAT_FULL: "70_qstat_-f_-x_-t"})
+    out = b.execute("remove", "vm")
+    assert not out.ok and "3.vm" in (out.error or "") and "4.vm" in (out.error or "")
+    assert not any(c[0] == "qmgr" for c in runner.calls)
+    # completed jobs keep their exec_host (captured 80): they do not hold the node
+    b, runner = backend({("pbsnodes", "-x", "vm"): "75_pbsnodes_-x__vm_free_others_down",
+                         QSTAT_FULL: "80_qstat_-x__after_daemon_restart",
+                         ("qmgr", "-c", "delete node vm"): (0, "", "")})
+    assert b.execute("remove", "vm").ok and ("qmgr", "-c", "delete node vm") in runner.calls
+    # an unreadable job list is unknown: transient, nothing deleted
+    b, runner = backend({("pbsnodes", "-x", "vm"): "75_pbsnodes_-x__vm_free_others_down",
+                         QSTAT_FULL: (0, stdout("70_qstat_-f_-x_-t")[:500], "")})
+    cut = b.execute("remove", "vm")
+    assert not cut.ok and cut.transient and not any(c[0] == "qmgr" for c in runner.calls)
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("PBS_Server System error: Resource temporarily unavailable", "transient"),
+    ("pbsnodes: Server busy. Currently no available threads", "transient"),
+    ("qmgr obj=vm svr=default: Batch protocol error", "transient"),
+    ("Client connection not found. trqauthd unable to authorize user. Possible transient failure. Please try again",
+     "transient"),
+    ("Error setting note attribute for nosuchnode - Unknown node ", "permanent"),
+    ("qmgr obj=vm svr=default: Unauthorized Request ", "permanent"),
+    ("qmgr obj=vm svr=default: Illegal value for np", "permanent"),
+])
+def test_torque_messages_are_classified_from_its_error_database(text: str, kind: str) -> None:
+    from epu.services.sensor.torque.errors import classify
+
+    assert classify(text) == kind
+
+
+def test_a_system_error_on_offline_is_transient_so_the_resend_runs_again() -> None:
+    """Issue 26, defect 10, as seen on a real TORQUE: ``pbsnodes -o`` answered "PBS_Server System
+    error: Resource temporarily unavailable" and the failure was remembered for the command id:
+    the engine's re-send got the stored failure instead of a retry."""
+    from epu.common.clock import ManualClock
+    from epu.common.messages import NodeCommand
+    from epu.services.sensor.core import SensorCore
+    from epu.services.sensor.dedupe import MemoryCommandLog
+
+    args = busy_vm_offline_args()
+    table = {("pbsnodes", "-x", "vm"): "70_pbsnodes_-x",
+             args: (0, "", "PBS_Server System error: Resource temporarily unavailable")}
+    b, runner = backend(table)
+    published: list = []
+    core = SensorCore("alpha", b, ManualClock(), MemoryCommandLog(), lambda m, c: published.append(m))
+    cmd = NodeCommand(command_id="c-1", domain="alpha", action="offline", node="vm",
+                      reason="preempted by the cloud: requeue")
+    first = core.handle(cmd)
+    assert not first.ok and "Resource temporarily unavailable" in (first.error or "")
+    table[args] = (0, "", "")  # the server has its resources back
+    again = core.handle(cmd)  # the engine's re-send of the same command id
+    assert again.ok and not again.duplicate and runner.calls.count(args) == 2
 
 
 @pytest.mark.parametrize("bad", ["vm; reboot", "-o", "vm np=99", "$(id)", "a'b", "vm\nqmgr", "x" * 254])

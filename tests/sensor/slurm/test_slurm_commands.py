@@ -1,0 +1,92 @@
+"""Slurm node commands against captured ``scontrol``/``squeue`` text (22.05): remove confirmed by
+the controller's job list, errors classified from Slurm's error table, a mismatched add refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from epu.services.sensor.slurm.backend import ON_NODE_STATES, SlurmBackend
+from epu.services.sensor.slurm.errors import classify
+
+from tests.sensor.torque.replay import ReplayRunner
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
+SHOW = ("scontrol", "show", "node", "el1", "--future")
+SQUEUE = ("squeue", "-h", "-w", "el1", "-t", ON_NODE_STATES, "-o", "%i")
+
+
+def show_node(state: str, alloc: int = 0, cpus: int = 2) -> tuple[int, str, str]:
+    """The captured ``scontrol show node`` text of a 22.05 node, as pool slot ``el1``."""
+    text = (FIXTURES / "scontrol_show_node_node2.txt").read_text()
+    text = text.replace("NodeName=node2", "NodeName=el1").replace("CPUAlloc=2", f"CPUAlloc={alloc}")
+    text = text.replace("CPUTot=2", f"CPUTot={cpus}").replace("State=ALLOCATED+DRAIN", f"State={state}")
+    return 0, text, ""
+
+
+def backend(table: dict) -> tuple[SlurmBackend, ReplayRunner]:
+    runner = ReplayRunner(table)
+    return SlurmBackend(runner, settle_seconds=0), runner
+
+
+def test_remove_is_refused_while_squeue_lists_a_job_on_an_idle_looking_node() -> None:
+    """Issue 26, defect 1 (Slurm): a suspended job releases its CPUs (CPUAlloc=0, the node reads
+    IDLE) but still lives on the node: the controller's job list (squeue -w) refuses the remove."""
+    b, runner = backend({SHOW: show_node("IDLE+CLOUD+DRAIN"), SQUEUE: (0, "4242\n", "")})
+    out = b.execute("remove", "el1")
+    assert not out.ok and not out.transient and "4242" in (out.error or "") and "squeue" in (out.error or "")
+    assert not any(c[:2] == ("scontrol", "update") for c in runner.calls)
+
+
+def test_remove_with_no_job_on_the_node_powers_it_down() -> None:
+    b, runner = backend({SHOW: show_node("IDLE+CLOUD+DRAIN"), SQUEUE: (0, "", ""),
+                         ("scontrol", "update", "NodeName=el1", "State=POWER_DOWN"): (0, "", ""),
+                         ("scontrol", "update", "NodeName=el1", "State=DRAIN", "Reason=epu: removed"): (0, "", "")})
+    out = b.execute("remove", "el1")
+    assert out.ok and out.changed and runner.calls.index(SQUEUE) < runner.calls.index(
+        ("scontrol", "update", "NodeName=el1", "State=POWER_DOWN"))
+
+
+def test_remove_with_an_unreadable_job_list_is_transient() -> None:
+    b, runner = backend({SHOW: show_node("IDLE+CLOUD+DRAIN"),
+                         SQUEUE: (1, "", "squeue: error: Unable to contact slurm controller (connect failure)")})
+    out = b.execute("remove", "el1")
+    assert not out.ok and out.transient
+    assert not any(c[:2] == ("scontrol", "update") for c in runner.calls)
+
+
+def test_a_controller_failure_during_an_update_is_transient() -> None:
+    """Issue 26, defect 10: a failed ``scontrol update`` whose text says the controller could not
+    be reached was remembered as permanent (only a local time-out counted as transient)."""
+    b, _ = backend({SHOW: show_node("IDLE+CLOUD"),
+                    ("scontrol", "update", "NodeName=el1", "State=DRAIN", "Reason=epu: offline"):
+                        (1, "", "slurm_update error: Unable to contact slurm controller (connect failure)")})
+    out = b.execute("offline", "el1")
+    assert not out.ok and out.transient
+    b, _ = backend({SHOW: show_node("IDLE+CLOUD"),
+                    ("scontrol", "update", "NodeName=el1", "State=DRAIN", "Reason=epu: offline"):
+                        (1, "", "slurm_update error: Access/permission denied")})
+    refused = b.execute("offline", "el1")
+    assert not refused.ok and not refused.transient
+
+
+def test_add_of_an_existing_node_with_another_cpu_count_is_an_error_naming_both() -> None:
+    """Issue 26, defect 10: adding ``el1`` for a 4-core instance to a 2-CPU slot answered ok and
+    left 2 CPUs: Slurm then never runs a 4-core job there, while the engine counts 4."""
+    b, runner = backend({SHOW: show_node("IDLE+CLOUD+DRAIN+POWERED_DOWN")})
+    out = b.execute("add", "el1", cores=4, instance_id="i-1")
+    assert not out.ok and "2 CPU(s)" in (out.error or "") and "4 asked" in (out.error or "")
+    assert runner.calls == [SHOW]  # nothing changed on the slot
+
+
+@pytest.mark.parametrize(("text", "command", "kind"), [
+    ("slurm_update error: Unable to contact slurm controller (connect failure)", "", "transient"),
+    ("squeue: error: Socket timed out on send/recv operation", "", "transient"),
+    ("scontrol: error: Slurm backup controller in standby mode", "", "transient"),
+    ("scontrol: error: Rate limit exceeded, please retry momentarily", "", "transient"),
+    ("slurm_update error: Invalid node state specified", "", "permanent"),
+    ("scontrol: error: Invalid job id specified for job 7", "requeue", "already"),
+    ("scontrol: error: Invalid node name specified", "delete", "already"),
+])
+def test_slurm_messages_are_classified_from_its_error_table(text: str, command: str, kind: str) -> None:
+    assert classify(text, command) == kind
