@@ -648,6 +648,9 @@ class DecisionRecord(Message):
     at: float
     notes: list[str] = Field(default_factory=list)
     """The policy's arithmetic and the guard rails that applied (why it did what it did)."""
+    shadow: bool = False
+    """Observe mode (shadow): ``actions`` are what the iteration would have done; none was stored
+    or sent."""
 
     def routing_key(self) -> str:
         return f"decision.record.{self.domain}"
@@ -692,6 +695,10 @@ class EngineStatus(Message):
     max_nodes: NonNegInt = 0
     breaker: str = ""
     """Why the circuit breaker is open ("": closed)."""
+    budget_held: str = ""
+    """Why the spend cap held launches at the last iteration ("": it held none)."""
+    mode: str = "act"
+    """``act``, or ``observe`` (shadow mode: decisions recorded, nothing done)."""
     snapshot_at: float | None = None
     """When the newest snapshot the engine holds was taken (None: none)."""
     sensor_available: bool = True

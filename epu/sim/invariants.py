@@ -26,6 +26,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    sensor down between two polls is invisible to anyone downstream).
 7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
    engine commits a new action for the domain, whatever restarts and file edits happen.
+8. **Spend within the cap** — at every create, while a cap is set: the hourly prices of the
+   domain's live VMs (world truth, priced as the scenario's catalogue prices their launch's type)
+   within the domain's ``budget_per_hour``, and each site's within its own.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ NAMES = {
     5: "convergence",
     6: "no blame for our own outage",
     7: "operators are obeyed",
+    8: "spend within the cap",
 }
 MAX_PER_RUN = 25
 
@@ -90,6 +94,9 @@ class Checker:
         self._ours = {p.name for p in sim.provisioners if p.spec.managed}  # type: ignore[attr-defined]
         self._quotas = {s.name: s.quota for s in sim.scenario.sites}
         self.live_by_domain: dict[str, set[str]] = {}
+        self.launch_type: dict[str, str] = {}
+        """Launch id → the instance type an engine committed it as (priced by invariant 8)."""
+        self._sites = {s.name: s for s in sim.scenario.sites}
         for cloud in sim.clouds.values():
             cloud.before_destroy.append(self.on_destroy)
             cloud.on_create.append(self.on_create)
@@ -190,6 +197,29 @@ class Checker:
         quota = self._quotas.get(site)
         if vm.created_by in self._ours and quota is not None and self.live_per_site.get(site, 0) > quota:
             self.fail(3, f"{self.live_per_site[site]} live VMs at {site} over its quota of {quota}")
+        self._spend(vm)
+
+    # ------------------------------------------------------------------ 8: at creates
+    def _price(self, vm: VM) -> float:
+        spec = self._sites.get(vm.site)
+        return spec.price_of(self.launch_type.get(vm.launch_id or "", "")) if spec is not None else 0.0
+
+    def _spend(self, vm: VM) -> None:
+        """The spend rate of what runs (and is paid) right now, against the caps it must stay under."""
+        d = self.sim.scenario.domain
+        caps = {s.name: s.budget_per_hour for s in self.sim.scenario.sites if s.budget_per_hour}
+        if not d.budget_per_hour and vm.site not in caps:
+            return
+        live = [v for c in self.sim.clouds.values() for v in c.vms.values()
+                if v.terminated_at is None and v.created_by in self._ours and v.launch_id in self.launched]
+        mine = sum(self._price(v) for v in live if v.domain == d.name)
+        if d.budget_per_hour and mine > d.budget_per_hour + 1e-9:
+            self.fail(8, f"{d.name} spends {mine:.2f}/h over its budget_per_hour {d.budget_per_hour:.2f} "
+                         f"(after creating {vm.cloud_id})")
+        cap = caps.get(vm.site)
+        there = sum(self._price(v) for v in live if v.site == vm.site)
+        if cap and there > cap + 1e-9:
+            self.fail(8, f"{vm.site} spends {there:.2f}/h over its budget_per_hour {cap:.2f}")
 
     def _gone(self, vm: VM, _cause: str) -> None:
         self._count(vm, -1)
@@ -233,6 +263,7 @@ class Checker:
         for p in plan.actions:
             if p.kind == "launch":
                 self.launched[p.instance_id] = domain
+                self.launch_type[p.instance_id] = p.instance_type
                 self.retiring.discard(p.instance_id)
                 launches += 1
             elif p.kind in ("terminate", "offline", "remove"):
@@ -296,7 +327,7 @@ class Checker:
                 if vm.terminated_at is None and vm.domain == d.name
                 and vm.created_by in {p.name for p in sim.provisioners if p.spec.managed}]  # type: ignore[attr-defined]
         capacity = min(d.max_nodes, sum(s.quota for s in sim.scenario.sites))
-        if waiting and len(live) < capacity:  # a backlog the domain runs at full size is not a failure
+        if waiting and len(live) < capacity and not self._at_budget(live):  # a backlog the domain runs at full size is not a failure
             self.fail(5, f"{len(waiting)} satisfiable job(s) still queued at the end with {len(live)} of "
                          f"{capacity} nodes (e.g. {waiting[0].job_id}: {waiting[0].nodes}x{waiting[0].cores} cores)")
         busy = [vm for vm in live if sim.batch.jobs_on_vm(vm)]
@@ -334,6 +365,15 @@ class Checker:
         stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving]
         if stale:
             self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
+
+    def _at_budget(self, live: list[Any]) -> bool:
+        """The domain spends so much that one more of its cheapest instances would pass its cap
+        (a backlog a capped domain runs at its full budget is not a failure either)."""
+        cap = self.sim.scenario.domain.budget_per_hour
+        if not cap:
+            return False
+        cheapest = min((s.price_of(t) for s in self.sim.scenario.sites for t in [*s.types, ""]), default=0.0)
+        return sum(self._price(v) for v in live) + cheapest > cap + 1e-9
 
     def _engine_live(self, domain: str) -> dict[str, str] | None:
         from epu.sim.processes import open_decision_store

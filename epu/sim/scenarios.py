@@ -57,6 +57,20 @@ def baseline() -> Scenario:
 
 
 @scenario
+def spend_cap() -> Scenario:
+    return Scenario("spend-cap", "a domain under a spend cap and a capped dear site, with crashes and cloud "
+                                 "errors: bursts that would take 50 nodes get what 0.60/h buys",
+                    hours=3.0, domain=DomainSpec(budget_per_hour=0.6),
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.5),
+                    sites=[SiteSpec("cloud-a", quota=30, price=0.05,
+                                    faults=CloudFaults(transient_error_rate=0.05, boot_failure_rate=0.05)),
+                           SiteSpec("cloud-b", quota=40, price=0.12, budget_per_hour=0.25)],
+                    faults=[F.crashes("decision", 1.0), F.crashes("provisioner", 1.0)],
+                    stresses="issue 27 §3: the spend cap (budget_per_hour of a domain and of a site) holds "
+                             "(invariant 8)")
+
+
+@scenario
 def policies() -> Scenario:
     return Scenario("policy-threshold", "the threshold policy (elastiq) with crashes and message faults",
                     hours=3.0, domain=DomainSpec(policy="threshold", params={"idle_for_time_s": 600.0},

@@ -62,7 +62,7 @@ from epu.common.messages import (
     ViewSummary,
     new_id,
 )
-from epu.services.decision import breaker
+from epu.services.decision import breaker, budget
 from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.lease import Fenced, Leases
@@ -197,6 +197,8 @@ class Engine:
         self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
         """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
         self._latest: dict[str, _Latest] = {}
+        self.budget_held: dict[str, str] = {}
+        """Domain → why the spend cap held launches at its last iteration (status and metric)."""
         self.leases = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
         self._health: dict[str, _Health] = {}
@@ -903,8 +905,13 @@ class Engine:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
         for site, why_ in self._take_failures(cfg).items():
             decision.failed_sites.setdefault(site, why_)
-        out = plan(view, decision, self._placement_input(cfg, health, live, unproven),
+        caps = {n: s.budget_per_hour for n, s in self.config.sites.items() if s.budget_per_hour is not None}
+        spend = budget.budget_for(cfg.budget_per_hour, caps, view.instances, self._live_per_type(),
+                                  budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()},
+                                                     self.types)) if cfg.budget_per_hour or caps else None
+        out = plan(view, decision, replace(self._placement_input(cfg, health, live, unproven), budget=spend),
                    self.store.in_flight(domain))
+        notes_extra += self._held(domain, out.budget)
         out.sites = {**successes, **out.sites}
         write = None
         if out.actions or changed or out.sites or (decision.memory is not None and decision.memory != memory):
@@ -1038,6 +1045,21 @@ class Engine:
         if h.breaker and not h.released:
             h.healthy_since = now  # nothing is lost while we cannot see
         return notes
+
+    def _held(self, domain: str, why: str) -> list[str]:
+        """Remember why the spend cap holds launches (status, metric); a note — hence a decision
+        record, the event — when the cap starts or stops holding them."""
+        before = self.budget_held.get(domain, "")
+        if why:
+            self.budget_held[domain] = why
+        else:
+            self.budget_held.pop(domain, None)
+        if why and not before:
+            log.warning("spend cap holds launches", extra={"domain": domain, "why": why})
+            return [why]
+        if before and not why:
+            return ["spend cap: no launch held any more"]
+        return []
 
     def breakers(self) -> dict[str, str]:
         """Domain → why its circuit breaker is open (for metrics and health)."""

@@ -90,6 +90,7 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
     head = EngineStatus(
         domain=domain, at=float(now), policy=cfg.policy, policy_version=version, paused=cfg.paused,
         min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes, breaker=engine.breakers().get(domain, ""),
+        budget_held=getattr(engine, "budget_held", {}).get(domain, ""), mode=cfg.mode,
         snapshot_at=float(snap.taken_at) if snap is not None else None,
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,
         nodes_by_state=dict(Counter(n.state for n in snap.nodes)) if snap is not None and snap.available else {},
