@@ -293,6 +293,10 @@ class SensorSnapshot(Message):
     shapes: list[JobShape] = Field(default_factory=list)
     """Pending jobs grouped into shapes (demand and not; column-wise on the wire). When a
     sender gives only ``jobs``, ``demand_shapes`` derives the shapes from them."""
+    owners: dict[str, list[str]] = Field(default_factory=dict)
+    """Running job id → [account, user, partition] ("" where the batch system does not say), for
+    cost accounting (``epu cost``). Empty from a backend that does not report owners: their
+    node time is then attributed to account "" ."""
 
     def routing_key(self) -> str:
         return f"sensor.snapshot.{self.domain}"

@@ -17,6 +17,7 @@ from epu import __version__
 COMMAND_MODULES = (
     "epu.cli_core",
     "epu.cli_record",
+    "epu.cli_cost",
     "epu.services.sensor.cli",
     "epu.services.decision.cli",
     "epu.services.provisioner.cli",
