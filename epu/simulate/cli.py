@@ -215,6 +215,9 @@ def print_summary(s: dict[str, Any]) -> None:
           f"max {s['wait_max_s']:.0f} s; bounded slowdown {s['bounded_slowdown']:.2f}")
     print(f"  node-hours {s['node_hours']:.1f}, cost {s['cost']:.2f}, utilization of paid cores "
           f"{100 * s['utilization']:.1f}%")
+    by = s.get("attribution", {}).get("by_account", {})
+    if by:
+        print("  cost by account: " + ", ".join(f"{k or '(none)'} {v:.2f}" for k, v in list(by.items())[:8]))
     print(f"  launches {s['launches']}, failures {s['failures']}, replacements {s['replacements']}, "
           f"peak nodes {s['peak_nodes']}")
     for k, v in s.get("scenario", {}).items():

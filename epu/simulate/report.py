@@ -13,7 +13,10 @@ Definitions (docs/experiments.md repeats them for readers of the results):
   or never finished booting) plus transient API errors (counted apart); replacements =
   instances given up before they ever ran (terminated while still booting);
 * peak nodes = the most instances alive at once;
-* jobs killed = running jobs that lost their node and were requeued (EPU must keep it at 0).
+* jobs killed = running jobs that lost their node and were requeued (EPU must keep it at 0);
+* attribution = the cost per account, user and partition by ``epu cost``'s rule (``epu/cost.py``):
+  each paid node-second shared equally among the jobs on the node then, time with no job (and
+  the billing granularity's rounding) to ``(idle)``; the accounts sum to ``cost``.
 """
 
 from __future__ import annotations
@@ -113,6 +116,29 @@ def summarize(d: RunData) -> dict[str, Any]:
     })
     if d.skipped:
         out["skipped"] = dict(d.skipped)
+    out["attribution"] = attribution(d, cost)
+    return out
+
+
+def attribution(d: RunData, billed_cost: float) -> dict[str, Any]:
+    """Cost per account, user and partition (``epu.cost``'s rule), summing to ``billed_cost``."""
+    from epu.cost import IDLE, Life, Occupancy, attribute, group
+
+    lives, prices = [], {}
+    for site, vms in d.vms.items():
+        model = d.cloud.site(site)
+        prices[(site, "")] = model.price_per_hour if model.price_per_hour is not None \
+            else d.config.sites[site].price_per_hour
+        for vm in vms:
+            a, b = vm_life(vm, d.end)
+            lives.append(Life(vm.cloud_id, d.domain, site, "", a, b))
+    occ = [Occupancy(vm_id, start, end if end is not None else d.end, job) for vm_id, start, end, job in d.occupancy]
+    usage = attribute(lives, occ, d.owners, prices, d.start, d.end)
+    out: dict[str, Any] = {}
+    for dim in ("account", "user", "partition"):
+        rows = {k[0]: u.cost for k, u in group(usage, [dim])}
+        rows[IDLE] = rows.get(IDLE, 0.0) + max(0.0, billed_cost - sum(rows.values()))  # billing rounding
+        out[f"by_{dim}"] = {k: round(v, 4) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])}
     return out
 
 

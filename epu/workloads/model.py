@@ -34,6 +34,9 @@ class TraceJob:
     """Requested wall time, seconds (0: unknown). A scheduler's estimate of the job's end."""
     user: str = ""
     queue: str = ""
+    """Queue or partition (cost accounting's partition)."""
+    account: str = ""
+    """The account (group) the job is charged to, when the source says (SWF: the group id)."""
     status: str = ""
     """What the source says happened (completed, failed, cancelled, timeout...)."""
     wait: float | None = None
