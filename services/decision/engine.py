@@ -70,7 +70,7 @@ from epu.services.decision.lifecycle import add_started
 from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
-from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
+from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan, shadow
 from epu.services.decision.policies import Params, PolicyError, get_policy, validate_params
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import PlanWrite, Store
@@ -912,6 +912,8 @@ class Engine:
         out = plan(view, decision, replace(self._placement_input(cfg, health, live, unproven), budget=spend),
                    self.store.in_flight(domain))
         notes_extra += self._held(domain, out.budget)
+        if cfg.mode == "observe":
+            out = shadow(out)
         out.sites = {**successes, **out.sites}
         write = None
         if out.actions or changed or out.sites or (decision.memory is not None and decision.memory != memory):
@@ -926,8 +928,10 @@ class Engine:
                 self._launched[(p.site, inst.instance_type if inst is not None else p.instance_type)] += 1
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
-        saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or notes_extra else None
-        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra), write)
+        saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or out.shadow or notes_extra \
+            else None
+        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or out.shadow),
+                         write)
 
     def _send_prepared(self, p: _Prepared) -> DecisionRecord | None:
         return self._send(p.domain, p.plan, p.now, p.iteration, p.plan.notes, p.saw, p.policy, p.version,
@@ -1120,8 +1124,8 @@ class Engine:
             saw=saw if saw is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
                                   action_id=p.action_id, instance_type=p.instance_type, gang=p.gang)
-                     for p in out.actions],
-            at=now, notes=notes[:50])
+                     for p in out.actions or out.shadow],
+            at=now, notes=notes[:50], shadow=bool(out.shadow) and not out.actions)
         self.publish(record)
         return record
 

@@ -197,6 +197,15 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
     return out
 
 
+def shadow(out: Plan) -> Plan:
+    """Observe mode: the plan as a record of what would have been done — its actions moved to
+    ``shadow``, nothing left to store (no intent, no instance row changed) or to send."""
+    if not out.actions:
+        return out
+    note = f"observe mode: {len(out.actions)} action(s) recorded, none done"
+    return replace(out, actions=[], instances={}, shadow=list(out.actions), notes=[*out.notes, note])
+
+
 def _hold_over_budget(out: Plan, budget: Budget) -> None:
     """Drop the planned launches the spend cap does not admit (their rows with them)."""
     launches = [p for p in out.actions if p.kind == "launch"]
