@@ -660,6 +660,23 @@ class DecisionRecord(Message):
         return f"decision.record.{self.domain}"
 
 
+class PolicyChangeEntry(Model):
+    """One operator change of a domain's policy, as the engine answered it (``epu policy history``)."""
+
+    change_id: str
+    at: float
+    """When the engine decided on it."""
+    operator: str = ""
+    """Who asked (the operator's login, as the change said)."""
+    applied: bool
+    version: int | None = None
+    """The config version it made (None: refused, or it changed nothing)."""
+    reason: str = ""
+    """Why it was refused ("" when applied)."""
+    request: dict[str, Any] = Field(default_factory=dict)
+    """The change as asked (the ``PolicyChange`` fields that were set)."""
+
+
 class InstanceStatus(Model):
     """One live instance as the decision engine sees it (an entry of ``EngineStatus``)."""
 
@@ -717,6 +734,8 @@ class EngineStatus(Message):
     """The last iteration that acted, if this engine made one since it started."""
     config: dict[str, Any] = Field(default_factory=dict)
     """The domain's configuration in force (version ``policy_version``), as ``epu policy show`` prints it."""
+    changes: list[PolicyChangeEntry] = Field(default_factory=list)
+    """The domain's newest operator changes (up to 50), oldest first: ``epu policy history``."""
 
     def routing_key(self) -> str:
         return f"decision.status.{self.domain}"
@@ -762,6 +781,10 @@ class PolicyChange(Message):
     release_breaker: bool | None = None
     """True: act on the current snapshots although the circuit breaker found them implausible
     (until a healthy snapshot closes it anyway)."""
+    budget_per_hour: Annotated[float, Field(ge=0)] | None = None
+    """New spend cap of the domain ($/h); 0 removes the cap; ``None`` leaves it unchanged."""
+    mode: str | None = None
+    """``act`` or ``observe`` (shadow mode); ``None`` leaves it unchanged."""
 
     def routing_key(self) -> str:
         return "decision.control"

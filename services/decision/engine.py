@@ -599,9 +599,11 @@ class Engine:
             self.publish(out)
             return out
         current = self.store.current_config(change.domain)
+        who = {"operator": change.operator, "request": change.model_dump_json(
+            exclude={"change_id", "domain", "operator"}, exclude_defaults=True)}
         if change.domain not in self.config.domains or current is None:
             reason = f"unknown domain {change.domain!r} (managed: {', '.join(self.domains) or 'none'})"
-            self.store.record_change(change.change_id, change.domain, False, reason, now)
+            self.store.record_change(change.change_id, change.domain, False, reason, now, **who)
             out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False, reason=reason)
         else:
             try:
@@ -610,14 +612,14 @@ class Engine:
                 check_ceiling(new, self.config.domains.get(change.domain),
                               {n: s.quota for n, s in self.config.sites.items()})
             except ChangeRejected as exc:
-                self.store.record_change(change.change_id, change.domain, False, str(exc), now)
+                self.store.record_change(change.change_id, change.domain, False, str(exc), now, **who)
                 out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False,
                                     version=current[0], reason=str(exc),
                                     config=current[1].model_dump(mode="json"))
             else:
                 changed = new != current[1]
                 version = self.store.record_change(change.change_id, change.domain, True, "", now,
-                                                   new if changed else None, retire=retiring) or current[0]
+                                                   new if changed else None, retire=retiring, **who) or current[0]
                 if change.sites is not None:  # the operator lets listed sites back in
                     health = self.store.site_health()
                     self.store.save_sites([record_success(health[s]) for s in change.sites if s in health])

@@ -94,7 +94,8 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
         snapshot_at=float(snap.taken_at) if snap is not None else None,
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,
         nodes_by_state=dict(Counter(n.state for n in snap.nodes)) if snap is not None and snap.available else {},
-        instances=[], last_decision=last, config=cfg.model_dump(mode="json"))
+        instances=[], last_decision=last, config=cfg.model_dump(mode="json"),
+        changes=engine.store.change_history(domain) if hasattr(engine.store, "change_history") else [])
     return StatusParts(head, columns)
 
 
