@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "epu.cli_core",
     "epu.cli_record",
     "epu.cli_cost",
+    "epu.cli_dead",
     "epu.services.sensor.cli",
     "epu.services.decision.cli",
     "epu.services.provisioner.cli",
