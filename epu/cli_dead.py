@@ -261,7 +261,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = dsub.add_parser("list", help="each dead letter's key, type, age, queue and reason", formatter_class=RAW,
                         description="One line per dead letter, oldest first: its key (for show and requeue), its\n"
                                     "message type, how long ago it died, the queue it was taken from and why.",
-                        epilog="Exit status: 0 listed; 1 RabbitMQ refused or cannot be reached; 2 bad configuration.")
+                        epilog="Example: epu dead list --limit 50 -c /etc/epu/operator.toml\n"
+                               "Exit status: 0 listed; 1 RabbitMQ refused or cannot be reached; 2 bad configuration.")
     s.add_argument("--limit", type=int, default=1000, help="list at most N (default 1000)")
     s.add_argument("--json", action="store_true", help="print {total, letters: [...]} as JSON")
     add_config_arg(s)
@@ -269,7 +270,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = dsub.add_parser("show", help="one dead letter whole: headers and decoded body", formatter_class=RAW,
                         description="Print KEY's summary, AMQP headers and body (decoded from msgpack where it\n"
                                     "decodes, else the first 512 bytes in hex) as JSON.",
-                        epilog="Exit status: 0 shown; 1 no such dead letter, or RabbitMQ unreachable; 2 bad configuration.")
+                        epilog="Example: epu dead show 3f2a9c0d1e2b -c /etc/epu/operator.toml\n"
+                               "Exit status: 0 shown; 1 no such dead letter, or RabbitMQ unreachable; 2 bad configuration.")
     s.add_argument("key", help="the key `epu dead list` shows")
     add_config_arg(s)
     s.set_defaults(func=cmd_show)
@@ -277,7 +279,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Publish KEY's original bytes to its original exchange and routing key (with\n"
                                     "confirms), then remove it from the dead-letter queue. Do it after fixing what\n"
                                     "made it fail: a message that fails again comes back with the new reason.",
-                        epilog="Exit status: 0 requeued; 1 no such dead letter, its origin unknown, or the broker\n"
+                        epilog="Example: epu dead requeue 3f2a9c0d1e2b -c /etc/epu/operator.toml\n"
+                               "Exit status: 0 requeued; 1 no such dead letter, its origin unknown, or the broker\n"
                                "refused the publish (the dead letter is kept); 2 bad configuration.")
     s.add_argument("key", help="the key `epu dead list` shows")
     add_config_arg(s)

@@ -74,7 +74,7 @@ def add_parser(psub: argparse._SubParsersAction) -> None:
                         epilog="Example: epu policy history alpha -c /etc/epu/operator.toml\n"
                                "Exit status: 0 listed; 1 no engine status for the domain (engine not running,\n"
                                "or RabbitMQ refused or cannot be reached); 2 bad domain name or configuration.")
-    s.add_argument("domain", help="the domain")
+    s.add_argument("domain", help="the domain, as named under [domains] in the configuration")
     s.add_argument("--json", action="store_true", help="print the entries as a JSON list")
     add_config_arg(s)
     s.set_defaults(func=cmd_history)
