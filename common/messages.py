@@ -718,6 +718,8 @@ class EngineStatus(Message):
     """Why the circuit breaker is open ("": closed)."""
     budget_held: str = ""
     """Why the spend cap held launches at the last iteration ("": it held none)."""
+    spend_per_hour: float = 0.0
+    """What the domain's instances cost per hour now (catalogue prices; requested to terminating)."""
     mode: str = "act"
     """``act``, or ``observe`` (shadow mode: decisions recorded, nothing done)."""
     snapshot_at: float | None = None

@@ -121,7 +121,7 @@ class DomainStatus:
             "engine": None if e is None else {
                 "status_at": e.at, "policy": e.policy, "version": e.policy_version, "paused": e.paused,
                 "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker,
-                "budget_held": e.budget_held, "mode": e.mode,
+                "budget_held": e.budget_held, "mode": e.mode, "spend_per_hour": e.spend_per_hour,
                 "budget_per_hour": e.config.get("budget_per_hour")},
             "instances_by_type": {} if d is None else d.saw.instances_by_type,
             "unsatisfiable": [] if d is None else [u.model_dump() for u in d.saw.unsatisfiable],
@@ -201,9 +201,9 @@ def render(board: Board) -> Any:
                       + (", [yellow]OBSERVE (shadow: decides, does nothing)[/]" if e.mode == "observe" else "")
                       + f", status {time.time() - e.at:.0f}s ago")
             cap = e.config.get("budget_per_hour")
-            if cap or e.budget_held:
-                t.add_row("budget", (f"{cap}/h" if cap else "site caps")
-                          + (f", [red]launches held: {escape(e.budget_held)}[/]" if e.budget_held else ", not holding"))
+            if cap or e.budget_held or e.spend_per_hour:
+                t.add_row("spend", f"{e.spend_per_hour:.2f}/h" + (f" of budget {cap}/h" if cap else "")
+                          + (f", [red]launches held: {escape(e.budget_held)}[/]" if e.budget_held else ""))
         for i in sorted(st.instances.values(), key=lambda i: (i.site, i.instance_id))[:MAX_ROWS]:
             batch = f"in batch ({i.node_state or 'not listed'})" if i.in_batch else "not in batch"
             t.add_row("", "[dim]" + escape(f"{i.instance_id[:12]} {i.site} {i.state} {i.node_name} {batch}"

@@ -91,6 +91,7 @@ def test_status_shows_the_cap_holding() -> None:
     board = Board()
     board.apply(st)
     assert board.as_json()[0]["engine"]["budget_per_hour"] == 0.5
+    assert st.spend_per_hour == 0.4  # the two launched (requested) at 0.20/h
     console = Console(record=True, width=200)
     console.print(render(board))
     assert "launches held: spend cap" in console.export_text()
