@@ -197,6 +197,8 @@ class Engine:
         self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
         """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
         self._latest: dict[str, _Latest] = {}
+        self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
+        """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
         self.budget_held: dict[str, str] = {}
         """Domain → why the spend cap held launches at its last iteration (status and metric)."""
         self.leases = leases
@@ -907,12 +909,12 @@ class Engine:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
         for site, why_ in self._take_failures(cfg).items():
             decision.failed_sites.setdefault(site, why_)
-        caps = {n: s.budget_per_hour for n, s in self.config.sites.items() if s.budget_per_hour is not None}
-        spend = budget.budget_for(cfg.budget_per_hour, caps, view.instances, self._live_per_type(),
-                                  budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()},
-                                                     self.types)) if cfg.budget_per_hour or caps else None
-        out = plan(view, decision, replace(self._placement_input(cfg, health, live, unproven), budget=spend),
-                   self.store.in_flight(domain))
+        placement = self._placement_input(cfg, health, live, unproven)
+        if cfg.budget_per_hour or self.site_caps:
+            placement = replace(placement, budget=budget.budget_for(
+                cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
+                budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()}, self.types)))
+        out = plan(view, decision, placement, self.store.in_flight(domain))
         notes_extra += self._held(domain, out.budget)
         if cfg.mode == "observe":
             out = shadow(out)
