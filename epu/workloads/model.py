@@ -35,12 +35,12 @@ class TraceJob:
     user: str = ""
     queue: str = ""
     """Queue or partition (cost accounting's partition)."""
-    account: str = ""
-    """The account (group) the job is charged to, when the source says (SWF: the group id)."""
     status: str = ""
     """What the source says happened (completed, failed, cancelled, timeout...)."""
     wait: float | None = None
     """The wait the source recorded, seconds (None: unknown)."""
+    account: str = ""
+    """The account (group) the job is charged to, when the source says (SWF: the group id)."""
 
     def shape(self, cores_per_node: int) -> tuple[int, int]:
         """(nodes, cores per node) of this job on a cluster of ``cores_per_node``-core nodes."""

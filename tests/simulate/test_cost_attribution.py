@@ -33,3 +33,21 @@ def test_report_attributes_cost_to_accounts(billing: str) -> None:
     for acct, seconds in run.items():
         assert a["by_account"][acct] == pytest.approx(seconds / 3600, rel=0.02)
     assert set(a["by_partition"]) == {"cpu", "gpu", "(idle)"}
+
+
+def test_traces_carry_the_account(tmp_path) -> None:
+    """sacct traces (text and JSON, captured from a real Slurm) give each job its account."""
+    import json
+    from pathlib import Path
+
+    from epu.workloads.slurm import parse_sacct_json, read_sacct
+
+    data = Path(__file__).resolve().parent / "data"
+    text = (data / "sacct-parsable2.txt").read_text().splitlines()
+    path = tmp_path / "sacct.txt"
+    path.write_text("\n".join([text[0] + "|Account", *(r + "|physics" for r in text[1:])]) + "\n")
+    assert {j.account for j in read_sacct(path).jobs} == {"physics"}
+    doc = json.loads((data / "sacct.json").read_text())
+    for job in doc["jobs"]:
+        job["account"] = "chem"
+    assert {j.account for j in parse_sacct_json(doc).jobs} == {"chem"}
