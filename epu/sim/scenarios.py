@@ -389,6 +389,16 @@ def mixed_shapes() -> Scenario:
 
 
 @scenario
+def spend_cap_types() -> Scenario:
+    base = mixed_shapes()
+    return replace(base, name="spend-cap-types",
+                   summary="the mixed-shapes catalogue under a 1.50/h cap: cpu and bigmem types fit, "
+                           "the 3.06/h gpu type never does (its jobs wait, priced out)",
+                   domain=replace(base.domain, budget_per_hour=1.5),
+                   stresses="issue 27 §3: the spend cap prices each catalogue type (invariant 8)")
+
+
+@scenario
 def mixed_shapes_faults() -> Scenario:
     s = mixed_shapes()
     return replace(s, name="mixed-shapes-faults",

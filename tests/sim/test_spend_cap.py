@@ -11,13 +11,14 @@ from epu.sim.scenarios import get_scenario, names
 from epu.sim.simulation import Simulation
 
 
-def test_spend_cap_scenario_is_listed() -> None:
-    assert "spend-cap" in names()
+def test_spend_cap_scenarios_are_listed() -> None:
+    assert {"spend-cap", "spend-cap-types"} <= set(names())
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_spend_cap_holds_and_binds(seed: int) -> None:
-    sim = Simulation(get_scenario("spend-cap"), seed)
+@pytest.mark.parametrize(("name", "seed"), [("spend-cap", 1), ("spend-cap", 2), ("spend-cap", 3),
+                                            ("spend-cap-types", 1)])
+def test_spend_cap_holds_and_binds(name: str, seed: int) -> None:
+    sim = Simulation(get_scenario(name), seed)
     held: list[str] = []
     sim.bus.taps.append(lambda msg, _sender: held.extend(
         n for n in msg.notes if n.startswith("spend cap:")) if isinstance(msg, DecisionRecord) else None)
