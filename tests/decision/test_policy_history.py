@@ -79,3 +79,10 @@ def test_epu_policy_history_reads_the_engine_status_over_the_broker(tmp_path, br
     assert [d["applied"] for d in doc] == [True, False] and doc[0]["operator"] == "alice"
     assert main(["policy", "history", "beta", "-c", str(cfg)]) == 1
     assert "beta" in capsys.readouterr().err
+
+
+def test_policy_set_words_for_the_cap_and_the_mode() -> None:
+    from epu.services.decision.cli import parse_assignments
+
+    assert parse_assignments(["budget_per_hour=2.5", "mode=observe", "idle_seconds=60"]) == {
+        "budget_per_hour": 2.5, "mode": "observe", "params": {"idle_seconds": 60}}

@@ -51,3 +51,24 @@ def test_the_same_hour_acting_launches() -> None:
     """The control: the same seed in ``act`` mode makes the launches the shadow only recorded."""
     records, launches, creates = hour("act")
     assert launches > 0 and creates > 0 and not any(r.shadow for r in records)
+
+
+def test_status_marks_an_observing_domain_and_its_shadow_decision() -> None:
+    from epu.services.decision.status import Board, render
+    from epu.services.decision.statusfeed import build_status
+    from rich.console import Console
+
+    from tests.decision.helpers import config, jobs, make_engine, snapshot
+
+    e, bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 10, "sites": ["s1"], "mode": "observe"}}))
+    e.on_snapshot(snapshot(queued=jobs(3)))
+    (rec,) = e.iterate()
+    assert rec.shadow and [a.kind for a in rec.actions] == ["launch"] * 3
+    assert bus.of("instance.launch") == [] and e.store.instances("d") == [] and e.store.actions("d") == []
+    board = Board()
+    board.apply(build_status(e, "d", clock.now(), rec))
+    console = Console(record=True, width=200)
+    console.print(render(board))
+    text = console.export_text()
+    assert "OBSERVE" in text and "last decision (shadow)" in text
+    assert board.as_json()[0]["last_decision"]["shadow"] is True
