@@ -16,9 +16,10 @@ Least privilege, one user per service:
 * ``epu-ctxbroker`` reads terminated-instance events; writes context membership events.
 * ``epu-operator`` sends policy changes and terminations (``provisioner.terminate``, never
   ``provisioner.launch``); declares and reads its own exclusive tap queues (``epu.tap.*``)
-  bound to any event, and reads the engine's status queues (``epu.status.DOMAIN``, without
-  consuming: basic.get then requeue) — what ``epu tap``, ``epu status``, ``epu record``,
-  ``epu instances`` and ``epu policy`` need, and nothing more.
+  bound to any event, reads the engine's status queues (``epu.status.DOMAIN``, without
+  consuming: basic.get then requeue) and the dead-letter queue (``epu dead``) — what ``epu tap``,
+  ``epu status``, ``epu record``, ``epu cost``, ``epu dead``, ``epu instances`` and ``epu policy``
+  need, and nothing more.
 
 Bounds, by policy (``QueueBounds``): the decision input and work queues refuse publishes
 beyond a byte size (the publisher is told, nothing is dropped silently); dead letters are
@@ -128,8 +129,9 @@ def service_users(topology: Topology, domains: list[str], user_prefix: str = "")
         f"{user_prefix}epu-ctxbroker", "^$", _alt(ev, dlx), _alt(q[t.ctxbroker_spec().name]),
         {t.n(EVENTS_EXCHANGE): r"^context\.member\..+$"}, {}, "context broker"))
     tap = re.escape(t.prefix) + TAP_QUEUE_PATTERN
+    dead = re.escape(t.n(DEAD_LETTER_QUEUE))
     users.append(ServiceUser(
-        f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap, *statuses),
+        f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap, *statuses, dead),
         {t.n(COMMANDS_EXCHANGE): rf"^(decision\.control|{re.escape(TERMINATE_KEY)})$"}, {},
         "operators: policy changes, terminations, taps"))
     return users

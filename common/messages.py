@@ -293,6 +293,10 @@ class SensorSnapshot(Message):
     shapes: list[JobShape] = Field(default_factory=list)
     """Pending jobs grouped into shapes (demand and not; column-wise on the wire). When a
     sender gives only ``jobs``, ``demand_shapes`` derives the shapes from them."""
+    owners: dict[str, list[str]] = Field(default_factory=dict)
+    """Running job id → [account, user, partition] ("" where the batch system does not say), for
+    cost accounting (``epu cost``). Empty from a backend that does not report owners: their
+    node time is then attributed to account "" ."""
 
     def routing_key(self) -> str:
         return f"sensor.snapshot.{self.domain}"
@@ -648,9 +652,29 @@ class DecisionRecord(Message):
     at: float
     notes: list[str] = Field(default_factory=list)
     """The policy's arithmetic and the guard rails that applied (why it did what it did)."""
+    shadow: bool = False
+    """Observe mode (shadow): ``actions`` are what the iteration would have done; none was stored
+    or sent."""
 
     def routing_key(self) -> str:
         return f"decision.record.{self.domain}"
+
+
+class PolicyChangeEntry(Model):
+    """One operator change of a domain's policy, as the engine answered it (``epu policy history``)."""
+
+    change_id: str
+    at: float
+    """When the engine decided on it."""
+    operator: str = ""
+    """Who asked (the operator's login, as the change said)."""
+    applied: bool
+    version: int | None = None
+    """The config version it made (None: refused, or it changed nothing)."""
+    reason: str = ""
+    """Why it was refused ("" when applied)."""
+    request: dict[str, Any] = Field(default_factory=dict)
+    """The change as asked (the ``PolicyChange`` fields that were set)."""
 
 
 class InstanceStatus(Model):
@@ -692,6 +716,12 @@ class EngineStatus(Message):
     max_nodes: NonNegInt = 0
     breaker: str = ""
     """Why the circuit breaker is open ("": closed)."""
+    budget_held: str = ""
+    """Why the spend cap held launches at the last iteration ("": it held none)."""
+    spend_per_hour: float = 0.0
+    """What the domain's instances cost per hour now (catalogue prices; requested to terminating)."""
+    mode: str = "act"
+    """``act``, or ``observe`` (shadow mode: decisions recorded, nothing done)."""
     snapshot_at: float | None = None
     """When the newest snapshot the engine holds was taken (None: none)."""
     sensor_available: bool = True
@@ -706,6 +736,8 @@ class EngineStatus(Message):
     """The last iteration that acted, if this engine made one since it started."""
     config: dict[str, Any] = Field(default_factory=dict)
     """The domain's configuration in force (version ``policy_version``), as ``epu policy show`` prints it."""
+    changes: list[PolicyChangeEntry] = Field(default_factory=list)
+    """The domain's newest operator changes (up to 50), oldest first: ``epu policy history``."""
 
     def routing_key(self) -> str:
         return f"decision.status.{self.domain}"
@@ -751,6 +783,10 @@ class PolicyChange(Message):
     release_breaker: bool | None = None
     """True: act on the current snapshots although the circuit breaker found them implausible
     (until a healthy snapshot closes it anyway)."""
+    budget_per_hour: Annotated[float, Field(ge=0)] | None = None
+    """New spend cap of the domain ($/h); 0 removes the cap; ``None`` leaves it unchanged."""
+    mode: str | None = None
+    """``act`` or ``observe`` (shadow mode); ``None`` leaves it unchanged."""
 
     def routing_key(self) -> str:
         return "decision.control"

@@ -63,6 +63,7 @@ from epu.common.messages import DecodeError, Envelope, Message
 from epu.common.observability import HealthServer, ServiceMetrics
 from epu.common.topology import (
     ATTEMPTS_HEADER,
+    DEAD_AT_HEADER,
     ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_QUEUE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER,
@@ -624,6 +625,7 @@ class Service:
             ORIGINAL_EXCHANGE_HEADER: _clip(d.exchange, 255),
             ORIGINAL_ROUTING_KEY_HEADER: _clip(d.routing_key, 255),
             ATTEMPTS_HEADER: attempts,
+            DEAD_AT_HEADER: round(self.clock.now(), 3),
         })
         props = d.properties
         try:

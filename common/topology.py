@@ -59,6 +59,8 @@ ORIGINAL_QUEUE_HEADER = "x-epu-original-queue"
 ORIGINAL_EXCHANGE_HEADER = "x-epu-original-exchange"
 ORIGINAL_ROUTING_KEY_HEADER = "x-epu-original-routing-key"
 ATTEMPTS_HEADER = "x-epu-attempts"
+DEAD_AT_HEADER = "x-epu-dead-at"
+"""When the message was dead-lettered (epoch seconds): its age in ``epu dead list``."""
 
 #: Broker-side guard against poison messages on quorum queues (redelivered this often → DLX).
 DELIVERY_LIMIT = 20

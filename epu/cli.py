@@ -17,6 +17,8 @@ from epu import __version__
 COMMAND_MODULES = (
     "epu.cli_core",
     "epu.cli_record",
+    "epu.cli_cost",
+    "epu.cli_dead",
     "epu.services.sensor.cli",
     "epu.services.decision.cli",
     "epu.services.provisioner.cli",

@@ -37,6 +37,7 @@ from epu.common.messages import (
     Message,
     SensorSnapshot,
 )
+from epu.cost import Ledger
 
 RAW = argparse.RawDescriptionHelpFormatter
 #: A syntactically valid OpenSSH host key line for the simulated nodes' context joins.
@@ -65,6 +66,14 @@ class DemoSettings:
     workload: str = "simple"
     """``simple`` (1-core jobs, one instance size) or ``mixed`` (shapes on a typed catalogue,
     ``demo_mixed``)."""
+    budget_per_hour: float | None = None
+    """The domain's spend cap (``budget_per_hour``; None: none)."""
+    cost_ledger: str | None = None
+    """Append the run's accounting facts here (what ``epu cost record`` keeps; ``epu cost --ledger``)."""
+
+
+#: (account, user) of the simple workload's jobs, in turn: the demo's cost has owners.
+DEMO_OWNERS = (("physics", "alice"), ("physics", "bob"), ("chemistry", "carol"))
 
 
 @dataclass
@@ -91,6 +100,13 @@ class Observed:
     context_last_entry: dict[str, int] = field(default_factory=dict)
     context_joins: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    ledger: Ledger = field(default_factory=Ledger)
+    """Cost accounting over the events (``epu.cost``)."""
+    facts: Any = None
+    """An open ledger file the facts are appended to (``DemoSettings.cost_ledger``)."""
+    prices: dict[tuple[str, str], float] = field(default_factory=dict)
+    peak_spend: float = 0.0
+    """The most the live instances cost per hour at once."""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -113,6 +129,10 @@ class Observed:
     def on_event(self, msg: Message, env: Envelope) -> None:
         with self.lock:
             self.events += 1
+            fact = self.ledger.observe(msg)
+            if fact is not None and self.facts is not None:
+                self.facts.write(json.dumps(fact, sort_keys=True) + "\n")
+                self.facts.flush()
             if isinstance(msg, InstanceEvent):
                 if msg.seq and msg.seq <= self.instance_seq.get(msg.instance_id, -1):
                     return  # stale or duplicate
@@ -125,6 +145,9 @@ class Observed:
                     self.instance_type[msg.instance_id] = msg.instance_type
                 if msg.state == "failed":
                     self.failed += 1
+                spend = sum(self.prices.get((self.instance_site[i], self.instance_type.get(i, "")),
+                                            self.prices.get((self.instance_site[i], ""), 0.0)) for i in self.live())
+                self.peak_spend = max(self.peak_spend, spend)
                 live = len(self.live())
                 if live > self.peak:
                     self.peak, self.seconds_to_peak = live, round(self.elapsed(), 1)
@@ -179,6 +202,7 @@ def build_config(s: DemoSettings, workdir: Path, prefix: str, context: dict[str,
             "policy": "queue-demand", "min_nodes": 0, "max_nodes": s.max_nodes,
             "sites": ["cloud-a", "cloud-b"], "placement": "rank", "cores_per_node": s.cores_per_node,
             "params": {"idle_seconds": s.idle_seconds, "stall_seconds": s.stall_seconds},
+            **({"budget_per_hour": s.budget_per_hour} if s.budget_per_hour else {}),
         }},
         "sites": {
             name: {**site_base, "quota": quota, "cores": s.cores_per_node, "price_per_hour": price,
@@ -205,7 +229,11 @@ class Demo:
         self._stopped = False
         self.prefix = s.prefix if s.prefix is not None else f"demo{uuid.uuid4().hex[:6]}."
         self.config = build_config(s, self.workdir, self.prefix)
-        self.obs = Observed()
+        from epu.cli_cost import prices_of
+
+        self.obs = Observed(prices=prices_of(self.config))
+        if s.cost_ledger:
+            self.obs.facts = open(s.cost_ledger, "a")  # noqa: SIM115 (closed in close())
         self.threads: list[threading.Thread] = []
         self.services: list[Any] = []
         from epu.demo_mixed import TypedBatch
@@ -316,9 +344,10 @@ class Demo:
 
             self.stuck = demo_mixed.submit(self.batch, self.s.jobs, self.s.job_seconds, self.rng)
             return
-        for _ in range(self.s.jobs):
+        for k in range(self.s.jobs):
             duration = self.s.job_seconds * self.rng.uniform(0.5, 1.5)
-            self.batch.submit(cores=1, duration=duration)
+            account, user = DEMO_OWNERS[k % len(DEMO_OWNERS)]
+            self.batch.submit(cores=1, duration=duration, account=account, user=user)
 
     def finished(self) -> bool:
         """Every job done, no instance or batch node left, and (with the broker) every node gone
@@ -345,6 +374,9 @@ class Demo:
         try:
             self.stop()
         finally:
+            if self.obs.facts is not None:
+                self.obs.facts.close()
+                self.obs.facts = None
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Demo:
@@ -376,7 +408,19 @@ class Demo:
             "context_members_final": len(o.context_members),
             "events_seen": o.events,
             "timed_out": timed_out,
+            **self.cost(),
         }
+
+    def cost(self) -> dict[str, Any]:
+        """The run's cost by account (``epu cost``'s rule) and the most it spent per hour at once."""
+        from epu.cost import group, total
+
+        with self.obs.lock:
+            usage = self.obs.ledger.attribute(self.obs.prices, 0.0, time.time())
+            peak = self.obs.peak_spend
+        return {"cost_total": round(total(usage).cost, 9),
+                "cost_by_account": {k[0]: round(u.cost, 9) for k, u in group(usage, ["account"])},
+                "peak_spend_per_hour": round(peak, 4), "budget_per_hour": self.s.budget_per_hour}
 
 
 def render(demo: Demo) -> Any:
@@ -478,7 +522,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                      max_nodes=args.max_nodes, boot_seconds=args.boot_seconds, fail_rate=args.fail_rate,
                      api_error_rate=args.api_error_rate, stall_seconds=args.stall_seconds,
                      idle_seconds=args.idle_seconds, timeout=args.timeout, seed=args.seed,
-                     with_ctxbroker=not args.no_ctxbroker, workload=args.workload)
+                     with_ctxbroker=not args.no_ctxbroker, workload=args.workload,
+                     budget_per_hour=args.budget_per_hour, cost_ledger=args.cost_ledger)
     live = not args.json and not args.no_live and sys.stderr.isatty()
     summary = run_demo(s, live_display=live, out=None if args.json else sys.stderr)
     if args.json:
@@ -557,6 +602,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="simple: 1-core jobs on one instance size; mixed: cpu, bigmem and GPU jobs on a typed "
                         "catalogue, plus limit-blocked and unsatisfiable jobs that stay pending (default simple)")
     p.add_argument("--no-ctxbroker", action="store_true", help="leave the context broker out")
+    p.add_argument("--budget-per-hour", type=_positive(float), default=None, metavar="USD",
+                   help="the domain's spend cap (the summary shows the peak spend rate under it)")
+    p.add_argument("--cost-ledger", metavar="FILE",
+                   help="append the run's accounting facts to FILE (then: epu cost --ledger FILE)")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")
     p.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
     p.add_argument("-v", "--verbose", action="store_true", help="show service logs")

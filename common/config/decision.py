@@ -78,6 +78,13 @@ class DomainConfig(DomainCatalogue):
     """Names for new workers, first free one first: the batch system's pre-declared slots
     (e.g. Slurm ``NodeName=... State=CLOUD`` lines). Empty: ``<domain>-<launch id>``. A name
     is free again once its instance is terminated or failed; launches beyond the list wait."""
+    budget_per_hour: float | None = Field(None, gt=0)
+    """Spend cap: the most the domain's live instances may cost per hour together (prices from the
+    sites' catalogues). A launch that would take the domain's spend rate above it is held
+    (``services/decision/budget.py``); scale-down is never held. None: no cap."""
+    mode: Literal["act", "observe"] = "act"
+    """``observe`` (shadow mode): every iteration runs and its decision record lists what it would
+    have done (``shadow``), but nothing is stored as intent or sent."""
 
     @model_validator(mode="after")
     def _bounds(self) -> DomainConfig:

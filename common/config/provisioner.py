@@ -67,6 +67,9 @@ class SiteConfig(Section):
     quota: int = Field(20, ge=0)
     price_per_hour: float = Field(0.0, ge=0)
     cores: int = Field(1, ge=1)
+    budget_per_hour: float | None = Field(None, gt=0)
+    """Spend cap of the site over every domain: the most its live instances may cost per hour
+    together. A launch past it is held (``services/decision/budget.py``). None: no cap."""
     userdata_template: str | None = None
     """cloud-init template path (default deploy/cloud-init/epu-worker.yaml)."""
     userdata_max_bytes: int = Field(16384, ge=1)

@@ -26,6 +26,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    sensor down between two polls is invisible to anyone downstream).
 7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
    engine commits a new action for the domain, whatever restarts and file edits happen.
+8. **Spend within the cap** — at every create, while a cap is set: the hourly prices of the
+   domain's live VMs (world truth, priced as the scenario's catalogue prices their launch's type)
+   within the domain's ``budget_per_hour``, and each site's within its own.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ NAMES = {
     5: "convergence",
     6: "no blame for our own outage",
     7: "operators are obeyed",
+    8: "spend within the cap",
 }
 MAX_PER_RUN = 25
 
@@ -99,6 +103,9 @@ class Checker:
         self._ours = {p.name for p in sim.provisioners if p.spec.managed}  # type: ignore[attr-defined]
         self._quotas = {s.name: s.quota for s in sim.scenario.sites}
         self.live_by_domain: dict[str, set[str]] = {}
+        self.launch_type: dict[str, str] = {}
+        """Launch id → the instance type an engine committed it as (priced by invariant 8)."""
+        self._sites = {s.name: s for s in sim.scenario.sites}
         for cloud in sim.clouds.values():
             cloud.before_destroy.append(self.on_destroy)
             cloud.on_create.append(self.on_create)
@@ -207,6 +214,29 @@ class Checker:
         quota = self._quotas.get(site)
         if vm.created_by in self._ours and quota is not None and self.live_per_site.get(site, 0) > quota:
             self.fail(3, f"{self.live_per_site[site]} live VMs at {site} over its quota of {quota}")
+        self._spend(vm)
+
+    # ------------------------------------------------------------------ 8: at creates
+    def _price(self, vm: VM) -> float:
+        spec = self._sites.get(vm.site)
+        return spec.price_of(self.launch_type.get(vm.launch_id or "", "")) if spec is not None else 0.0
+
+    def _spend(self, vm: VM) -> None:
+        """The spend rate of what runs (and is paid) right now, against the caps it must stay under."""
+        d = self.sim.scenario.domain
+        caps = {s.name: s.budget_per_hour for s in self.sim.scenario.sites if s.budget_per_hour}
+        if not d.budget_per_hour and vm.site not in caps:
+            return
+        live = [v for c in self.sim.clouds.values() for v in c.vms.values()
+                if v.terminated_at is None and v.created_by in self._ours and v.launch_id in self.launched]
+        mine = sum(self._price(v) for v in live if v.domain == d.name)
+        if d.budget_per_hour and mine > d.budget_per_hour + 1e-9:
+            self.fail(8, f"{d.name} spends {mine:.2f}/h over its budget_per_hour {d.budget_per_hour:.2f} "
+                         f"(after creating {vm.cloud_id})")
+        cap = caps.get(vm.site)
+        there = sum(self._price(v) for v in live if v.site == vm.site)
+        if cap and there > cap + 1e-9:
+            self.fail(8, f"{vm.site} spends {there:.2f}/h over its budget_per_hour {cap:.2f}")
 
     def _gone(self, vm: VM, _cause: str) -> None:
         self._count(vm, -1)
@@ -250,6 +280,7 @@ class Checker:
         for p in plan.actions:
             if p.kind == "launch":
                 self.launched[p.instance_id] = domain
+                self.launch_type[p.instance_id] = p.instance_type
                 self.retiring.discard(p.instance_id)
                 launches += 1
             elif p.kind in ("terminate", "offline", "remove"):
@@ -313,6 +344,9 @@ class Checker:
                 if vm.terminated_at is None and vm.domain == d.name
                 and vm.created_by in {p.name for p in sim.provisioners if p.spec.managed}]  # type: ignore[attr-defined]
         capacity = min(d.max_nodes, sum(s.quota for s in sim.scenario.sites))
+        if d.budget_per_hour:  # a job the cap leaves no room for is the cap working, not a failure
+            spend = sum(self._price(v) for v in live)
+            waiting = [j for j in waiting if spend + self._cheapest_for(j) <= d.budget_per_hour + 1e-9]
         if waiting and len(live) < capacity:  # a backlog the domain runs at full size is not a failure
             self.fail(5, f"{len(waiting)} satisfiable job(s) still queued at the end with {len(live)} of "
                          f"{capacity} nodes (e.g. {waiting[0].job_id}: {waiting[0].nodes}x{waiting[0].cores} cores)")
@@ -351,6 +385,25 @@ class Checker:
         stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving]
         if stale:
             self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
+
+    def _cheapest_for(self, job: Any) -> float:
+        """The hourly price of the cheapest instance that could run one node of ``job`` (a type of
+        its partition with the cores, memory, GPUs and features it asks; a site's own single type)."""
+        d = self.sim.scenario.domain
+        allowed = d.partitions.get(job.queue) if d.partitions else None
+        prices = []
+        for site in self.sim.scenario.sites:
+            if not site.types:
+                if job.cores <= site.cores:
+                    prices.append(site.price)
+                continue
+            for name, t in site.types.items():
+                if allowed is not None and name not in allowed:
+                    continue
+                if (int(t.get("cores", 0)) >= job.cores and int(t.get("memory_mb", 0) or job.memory_mb) >= job.memory_mb
+                        and int(t.get("gpus", 0)) >= job.gpus and set(job.features) <= set(t.get("features", ()))):
+                    prices.append(float(t.get("price_per_hour", 0.0)))
+        return min(prices, default=float("inf"))
 
     def _engine_live(self, domain: str) -> dict[str, str] | None:
         from epu.sim.processes import open_decision_store

@@ -33,6 +33,13 @@ class SiteSpec:
     """Seconds before a queued cloud task runs (the API's latency, in virtual time)."""
     types: dict[str, dict[str, Any]] = field(default_factory=dict)
     """An instance-type catalogue (``[sites.NAME.types]``); empty: one type of ``cores``."""
+    budget_per_hour: float | None = None
+    """The site's spend cap ([sites.NAME] budget_per_hour)."""
+
+    def price_of(self, instance_type: str) -> float:
+        """$/h of one instance of ``instance_type`` here ("" or unknown: the site's price)."""
+        t = self.types.get(instance_type)
+        return float(t.get("price_per_hour", 0.0)) if t is not None else self.price
 
 
 @dataclass
@@ -60,6 +67,10 @@ class DomainSpec:
     default_partition: str = ""
     allow_spot: bool = False
     """Spot types of the catalogue may be launched (``allow_spot``)."""
+    budget_per_hour: float | None = None
+    """The domain's spend cap ([domains.NAME] budget_per_hour)."""
+    mode: str = "act"
+    """``act`` or ``observe`` (shadow mode)."""
 
 
 @dataclass

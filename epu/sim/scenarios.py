@@ -57,6 +57,20 @@ def baseline() -> Scenario:
 
 
 @scenario
+def spend_cap() -> Scenario:
+    return Scenario("spend-cap", "a domain under a spend cap and a capped dear site, with crashes and cloud "
+                                 "errors: bursts that would take 50 nodes get what 0.60/h buys",
+                    hours=3.0, domain=DomainSpec(budget_per_hour=0.6),
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.5),
+                    sites=[SiteSpec("cloud-a", quota=30, price=0.05,
+                                    faults=CloudFaults(transient_error_rate=0.05, boot_failure_rate=0.05)),
+                           SiteSpec("cloud-b", quota=40, price=0.12, budget_per_hour=0.25)],
+                    faults=[F.crashes("decision", 1.0), F.crashes("provisioner", 1.0)],
+                    stresses="issue 27 §3: the spend cap (budget_per_hour of a domain and of a site) holds "
+                             "(invariant 8)")
+
+
+@scenario
 def policies() -> Scenario:
     return Scenario("policy-threshold", "the threshold policy (elastiq) with crashes and message faults",
                     hours=3.0, domain=DomainSpec(policy="threshold", params={"idle_for_time_s": 600.0},
@@ -396,6 +410,16 @@ def mixed_shapes() -> Scenario:
                     setup=mixed_jobs,
                     stresses="issue 13: the right type per partition, no node for limit-blocked or "
                              "unsatisfiable jobs, back to zero with them pending", seeds_in_ci=2)
+
+
+@scenario
+def spend_cap_types() -> Scenario:
+    base = mixed_shapes()
+    return replace(base, name="spend-cap-types",
+                   summary="the mixed-shapes catalogue under a 1.50/h cap: cpu and bigmem types fit, "
+                           "the 3.06/h gpu type never does (its jobs wait, priced out)",
+                   domain=replace(base.domain, budget_per_hour=1.5),
+                   stresses="issue 27 §3: the spend cap prices each catalogue type (invariant 8)")
 
 
 @scenario

@@ -180,8 +180,11 @@ class Simulation:
                                  "sites": [x.name for x in s.sites],
                                  **({"partitions": d.partitions} if d.partitions else {}),
                                  **({"default_partition": d.default_partition} if d.default_partition else {}),
-                                 **({"allow_spot": True} if d.allow_spot else {})}},
+                                 **({"allow_spot": True} if d.allow_spot else {}),
+                                 **({"budget_per_hour": d.budget_per_hour} if d.budget_per_hour else {}),
+                                 **({"mode": d.mode} if d.mode != "act" else {})}},
             "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "image": "sim-image",
+                               **({"budget_per_hour": x.budget_per_hour} if x.budget_per_hour else {}),
                                **({"types": x.types} if x.types else
                                   {"price_per_hour": x.price, "cores": x.cores, "size": f"sim.{x.cores}core"})}
                       for x in s.sites},

@@ -251,6 +251,9 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"  cloud model of {site} ({m['source']}): {describe_boot(m['boot'])}, boot failures "
               f"{m['boot_failure_rate']:g}, never boot {m['never_boot_rate']:g}, API errors {m['api_error_rate']:g}, "
               f"price {m['price_per_hour']:g}/h billed per {m['billing']}")
+    by = s.get("attribution", {}).get("by_account", {})
+    if by:
+        print("  cost by account: " + ", ".join(f"{k or '(none)'} {v:.2f}" for k, v in list(by.items())[:8]))
     for k, v in s.get("scenario", {}).items():
         print(f"  {k}: {v}")
     for w in s.get("warnings", []):

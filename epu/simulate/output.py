@@ -160,6 +160,8 @@ def html_report(d: RunData, summary: dict[str, Any], command: str, extra: dict[s
     rows += "".join(f"<tr><td>{e(str(k))}</td><td class=n>{e(json.dumps(v))}</td></tr>" for k, v in extra.items())
     sites = "".join(f"<tr><td>{e(s)}</td><td class=n>{v['launches']}</td><td class=n>{v['node_hours']}</td>"
                     f"<td class=n>{v['cost']}</td></tr>" for s, v in summary.get("sites", {}).items())
+    accounts = "".join(f"<tr><td>{e(k or '(none)')}</td><td class=n>{v}</td></tr>"
+                       for k, v in summary.get("attribution", {}).get("by_account", {}).items())
     dom = d.config.domains[d.domain]
     cfg = {"policy": dom.policy, "params": dom.params, "min_nodes": dom.min_nodes, "max_nodes": dom.max_nodes,
            "cores_per_node": dom.cores_per_node, "sites": {s: d.config.sites[s].model_dump(
@@ -191,6 +193,9 @@ img{{max-width:100%}}h2{{margin-top:1.2em}}ul.warn{{color:#a40}}</style></head><
 clouds (seed {d.seed}). Same seed, same figures: <code>{e(command or 'epu simulate ...')}</code></p>
 {warnings}<h2>Figures</h2><table>{rows}</table>{static}
 <h2>Per site</h2><table><tr><th>site</th><th>launches</th><th>node-hours</th><th>cost</th></tr>{sites}</table>
+<h2>Cost by account</h2><p>Each paid node-second shared among the jobs on the node then; time with no
+job, and billing rounding, to (idle) (docs/deploy.md, "Money").</p>
+<table><tr><th>account</th><th>cost</th></tr>{accounts}</table>
 <h2>Over time</h2><img src="timeline.png" alt="queue, nodes and instances over time">
 <h2>Waits</h2><img src="waits.png" alt="wait distribution">
 <h2>Workload</h2><pre>{e(json.dumps(wl, indent=2))}</pre>

@@ -16,6 +16,9 @@ Definitions (docs/experiments.md repeats them for readers of the results):
 * jobs killed = running jobs that lost their node and were requeued (EPU must keep it at 0);
 * launches per job = launches / jobs (above 1: churn, flagged in ``warnings``);
 * cloud model = each site's model in full and where it came from (``assumptions``).
+* attribution = the cost per account, user and partition by ``epu cost``'s rule (``epu/cost.py``):
+  each paid node-second shared equally among the jobs on the node then, time with no job (and
+  the billing granularity's rounding) to ``(idle)``; the accounts sum to ``cost``.
 """
 
 from __future__ import annotations
@@ -122,6 +125,29 @@ def summarize(d: RunData) -> dict[str, Any]:
         out["skipped"] = dict(d.skipped)
     churn = churn_warning(launches, len(d.jobs), never_ran)
     out["warnings"] = [*d.warnings, *([churn] if churn else [])]
+    out["attribution"] = attribution(d, cost)
+    return out
+
+
+def attribution(d: RunData, billed_cost: float) -> dict[str, Any]:
+    """Cost per account, user and partition (``epu.cost``'s rule), summing to ``billed_cost``."""
+    from epu.cost import IDLE, Life, Occupancy, attribute, group
+
+    lives, prices = [], {}
+    for site, vms in d.vms.items():
+        model = d.cloud.site(site)
+        prices[(site, "")] = model.price_per_hour if model.price_per_hour is not None \
+            else d.config.sites[site].price_per_hour
+        for vm in vms:
+            a, b = vm_life(vm, d.end)
+            lives.append(Life(vm.cloud_id, d.domain, site, "", a, b))
+    occ = [Occupancy(vm_id, start, end if end is not None else d.end, job) for vm_id, start, end, job in d.occupancy]
+    usage = attribute(lives, occ, d.owners, prices, d.start, d.end)
+    out: dict[str, Any] = {}
+    for dim in ("account", "user", "partition"):
+        rows = {k[0]: u.cost for k, u in group(usage, [dim])}
+        rows[IDLE] = rows.get(IDLE, 0.0) + max(0.0, billed_cost - sum(rows.values()))  # billing rounding
+        out[f"by_{dim}"] = {k: round(v, 4) for k, v in sorted(rows.items(), key=lambda kv: -kv[1])}
     return out
 
 

@@ -129,6 +129,10 @@ class RunData:
     """site → where its cloud model came from (``assumptions.SOURCES``)."""
     warnings: list[str] = field(default_factory=list)
     """What the operator should know before trusting the figures (``assumptions.run_warnings``)."""
+    occupancy: list[tuple[str, float, float | None, str]] = field(default_factory=list)
+    """(VM cloud id, start, end or None, job id): each job on each VM it ran on (cost accounting)."""
+    owners: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    """Job id → (account, user, partition) from the trace."""
 
 
 # ---------------------------------------------------------------------- config
@@ -299,6 +303,9 @@ class Simulate:
         self.sensor = SensorProc(self.world, self.bus, "sensor", self.domain, self.batch,
                                  self.config.sensor.poll_seconds)
         self.records: dict[str, JobRecord] = {}
+        self.occupancy: list[tuple[str, float, float | None, str]] = []
+        self._open_jobs: dict[str, list[int]] = {}
+        self.owners = {j.job_id: (j.account, j.user, j.queue) for j in workload.jobs}
         self.samples: list[Sample] = []
         self.skipped: dict[str, int] = dict(workload.skipped)
         self._todo = self._admit(workload.jobs)
@@ -349,10 +356,18 @@ class Simulate:
         r = self.records[job.job_id]
         r.start = job.start_time
         r.starts += 1
+        for name in job.placed_on:
+            vm = self.batch.serving.get(name)
+            if vm is not None:
+                self._open_jobs.setdefault(job.job_id, []).append(len(self.occupancy))
+                self.occupancy.append((vm.cloud_id, float(job.start_time), None, job.job_id))
 
     def _job_finished(self, job: Any) -> None:
         r = self.records[job.job_id]
         r.end = job.end_time
+        for k in self._open_jobs.pop(job.job_id, ()):
+            vm_id, start, _end, jid = self.occupancy[k]
+            self.occupancy[k] = (vm_id, start, float(job.end_time), jid)
         self.completed += 1
         self.last_completion = self.world.t
 
@@ -448,6 +463,7 @@ class Simulate:
             jobs_killed=len(self.batch.stats.kills),
             wall_seconds=time.perf_counter() - wall0, cpu_seconds=time.process_time() - cpu0,
             cloud_errors=sum(c.stats.errors for c in self.clouds.values()),
+            occupancy=self.occupancy, owners=self.owners,
             sizes={n: self.config.sites[n].size for n in self.sites},
             cores={n: self.config.sites[n].cores for n in self.sites},
             cloud_sources=dict(self.cloud_sources), warnings=list(self.warnings))

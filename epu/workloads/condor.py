@@ -73,5 +73,5 @@ def parse_condor_history(data: Any, name: str = "condor", source: str = "<condor
         jid = f"{int(ad.get('ClusterId', i))}.{int(ad.get('ProcId', 0))}"
         rows.append((submit, TraceJob(jid, 0.0, max(0.0, run), cpus * hosts, hosts if hosts > 1 else 1,
                                       _num(ad, "AllowedJobDuration") or 0.0, str(ad.get("Owner", "")), "",
-                                      status, max(0.0, start - submit))))
+                                      status, max(0.0, start - submit), str(ad.get("AcctGroup", "") or ""))))
     return _finish(name, source, rows, skipped)

@@ -34,10 +34,13 @@ class TraceJob:
     """Requested wall time, seconds (0: unknown). A scheduler's estimate of the job's end."""
     user: str = ""
     queue: str = ""
+    """Queue or partition (cost accounting's partition)."""
     status: str = ""
     """What the source says happened (completed, failed, cancelled, timeout...)."""
     wait: float | None = None
     """The wait the source recorded, seconds (None: unknown)."""
+    account: str = ""
+    """The account (group) the job is charged to, when the source says (SWF: the group id)."""
 
     def shape(self, cores_per_node: int) -> tuple[int, int]:
         """(nodes, cores per node) of this job on a cluster of ``cores_per_node``-core nodes."""

@@ -70,8 +70,8 @@ def _finish(name: str, source: str, rows: list[tuple[float, TraceJob]], skipped:
     if not rows:
         raise WorkloadError(f"{source}: no finished job (skipped: {skipped or 'none'})")
     t0 = min(t for t, _ in rows)
-    jobs = [TraceJob(j.job_id, t - t0, j.run, j.procs, j.nodes, j.time_limit, j.user, j.queue, j.status, j.wait)
-            for t, j in rows]
+    jobs = [TraceJob(j.job_id, t - t0, j.run, j.procs, j.nodes, j.time_limit, j.user, j.queue, j.status, j.wait,
+                     j.account) for t, j in rows]
     return Workload(name, jobs, source=source, start_epoch=t0, skipped=skipped)
 
 
@@ -120,7 +120,8 @@ def parse_sacct(lines: list[str], name: str = "sacct", source: str = "<sacct>") 
             _skip(skipped, "processors unknown")
         else:
             rows.append((submit, TraceJob(get("JobID"), 0.0, max(0.0, end - start), procs, nodes, limit or 0.0,
-                                          get("User"), get("Partition"), state.lower(), max(0.0, start - submit))))
+                                          get("User"), get("Partition"), state.lower(), max(0.0, start - submit),
+                                          get("Account"))))
     return _finish(name, source, rows, skipped)
 
 
@@ -178,5 +179,6 @@ def parse_sacct_json(data: Any, name: str = "sacct", source: str = "<sacct --jso
         else:
             rows.append((submit, TraceJob(jid, 0.0, max(0.0, end - start), procs, nodes,
                                           (limit_min or 0.0) * 60.0, str(job.get("user", "")),
-                                          str(job.get("partition", "")), current.lower(), max(0.0, start - submit))))
+                                          str(job.get("partition", "")), current.lower(), max(0.0, start - submit),
+                                          str(job.get("account", "") or ""))))
     return _finish(name, source, rows, skipped)

@@ -98,6 +98,7 @@ def parse_swf(lines: io.TextIOBase | list[str], name: str = "swf", source: str =
         jobs.append(TraceJob(job_id=fields[0], submit=submit, run=run, procs=procs,
                              time_limit=req_time if req_time > 0 else 0.0,
                              user=fields[11] if v[11] >= 0 else "", queue=fields[14] if v[14] >= 0 else "",
+                             account=fields[12] if v[12] >= 0 else "",
                              status=STATUS.get(fields[10], fields[10]), wait=wait if wait >= 0 else None))
     flush_note()
     if not jobs:

@@ -122,6 +122,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     breaker = Gauge("epu_decision_circuit_open", "1 while a domain's circuit breaker is open (implausible "
                     "snapshots: scale-down and lost-node handling frozen)", ["domain"], registry=r)
     settings.extra_health["circuit_open"] = engine.breakers
+    budget_blocked = Gauge("epu_decision_budget_blocked", "1 while a domain's spend cap (budget_per_hour of "
+                           "the domain or a site) holds launches it wants", ["domain"], registry=r)
     unsatisfiable = Gauge("epu_decision_unsatisfiable_jobs", "Pending jobs no instance type of the domain can "
                           "ever serve (never launched for), by what rules them out", ["domain", "constraint"],
                           registry=r)
@@ -154,6 +156,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         open_ = engine.breakers()
         for d in engine.domains:
             breaker.labels(d).set(1 if d in open_ else 0)
+            budget_blocked.labels(d).set(1 if d in engine.budget_held else 0)
         fleet.observe()
 
     feed = StatusFeed(engine, service.publish)

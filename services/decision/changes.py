@@ -29,10 +29,12 @@ def apply_change(current: DomainConfig, change: PolicyChange, known_sites: list[
         data["params"] = dict(change.params)
     else:
         data["params"] = {**current.params, **change.params}
-    for key in ("min_nodes", "max_nodes", "sites", "paused", "placement"):
+    for key in ("min_nodes", "max_nodes", "sites", "paused", "placement", "mode"):
         value = getattr(change, key)
         if value is not None:
             data[key] = value
+    if change.budget_per_hour is not None:
+        data["budget_per_hour"] = change.budget_per_hour or None  # 0: no cap
     if change.sites is not None:
         unknown = [s for s in change.sites if s not in known_sites]
         if unknown:

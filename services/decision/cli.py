@@ -17,7 +17,7 @@ from typing import Any
 from epu.common.cliargs import RAW, add_config_arg, load_or_exit
 from epu.common.messages import PolicyChange, new_id
 
-FIELDS = ("policy", "min_nodes", "max_nodes", "sites", "placement", "paused")
+FIELDS = ("policy", "min_nodes", "max_nodes", "sites", "placement", "paused", "budget_per_hour", "mode")
 
 
 class UsageError(ValueError):
@@ -44,7 +44,7 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"expected key=value, got {pair!r}")
         if key == "sites":
             out["sites"] = [s.strip() for s in value.split(",") if s.strip()]
-        elif key in ("policy", "placement"):
+        elif key in ("policy", "placement", "mode"):
             out[key] = value
         elif key in FIELDS:
             out[key] = _literal(value)
@@ -312,6 +312,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_set)
+    from epu.services.decision.cli_history import add_parser as add_history
+
+    add_history(psub)
 
     pause_help = {
         "pause": ("stop acting on a domain: no launch, no scale-down, no node command",

@@ -62,7 +62,7 @@ from epu.common.messages import (
     ViewSummary,
     new_id,
 )
-from epu.services.decision import breaker
+from epu.services.decision import breaker, budget
 from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.lease import Fenced, Leases
@@ -70,7 +70,7 @@ from epu.services.decision.lifecycle import add_started
 from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
-from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan
+from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan, shadow
 from epu.services.decision.policies import Params, PolicyError, get_policy, validate_params
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.store import PlanWrite, Store
@@ -197,6 +197,10 @@ class Engine:
         self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
         """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
         self._latest: dict[str, _Latest] = {}
+        self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
+        """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
+        self.budget_held: dict[str, str] = {}
+        """Domain → why the spend cap held launches at its last iteration (status and metric)."""
         self.leases = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
         self._health: dict[str, _Health] = {}
@@ -597,9 +601,11 @@ class Engine:
             self.publish(out)
             return out
         current = self.store.current_config(change.domain)
+        who = {"operator": change.operator, "request": change.model_dump_json(
+            exclude={"change_id", "domain", "operator"}, exclude_defaults=True)}
         if change.domain not in self.config.domains or current is None:
             reason = f"unknown domain {change.domain!r} (managed: {', '.join(self.domains) or 'none'})"
-            self.store.record_change(change.change_id, change.domain, False, reason, now)
+            self.store.record_change(change.change_id, change.domain, False, reason, now, **who)
             out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False, reason=reason)
         else:
             try:
@@ -608,14 +614,14 @@ class Engine:
                 check_ceiling(new, self.config.domains.get(change.domain),
                               {n: s.quota for n, s in self.config.sites.items()})
             except ChangeRejected as exc:
-                self.store.record_change(change.change_id, change.domain, False, str(exc), now)
+                self.store.record_change(change.change_id, change.domain, False, str(exc), now, **who)
                 out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False,
                                     version=current[0], reason=str(exc),
                                     config=current[1].model_dump(mode="json"))
             else:
                 changed = new != current[1]
                 version = self.store.record_change(change.change_id, change.domain, True, "", now,
-                                                   new if changed else None, retire=retiring) or current[0]
+                                                   new if changed else None, retire=retiring, **who) or current[0]
                 if change.sites is not None:  # the operator lets listed sites back in
                     health = self.store.site_health()
                     self.store.save_sites([record_success(health[s]) for s in change.sites if s in health])
@@ -903,8 +909,15 @@ class Engine:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
         for site, why_ in self._take_failures(cfg).items():
             decision.failed_sites.setdefault(site, why_)
-        out = plan(view, decision, self._placement_input(cfg, health, live, unproven),
-                   self.store.in_flight(domain))
+        placement = self._placement_input(cfg, health, live, unproven)
+        if cfg.budget_per_hour or self.site_caps:
+            placement = replace(placement, budget=budget.budget_for(
+                cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
+                budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()}, self.types)))
+        out = plan(view, decision, placement, self.store.in_flight(domain))
+        notes_extra += self._held(domain, out.budget)
+        if cfg.mode == "observe":
+            out = shadow(out)
         out.sites = {**successes, **out.sites}
         write = None
         if out.actions or changed or out.sites or (decision.memory is not None and decision.memory != memory):
@@ -919,8 +932,10 @@ class Engine:
                 self._launched[(p.site, inst.instance_type if inst is not None else p.instance_type)] += 1
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
-        saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or notes_extra else None
-        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra), write)
+        saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or out.shadow or notes_extra \
+            else None
+        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or out.shadow),
+                         write)
 
     def _send_prepared(self, p: _Prepared) -> DecisionRecord | None:
         return self._send(p.domain, p.plan, p.now, p.iteration, p.plan.notes, p.saw, p.policy, p.version,
@@ -1039,6 +1054,21 @@ class Engine:
             h.healthy_since = now  # nothing is lost while we cannot see
         return notes
 
+    def _held(self, domain: str, why: str) -> list[str]:
+        """Remember why the spend cap holds launches (status, metric); a note — hence a decision
+        record, the event — when the cap starts or stops holding them."""
+        before = self.budget_held.get(domain, "")
+        if why:
+            self.budget_held[domain] = why
+        else:
+            self.budget_held.pop(domain, None)
+        if why and not before:
+            log.warning("spend cap holds launches", extra={"domain": domain, "why": why})
+            return [why]
+        if before and not why:
+            return ["spend cap: no launch held any more"]
+        return []
+
     def breakers(self) -> dict[str, str]:
         """Domain → why its circuit breaker is open (for metrics and health)."""
         return {d: h.breaker for d, h in self._health.items() if h.breaker and not h.released}
@@ -1098,8 +1128,8 @@ class Engine:
             saw=saw if saw is not None else ViewSummary(),
             actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
                                   action_id=p.action_id, instance_type=p.instance_type, gang=p.gang)
-                     for p in out.actions],
-            at=now, notes=notes[:50])
+                     for p in out.actions or out.shadow],
+            at=now, notes=notes[:50], shadow=bool(out.shadow) and not out.actions)
         self.publish(record)
         return record
 

@@ -191,7 +191,7 @@ class FleetObserver:
                 continue
             cfg = current[1]
             s.paused[d] = 1 if cfg.paused else 0
-            budget = getattr(cfg, "budget_per_hour", None)  # the spend cap, where the config has one
+            budget = cfg.budget_per_hour  # the spend cap, where one is set
             if budget is not None:
                 s.budget[d] = float(budget)
             for site in cfg.sites or list(e.config.sites):  # a site with nothing running costs 0, not absent

@@ -40,10 +40,12 @@ from epu.services.decision.store import (
     _LAUNCHED,
     _STAMPS,
     ENDED,
+    HISTORY_LIMIT,
     PlanWrite,
     count_live,
     count_per_site,
     count_per_type,
+    history_entry,
     message_of,
     seed_merge,
 )
@@ -240,17 +242,24 @@ class MemoryStore:
         return dict(row) if row is not None else None
 
     def record_change(self, change_id: str, domain: str, applied: bool, reason: str, now: float,
-                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = ()) -> int | None:
+                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = (), *,
+                      operator: str = "", request: str = "") -> int | None:
         with self._write() as conn:
             if change_id in self.db.changes:
                 raise IntegrityError("INSERT INTO decision_changes", None, Exception(f"duplicate change {change_id}"))
             version = self.put_config(domain, cfg, source="operator", now=now, change_id=change_id,
                                       conn=conn) if applied and cfg is not None else None
             self.db.changes[change_id] = {"change_id": change_id, "domain": domain, "applied": applied,
-                                          "version": version, "reason": reason, "at": now}
+                                          "version": version, "reason": reason, "at": now,
+                                          "operator": operator, "request": request}
             if applied:
                 self.save_instances(list(retire), conn)
             return version
+
+    def change_history(self, domain: str, limit: int = HISTORY_LIMIT) -> list[dict[str, Any]]:
+        """As ``Store.change_history``."""
+        rows = sorted((c for c in self.db.changes.values() if c["domain"] == domain), key=lambda c: c["at"])
+        return [history_entry(c) for c in rows[-limit:]]
 
     def _state(self, domain: str) -> dict[str, Any]:
         return self.db.state.setdefault(domain, {"memory": "{}", "iteration": 0, "file_config": None})

@@ -9,7 +9,9 @@ The planner is the guard rail between any policy and the clouds:
 * one action per instance and kind, and none while the same one is still in flight; never
   ``online`` while a ``remove`` of the same node is in flight, nor the reverse;
 * launches never take the domain above ``max_nodes`` and are placed on sites
-  (``placement.place``); a site with a stalled instance counts one failure per iteration.
+  (``placement.place``); a site with a stalled instance counts one failure per iteration;
+* launches never take the domain's or a site's spend rate above its ``budget_per_hour``
+  (``budget.admit``); scale-down is never held by a cap.
 
 It also states each action's effect on the instance table, which the engine stores
 together with the action *before* sending it (intent first).
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from epu.common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
 from epu.services.decision.actions import Decision, Launch, Node, Terminate
+from epu.services.decision.budget import Budget, admit
 from epu.services.decision.placement import SiteHealth, SiteInfo, place, record_failure
 from epu.services.decision.view import ACTIVE_STATES, DomainView, Instance, evolve, short_name
 
@@ -48,6 +51,10 @@ class Plan:
     """New or changed instance rows, stored with the actions."""
     sites: dict[str, SiteHealth] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    budget: str = ""
+    """Why the spend cap held launches this iteration ("" = it held none)."""
+    shadow: list[Planned] = field(default_factory=list)
+    """Observe mode: what the iteration would have done (never stored nor sent)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class PlacementInput:
     """The domain's pool of worker names (empty: generated names)."""
     type_nodes: dict[str, tuple[tuple[str, ...], str | None]] = field(default_factory=dict)
     """Instance type → (its pool of worker names, a name pattern) (``type_nodes`` of the domain)."""
+    budget: Budget | None = None
+    """Spend caps, rates and prices (None: no cap)."""
 
 
 def node_name_for(domain: str, launch_id: str) -> str:
@@ -183,7 +192,34 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                                              placement, out, make_id, name=name))
         if typed:
             _plan_typed(view, typed, placement, out, used, make_id)
+        if placement.budget is not None and placement.budget.capped:
+            _hold_over_budget(out, placement.budget)
     return out
+
+
+def shadow(out: Plan) -> Plan:
+    """Observe mode: the plan as a record of what would have been done — its actions moved to
+    ``shadow``, nothing left to store (no intent, no instance row changed) or to send."""
+    if not out.actions:
+        return out
+    note = f"observe mode: {len(out.actions)} action(s) recorded, none done"
+    return replace(out, actions=[], instances={}, shadow=list(out.actions), notes=[*out.notes, note])
+
+
+def _hold_over_budget(out: Plan, budget: Budget) -> None:
+    """Drop the planned launches the spend cap does not admit (their rows with them)."""
+    launches = [p for p in out.actions if p.kind == "launch"]
+    verdict = admit([(p.site, p.instance_type) for p in launches], budget)
+    if not verdict.held:
+        return
+    dropped = {p.action_id for p, ok in zip(launches, verdict.keep, strict=True) if not ok}
+    out.actions = [p for p in out.actions if p.action_id not in dropped]
+    for iid in dropped:
+        out.instances.pop(iid, None)
+    out.budget = verdict.why
+    out.notes.append(verdict.why)
+    if any(p.gang for p in out.actions):
+        _resize_gangs(out)
 
 
 def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementInput, out: Plan,

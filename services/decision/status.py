@@ -120,12 +120,14 @@ class DomainStatus:
                                                                     key=lambda i: (i.site, i.instance_id))],
             "engine": None if e is None else {
                 "status_at": e.at, "policy": e.policy, "version": e.policy_version, "paused": e.paused,
-                "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker},
+                "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker,
+                "budget_held": e.budget_held, "mode": e.mode, "spend_per_hour": e.spend_per_hour,
+                "budget_per_hour": e.config.get("budget_per_hour")},
             "instances_by_type": {} if d is None else d.saw.instances_by_type,
             "unsatisfiable": [] if d is None else [u.model_dump() for u in d.saw.unsatisfiable],
             "last_decision": None if d is None else {
                 "at": d.at, "iteration": d.iteration, "policy": d.policy, "version": d.policy_version,
-                "actions": [a.model_dump() for a in d.actions], "notes": d.notes},
+                "actions": [a.model_dump() for a in d.actions], "notes": d.notes, "shadow": d.shadow},
         }
 
 
@@ -196,7 +198,12 @@ def render(board: Board) -> Any:
             t.add_row("engine", f"{escape(e.policy)} v{e.policy_version}, nodes {e.min_nodes}..{e.max_nodes}"
                       + (", [yellow]PAUSED[/]" if e.paused else "")
                       + (f", [red]breaker open: {escape(e.breaker)}[/]" if e.breaker else "")
+                      + (", [yellow]OBSERVE (shadow: decides, does nothing)[/]" if e.mode == "observe" else "")
                       + f", status {time.time() - e.at:.0f}s ago")
+            cap = e.config.get("budget_per_hour")
+            if cap or e.budget_held or e.spend_per_hour:
+                t.add_row("spend", f"{e.spend_per_hour:.2f}/h" + (f" of budget {cap}/h" if cap else "")
+                          + (f", [red]launches held: {escape(e.budget_held)}[/]" if e.budget_held else ""))
         for i in sorted(st.instances.values(), key=lambda i: (i.site, i.instance_id))[:MAX_ROWS]:
             batch = f"in batch ({i.node_state or 'not listed'})" if i.in_batch else "not in batch"
             t.add_row("", "[dim]" + escape(f"{i.instance_id[:12]} {i.site} {i.state} {i.node_name} {batch}"
@@ -212,7 +219,8 @@ def render(board: Board) -> Any:
                                                        for u in d.saw.unsatisfiable[:5]))
         if d is not None:
             acts = Counter(a.kind for a in d.actions)
-            t.add_row("last decision", f"#{d.iteration} {d.policy} v{d.policy_version} "
+            t.add_row("last decision" + (" (shadow)" if d.shadow else ""),
+                      f"#{d.iteration} {d.policy} v{d.policy_version} "
                       f"{time.strftime('%H:%M:%S', time.localtime(d.at))}: "
                       + ", ".join(f"{k}×{v}" for k, v in acts.items()))
             for note in d.notes[:3]:

@@ -64,6 +64,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 metadata = MetaData()
+HISTORY_LIMIT = 50
+"""Policy changes per domain that the engine's status carries (``epu policy history``)."""
 
 domain_configs = Table(
     "decision_domain_configs", metadata,
@@ -82,6 +84,8 @@ changes = Table(
     Column("version", Integer),
     Column("reason", Text, nullable=False, default=""),
     Column("at", Float, nullable=False),
+    Column("operator", String(128)),
+    Column("request", Text),  # the change as asked (JSON, without its id): epu policy history
 )
 instances = Table(
     "decision_instances", metadata,
@@ -308,6 +312,8 @@ class _Cache:
     open_by_domain: dict[str, dict[str, _Open]] = field(default_factory=dict)
     """The open actions per domain: per-domain questions (``overdue``, ``in_flight``) must not
     scan every domain's actions (1,000 domains made that quadratic)."""
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per domain: its newest policy changes (``change_history``), read once, kept current."""
     stamps: dict[str, int] = field(default_factory=dict)
     """Domain → stamp of its live instance set, new on every change (``Store.domain_stamp``)."""
     ending: dict[str, dict[str, Instance]] = field(default_factory=dict)
@@ -556,17 +562,30 @@ class Store:
         return dict(row._mapping) if row else None
 
     def record_change(self, change_id: str, domain: str, applied: bool, reason: str, now: float,
-                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = ()) -> int | None:
+                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = (), *,
+                      operator: str = "", request: str = "") -> int | None:
         """Store a change's outcome (and the new config version when applied, and the instances an
-        operator asked to retire) atomically."""
+        operator asked to retire) atomically, with who asked and what (``request``: JSON)."""
         with self._write() as conn:
             version = self.put_config(domain, cfg, source="operator", now=now, change_id=change_id,
                                       conn=conn) if applied and cfg is not None else None
-            conn.execute(insert(changes).values(change_id=change_id, domain=domain, applied=applied,
-                                                version=version, reason=reason, at=now))
+            row = {"change_id": change_id, "domain": domain, "applied": applied, "version": version,
+                   "reason": reason, "at": now, "operator": operator, "request": request}
+            conn.execute(insert(changes).values(**row))
             if applied:
                 self.save_instances(list(retire), conn)
+            self._then(lambda: self._cache.history.pop(domain, None))
             return version
+
+    def change_history(self, domain: str, limit: int = HISTORY_LIMIT) -> list[dict[str, Any]]:
+        """The domain's newest ``limit`` policy changes, oldest first (applied or refused, why, who)."""
+        hit = self._cache.history.get(domain)
+        if hit is None:
+            with self.engine.connect() as conn:
+                rows = conn.execute(select(changes).where(changes.c.domain == domain)
+                                    .order_by(changes.c.at.desc()).limit(limit)).all()
+            hit = self._cache.history[domain] = [history_entry(dict(r._mapping)) for r in reversed(rows)]
+        return list(hit)
 
     # ------------------------------------------------------------------ instances
     def _live(self) -> dict[str, Instance]:
@@ -963,6 +982,17 @@ class Store:
             q = q.where(actions.c.kind == kind)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(actions.c.created_at))]
+
+
+def history_entry(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``decision_changes`` row as ``PolicyChangeEntry`` fields (both stores)."""
+    try:
+        request = json.loads(row.get("request") or "{}")
+    except ValueError:
+        request = {}
+    return {"change_id": row["change_id"], "at": float(row["at"]), "operator": row.get("operator") or "",
+            "applied": bool(row["applied"]), "version": row.get("version"), "reason": row.get("reason") or "",
+            "request": request if isinstance(request, dict) else {}}
 
 
 def count_per_site(live: Iterable[Instance]) -> tuple[dict[str, int], dict[str, int]]:

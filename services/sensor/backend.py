@@ -46,6 +46,8 @@ class Observation:
     """Pending jobs grouped at the source; when empty the sensor core groups ``jobs``."""
     finished_jobs: int = 0
     warnings: list[str] = field(default_factory=list)
+    owners: dict[str, list[str]] = field(default_factory=dict)
+    """Running job id → [account, user, partition] (``SensorSnapshot.owners``; empty: unknown)."""
 
     def all_shapes(self) -> list[JobShape]:
         return self.shapes if self.shapes or not self.jobs else group_jobs(self.jobs)

@@ -262,7 +262,7 @@ class SensorCore:
         # The wire carries shapes, never one record per job (``jobs`` stays empty).
         return SensorSnapshot(domain=self.domain, backend=self.backend.name, available=True, taken_at=now,
                               shapes=obs.all_shapes(), nodes=self._since.fill(obs.nodes, now),
-                              running_jobs=obs.running_jobs)
+                              running_jobs=obs.running_jobs, owners=obs.owners)
 
     def _execute(self, command: NodeCommand) -> CommandOutcome:
         """Run one command. A remove with ``requeue`` (the cloud preempted the node's machine)

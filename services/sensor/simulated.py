@@ -157,6 +157,8 @@ class SimJob:
     features: frozenset[str] = frozenset()
     blocked: str = ""
     """A limit no node can lift (``QOSMaxJobsPerUserLimit``...): never started, not demand."""
+    account: str = ""
+    user: str = ""
     pending_row: _Row | None = field(default=None, repr=False, compare=False)
     """Its row in snapshots while pending, not an array element (``row``)."""
     plain: bool = field(init=False, repr=False, compare=False)
@@ -242,7 +244,7 @@ class SimulatedBatch:
     def submit(self, cores: int = 1, nodes: int = 1, duration: float = 60.0, count: int = 1,
                queue: str | None = None, hold: bool = False, time_limit: float = 0.0,
                job_id: str | None = None, memory_mb: int = 0, gpus: int = 0, features: tuple[str, ...] = (),
-               blocked: str = "") -> list[str]:
+               blocked: str = "", account: str = "", user: str = "") -> list[str]:
         """Queue ``count`` jobs, each needing ``nodes`` nodes with ``cores`` free cores for
         ``duration`` seconds of clock time. ``count`` > 1 makes an array (ids ``N[i]``).
         ``job_id`` names a single job (a trace's job number); ``time_limit`` is its requested
@@ -259,7 +261,8 @@ class SimulatedBatch:
                                           queue or self.queue_name, held=hold,
                                           array_id=str(base) if count > 1 else None,
                                           time_limit=max(0.0, time_limit), memory_mb=memory_mb, gpus=gpus,
-                                          features=frozenset(features), blocked=blocked))
+                                          features=frozenset(features), blocked=blocked,
+                                          account=account, user=user))
                 ids.append(name)
             self.submitted += count
             self._dirty = True
@@ -382,8 +385,10 @@ class SimulatedBatch:
                               wait_seconds=max(0.0, now - r.submit_time), state=r.state,  # type: ignore[arg-type]
                               count=r.count)
                     for r in pending.rows]
+            owners = {j.job_id: [j.account, j.user, j.queue] for j in self._running.values()
+                      if j.account or j.user}
             return Observation(jobs=jobs, nodes=nodes, running_jobs=len(self._running),
-                               finished_jobs=self._completed, shapes=shapes)
+                               finished_jobs=self._completed, shapes=shapes, owners=owners)
 
     def _by_name(self) -> list[SimNode]:
         """The nodes sorted by name; the last order again while the very same node objects are

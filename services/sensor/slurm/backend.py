@@ -171,7 +171,7 @@ class SlurmBackend:
             warnings.append(f"slurm: more than {self.max_shapes} distinct job shapes: time limits rounded up "
                             "to a coarse ladder to bound the snapshot")
         return Observation(jobs=jobs.sample, nodes=nodes, running_jobs=jobs.running, shapes=jobs.shapes(),
-                           finished_jobs=jobs.finished, warnings=warnings)
+                           finished_jobs=jobs.finished, warnings=warnings, owners=jobs.owners)
 
     def _license_reader(self, warnings: list[str]) -> LicenseFree:
         """``scontrol show licenses``, read at most once per snapshot and only when a pending job

@@ -110,9 +110,13 @@ class SlurmJobs(JobsRead):
     sample of per-job records for operators, and what running jobs occupy."""
 
     jobs_by_node: dict[str, list[str]] = field(default_factory=dict)
+    owners: dict[str, list[str]] = field(default_factory=dict)
+    """Running job → [account, user, partition] (the ``--json`` read; cost accounting)."""
 
-    def add_running(self, job_id: str, nodelist: str) -> None:
+    def add_running(self, job_id: str, nodelist: str, owner: list[str] | None = None) -> None:
         self.running += 1
+        if owner is not None and any(owner):
+            self.owners[job_id] = owner
         if not nodelist or nodelist == "(null)":
             return
         names = [nodelist] if "[" not in nodelist and "," not in nodelist else expand_hostlist(nodelist)
@@ -283,7 +287,9 @@ def parse_squeue(doc: dict[str, Any] | str | bytes, now: float, warnings: list[s
         if array_job and array_task is not None:
             job_id = f"{array_job}_{array_task}"
         if disposition == "running":
-            out.add_running(job_id, str(job.get("nodes") or ""))
+            out.add_running(job_id, str(job.get("nodes") or ""),
+                            [str(job.get("account") or ""), str(job.get("user_name") or ""),
+                             str(job.get("partition") or "")])
             continue
         if disposition == "finished":
             out.finished += 1

@@ -216,7 +216,7 @@ class TorqueBackend:
             raise BackendUnavailable(f"cannot parse Torque XML: {type(exc).__name__}: {exc}") from None
         warnings += [f"torque: unmapped job state {s!r}: job ignored" for s in sorted(set(jobs.unknown_states))]
         return Observation(jobs=jobs.sample, shapes=jobs.shapes(), nodes=nodes, running_jobs=jobs.running,
-                           finished_jobs=jobs.finished, warnings=warnings)
+                           finished_jobs=jobs.finished, warnings=warnings, owners=jobs.owners)
 
     def node_record(self, name: str) -> dict[str, str] | None:
         """The node's flat ``pbsnodes -x NAME`` record (state, note, properties...), None if unknown."""

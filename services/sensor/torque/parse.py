@@ -21,7 +21,7 @@ import io
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epu.common.columns import validate_nodes
 from epu.common.messages import NodeInfo, QueuedJob
@@ -129,6 +129,10 @@ def parse_walltime(text: str) -> int:
 @dataclass
 class TorqueJobs(JobsRead):
     """What one read saw (see ``JobsRead``)."""
+
+    owners: dict[str, list[str]] = field(default_factory=dict)
+    """Running job → [account, user, partition] (the XML scan; cost accounting): ``Account_Name``
+    (else ``egroup``), ``euser``, ``queue``."""
 
 
 def _request(nodes_spec: str, procs: str, ncpus: str, mem: str, pmem: str, walltime: str) -> tuple:
@@ -243,6 +247,15 @@ def _text(value: str) -> str:
     return html.unescape(value) if "&" in value else value
 
 
+def _element(text: str, tag: str, start: int, end: int) -> str:
+    """The text of the first ``tag`` element in ``text[start:end]`` ("" when absent)."""
+    i = text.find(tag, start, end)
+    if i < 0:
+        return ""
+    i += len(tag)
+    return _text(text[i:text.find("<", i)])
+
+
 def _resources(block: str) -> tuple[str, ...]:
     found = dict(_RESOURCE_SCAN.findall(block))
     return tuple(_text(found.get(k, "")) for k in RESOURCE_KEYS)
@@ -286,6 +299,11 @@ def scan_qstat(xml: str | bytes, now: float, warnings: list[str] | None = None,
         disposition = dispositions.get(state)
         if disposition == "running":
             out.running += 1
+            owner = [_element(text, tag, start, end) for tag in ("<Account_Name>", "<euser>", "<queue>")]
+            if not owner[0]:
+                owner[0] = _element(text, "<egroup>", start, end)
+            if any(owner):
+                out.owners[_text(text[start:find("<", start)])] = owner
             continue
         if disposition == "finished":
             out.finished += 1
