@@ -1,10 +1,13 @@
-"""``epu run ctxbroker``: the HTTPS server plus an AMQP consumer of terminated instances.
+"""``epu run ctxbroker``: the HTTPS server plus an AMQP consumer of instance states.
 
 Why a consumer: an instance that dies never runs its agent's goodbye. The provisioner reports
 it (``InstanceEvent`` terminated/failed, via ``topology.ctxbroker_spec()``); the broker then
 revokes that instance's node credential and appends a leave for every member registered with
 that ``instance_id``, so the rest of the cluster forgets it (and a late join from it is
-refused). Every join and leave is also published as a ``ContextMembership`` event (from a
+refused). The same consumer records each live instance's address as the provisioner reports
+it (``InstanceEvent`` of any state with an ``ip``, and the periodic ``InstanceReport``): a
+node launched by EPU may publish only that address (``core.check_address``). Every join and
+leave is also published as a ``ContextMembership`` event (from a
 single background thread, so a slow or absent RabbitMQ never stalls an HTTP request).
 
 One process, two halves, one fate: the consumer runs the shared runtime (``Service``, which
@@ -17,6 +20,7 @@ connected and looping.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -26,7 +30,7 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
-from epu.common.messages import ContextMembership, Envelope, InstanceEvent, Message
+from epu.common.messages import ContextMembership, Envelope, InstanceEvent, InstanceReport, Message
 from epu.common.runtime import RuntimeSettings, Service
 from epu.services.ctxbroker.core import Entry
 from epu.services.ctxbroker.server import BrokerServer, ServerSettings, read_or_create_token
@@ -53,6 +57,19 @@ def remove_instance(store: Store, instance_id: str, reason: str) -> list[tuple[s
     return out
 
 
+def note_address(store: Store, event: InstanceEvent) -> bool:
+    """Record a live instance's address from an event or a report entry (anything without an
+    ``ip``, or not an IP address, changes nothing). Returns whether it changed."""
+    if not event.ip or event.state in ("terminated", "failed"):
+        return False
+    try:
+        ip = str(ipaddress.ip_address(event.ip))
+    except ValueError:
+        log.warning("instance event with an invalid address ignored", extra={"instance": event.instance_id})
+        return False
+    return store.note_instance(event.instance_id, ip, event.seq)
+
+
 class CtxBrokerService:
     """A ``Runnable``: uvicorn in the calling thread, the kombu ``Service`` in another."""
 
@@ -67,7 +84,7 @@ class CtxBrokerService:
         server.on_membership = self.announce
         server.health_probe = self.consumer_health
         service.consume(service.broker.topology.ctxbroker_spec(), self._on_instance,
-                        types={InstanceEvent.TYPE})
+                        types={InstanceEvent.TYPE, InstanceReport.TYPE})
 
     # ------------------------------------------------------------------ AMQP side
     def announce(self, context_id: str, entry: Entry) -> None:
@@ -84,8 +101,16 @@ class CtxBrokerService:
         self._publisher.submit(publish)
 
     def _on_instance(self, message: Message, _envelope: Envelope) -> None:
+        if isinstance(message, InstanceReport):
+            for event in message.instances:  # anti-entropy: each entry as the event it summarizes
+                self._on_event(event)
+            return
         assert isinstance(message, InstanceEvent)
+        self._on_event(message)
+
+    def _on_event(self, message: InstanceEvent) -> None:
         if message.state not in ("terminated", "failed"):
+            note_address(self.server.store, message)
             return
         reason = f"instance {message.state}" + (f": {message.reason}" if message.reason else "")
         for context_id, entry in remove_instance(self.server.store, message.instance_id, reason):

@@ -147,7 +147,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         return 2
 
     def go(client: Any) -> None:
-        ctx = client.create(args.name)
+        ctx = client.create(args.name, args.domain)
         if args.secret_file:
             write_secret(args.secret_file, ctx["secret"])
             shown = {**ctx, "secret": f"(written to {args.secret_file})"}
@@ -206,8 +206,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(c, indent=2))
         else:
-            for k in ("id", "name", "uri", "key", "created_at", "last_id", "nodes"):
-                print(f"{k + ':':<11} {c[k]}")
+            for k in ("id", "name", "uri", "key", "created_at", "last_id", "nodes", "domain"):
+                print(f"{k + ':':<11} {c.get(k, '')}")
 
     return _run(args, go)
 
@@ -327,6 +327,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         + "\nAn existing --secret-file is never overwritten (exit 2).")
     c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
     c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
+    c.add_argument("--domain", metavar="DOMAIN",
+                   help="DNS domain of the cluster's names (e.g. cluster.example.org): a member may then "
+                        "publish as its fqdn only its host name under it")
     c.add_argument("--secret-file", metavar="FILE",
                    help="write the secret to FILE (new, mode 0600) instead of printing it: what "
                         "[workers.DOMAIN] context_secret_file names for the provisioner")

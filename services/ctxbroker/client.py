@@ -69,8 +69,11 @@ class AdminClient(_Base):
         super().__init__(base_url, **kw)
         self.http.headers["Authorization"] = f"Bearer {token}"
 
-    def create(self, name: str) -> dict[str, Any]:
-        return self._call("POST", "/v1/contexts", json={"name": name})
+    def create(self, name: str, domain: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name}
+        if domain:
+            body["domain"] = domain
+        return self._call("POST", "/v1/contexts", json=body)
 
     def list(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/contexts")

@@ -51,6 +51,8 @@ def test_ordered_list_and_members(store: Store) -> None:
 def test_members_by_instance(store: Store) -> None:
     store.create_context("c1", "one", "k1", "h1")
     store.create_context("c2", "two", "k2", "h2")
+    store.note_instance("i-1", n(1).ip)
+    store.note_instance("i-2", n(2).ip)
     store.join("c1", n(1, instance_id="i-1"))
     store.join("c2", n(1, instance_id="i-1"))
     store.join("c1", n(2, instance_id="i-2"))
