@@ -74,6 +74,8 @@ def test_a_worker_publishes_only_its_instances_address(head: NodeClient, node_cl
                       verify=ssl.create_default_context(cafile=tls_files[0]))
     assert resp.status_code == 503 and resp.headers["retry-after"] == "5"
     assert "has not reported the address of instance i-5" in resp.json()["detail"]
+    held = _refused(worker, node(5, instance_id="i-5"))
+    assert (held.status, held.retryable, held.retry_after) == (503, True, 5.0)  # the agent retries then
     broker_server.store.note_instance("i-5", "10.0.0.6")
     # the head's address, or any address but its instance's: refused, saying why
     err = _refused(worker, node(5, instance_id="i-5", ip="10.0.0.1"))
