@@ -110,6 +110,11 @@ class VM:
         return self.tags.get(TAG_LAUNCH)
 
     @property
+    def ip(self) -> str:
+        """Its address, as the cloud's listings show it (unique per VM of a run)."""
+        return f"10.{(self.seq >> 16) & 255}.{(self.seq >> 8) & 255}.{self.seq & 255}"
+
+    @property
     def domain(self) -> str | None:
         return self.tags.get(TAG_DOMAIN)
 
@@ -434,7 +439,7 @@ class SimNodeDriver(NodeDriver):
             state = NodeState.RUNNING
         if last is not None and last[0] is state and last[2] == vm.interruption_at:
             return last[1]
-        ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"
+        ip = vm.ip
         node = Node(id=vm.cloud_id, name=vm.name, state=state,
                     public_ips=[ip] if state is NodeState.RUNNING else [],
                     private_ips=[ip] if state is not NodeState.TERMINATED else [], driver=self,

@@ -26,6 +26,10 @@ engines committed and sent. Each check runs where the thing it judges happens:
    sensor down between two polls is invisible to anyone downstream).
 7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
    engine commits a new action for the domain, whatever restarts and file edits happen.
+8. **Context views are true** — in scenarios with the context broker (``epu.sim.context``), at
+   every join the broker accepts and at the end: every member's cluster view (the broker's list
+   folded as an agent folds it) names each host only with the names and the address its own
+   instance has (the head node: its own), and no address twice.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ NAMES = {
     5: "convergence",
     6: "no blame for our own outage",
     7: "operators are obeyed",
+    8: "context views are true",
 }
 MAX_PER_RUN = 25
 
@@ -99,6 +104,8 @@ class Checker:
             e.on_send.append(self.on_send)
         sim.bus.taps.append(self.on_message)
         sim.batch.inner.on_kill.append(self.on_kill)
+        self.finishers: list[Any] = []
+        """Extra end-of-run checks of the world's optional parts (the context broker)."""
 
     # ------------------------------------------------------------------ recording
     def fail(self, invariant: int, detail: str) -> None:
@@ -286,6 +293,8 @@ class Checker:
 
     # ------------------------------------------------------------------ 5: the end
     def finish(self) -> None:
+        for fn in self.finishers:
+            fn()
         sim = self.sim
         d = sim.scenario.domain
         inner = sim.batch.inner

@@ -159,6 +159,8 @@ class Simulation:
         self.sensor = SensorProc(self.world, self.bus, "sensor", d.name, self.batch, scenario.timing.sensor_poll_seconds)
         self.operator = OperatorProc(self.world, self.bus)
         self.checker = Checker(self)
+        self.closers: list[Any] = []
+        """What an optional part of the world (the context broker) releases at the end."""
         self._rng_jobs = self.world.rng("workload")
 
     # ------------------------------------------------------------------ building
@@ -369,9 +371,12 @@ class Simulation:
             "messages": self.bus.stats.published,
             "crashes": sum(p.stats.crashes for p in self.procs),
             "dead_lettered": self.bus.stats.dead_lettered,
+            **({"context": vars(self.context.stats)} if hasattr(self, "context") else {}),
         }
 
     def close(self) -> None:
+        for fn in self.closers:
+            fn()
         for p in self.provisioners:
             release_store(p.store)
         if isinstance(self.decision_db, SqlEngine):
