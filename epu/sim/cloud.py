@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import operator
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -83,6 +84,11 @@ class CloudFaults:
     node is listed with ``extra["interruption_at"]`` from then on. 0: no notice."""
 
 
+def site_octet(site: str) -> int:
+    """A site's second address octet (1-250): stable across runs, derived from its name."""
+    return zlib.crc32(site.encode()) % 250 + 1
+
+
 @dataclass
 class VM:
     cloud_id: str
@@ -111,8 +117,9 @@ class VM:
 
     @property
     def ip(self) -> str:
-        """Its address, as the cloud's listings show it (unique per VM of a run)."""
-        return f"10.{(self.seq >> 16) & 255}.{(self.seq >> 8) & 255}.{self.seq & 255}"
+        """Its address, as the cloud's listings show it: unique per VM of a run (each site has
+        its own second octet, so two clouds' nodes never share one)."""
+        return f"10.{site_octet(self.site)}.{(self.seq >> 8) & 255}.{self.seq & 255}"
 
     @property
     def domain(self) -> str | None:

@@ -2,7 +2,7 @@
 
 What runs here is the broker's own code, not a model of it: ``core.authorize_join`` (who may
 join, with which names), the SQL ``Store`` on an SQLite file (the address check, ``check_address``,
-in the append's transaction), and the AMQP side's ``note_address`` / ``remove_instance`` fed
+in the append's transaction), and the AMQP side's ``InstanceFeed`` fed
 with the provisioner's real ``InstanceEvent``/``InstanceReport`` messages (seen on the bus, then
 delivered after a drawn delay, some lost: ``ContextFaults``). Only the HTTP layer is left out
 (its mapping of exceptions to 403/503 is tested in ``tests/ctxbroker``).
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from epu.common.messages import InstanceEvent, InstanceReport, Message
 from epu.common.nodecred import NodeIdentity, short_hostname
-from epu.services.ctxbroker.app import note_address, remove_instance
+from epu.services.ctxbroker.app import InstanceFeed
 from epu.services.ctxbroker.core import (
     AddressUnknown,
     Caller,
@@ -88,6 +88,7 @@ class ContextWorld:
         self.store = Store(f"sqlite:///{sim.workdir}/ctxbroker.db")
         self.store.create_context(CONTEXT_ID, "sim", "key", "digest", now=self.world.t, signing_key="sim",
                                   domain=DOMAIN)
+        self.feed = InstanceFeed(self.store)
         self.stats = ContextStats()
         self._rng = self.world.rng("ctxbroker")
         self._adv = self.world.rng("ctx-adversary")
@@ -115,10 +116,7 @@ class ContextWorld:
         events = msg.instances if isinstance(msg, InstanceReport) else [msg]
         for e in events:
             assert isinstance(e, InstanceEvent)
-            if e.state in ("terminated", "failed"):
-                self.stats.leaves += len(remove_instance(self.store, e.instance_id, f"instance {e.state}"))
-            else:
-                note_address(self.store, e)
+            self.stats.leaves += len(self.feed.apply(e))
 
     # ------------------------------------------------------------------ joins
     def _join(self, ident: NodeIdentity, fields: dict[str, Any]) -> str:
@@ -233,12 +231,3 @@ class ContextWorld:
             if m.ip in seen and not ipaddress.ip_address(m.ip).is_loopback:
                 self.sim.checker.fail(8, f"members {seen[m.ip]} and {host} both publish {m.ip}")
             seen[m.ip] = host
-
-
-def with_context(faults: ContextFaults | None = None) -> Any:
-    """A scenario ``setup`` that puts the context broker (and its adversary) in the world."""
-
-    def setup(sim: Simulation) -> None:
-        sim.context = ContextWorld(sim, faults)  # type: ignore[attr-defined]
-
-    return setup

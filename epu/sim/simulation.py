@@ -330,6 +330,10 @@ class Simulation:
                     self.pipeline_changed()
                     if self.scenario.setup is not None:
                         self.scenario.setup(self)
+                    if self.scenario.context is not None:
+                        from epu.sim.context import ContextWorld
+
+                        self.context = ContextWorld(self, self.scenario.context)
                     self._schedule_workload()
                     for fault in self.scenario.faults:
                         fault(self)

@@ -70,6 +70,47 @@ def note_address(store: Store, event: InstanceEvent) -> bool:
     return store.note_instance(event.instance_id, ip, event.seq)
 
 
+class InstanceFeed:
+    """Applies the provisioner's instance events and report entries to the store.
+
+    Why remember: a report repeats every live instance and every recently ended one, every few
+    seconds; without memory each entry costs queries that find nothing to do. What is cached is
+    only what cannot change back (an instance gone stays gone; an address is re-noted only
+    when it or its ``seq`` moves), and the cache is bounded: forgetting only costs a query."""
+
+    MAX_REMEMBERED = 100_000
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._gone: set[str] = set()
+        self._noted: dict[str, tuple[str, int]] = {}
+
+    def apply(self, event: InstanceEvent) -> list[tuple[str, Entry]]:
+        """The leaves it made (for a terminated or failed instance; none otherwise)."""
+        iid = event.instance_id
+        if iid in self._gone:
+            return []
+        if event.state in ("terminated", "failed"):
+            reason = f"instance {event.state}" + (f": {event.reason}" if event.reason else "")
+            out = remove_instance(self.store, iid, reason)
+            self._remember_gone(iid)
+            return out
+        if event.ip:
+            last = self._noted.get(iid)
+            if last is None or last[0] != event.ip and event.seq >= last[1]:
+                note_address(self.store, event)
+                if len(self._noted) >= self.MAX_REMEMBERED:
+                    self._noted.clear()
+                self._noted[iid] = (event.ip, event.seq)
+        return []
+
+    def _remember_gone(self, iid: str) -> None:
+        self._noted.pop(iid, None)
+        if len(self._gone) >= self.MAX_REMEMBERED:
+            self._gone.clear()
+        self._gone.add(iid)
+
+
 class CtxBrokerService:
     """A ``Runnable``: uvicorn in the calling thread, the kombu ``Service`` in another."""
 
@@ -81,6 +122,7 @@ class CtxBrokerService:
         self._stopping = threading.Event()
         self.consumer_failure: str | None = None
         """Why the consumer thread ended while it should have run (None: it did not)."""
+        self.feed = InstanceFeed(server.store)
         server.on_membership = self.announce
         server.health_probe = self.consumer_health
         service.consume(service.broker.topology.ctxbroker_spec(), self._on_instance,
@@ -109,11 +151,7 @@ class CtxBrokerService:
         self._on_event(message)
 
     def _on_event(self, message: InstanceEvent) -> None:
-        if message.state not in ("terminated", "failed"):
-            note_address(self.server.store, message)
-            return
-        reason = f"instance {message.state}" + (f": {message.reason}" if message.reason else "")
-        for context_id, entry in remove_instance(self.server.store, message.instance_id, reason):
+        for context_id, entry in self.feed.apply(message):
             log.info("node removed for a gone instance",
                      extra={"context": context_id, "hostname": entry.hostname,
                             "instance": message.instance_id})

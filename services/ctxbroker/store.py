@@ -279,9 +279,9 @@ class Store:
         is no longer its (the cloud may give it to another instance). Idempotent."""
         at = time.time() if now is None else now
         with self.engine.begin() as conn:
-            conn.execute(delete(instances).where(instances.c.instance_id == instance_id))
             if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
-                return False
+                return False  # its address went with the first revoke (and is never noted again)
+            conn.execute(delete(instances).where(instances.c.instance_id == instance_id))
             conn.execute(insert(revoked).values(instance_id=instance_id, at=at, reason=reason[:500]))
         return True
 
@@ -291,15 +291,17 @@ class Store:
         Returns whether anything changed."""
         at = time.time() if now is None else now
         with self.engine.begin() as conn:
-            if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
-                return False
+            # the common case first (every report repeats what is known): one read. A row exists
+            # only for an instance not revoked (``revoke`` deletes it in the same transaction).
             cur = conn.execute(select(instances.c.ip, instances.c.seq)
                                .where(instances.c.instance_id == instance_id)).first()
+            if cur is not None and (seq < cur.seq or cur.ip == ip):
+                return False
             if cur is None:
+                if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
+                    return False
                 conn.execute(insert(instances).values(instance_id=instance_id, ip=ip, seq=seq, at=at))
                 return True
-            if seq < cur.seq or cur.ip == ip:
-                return False
             conn.execute(update(instances).where(instances.c.instance_id == instance_id)
                          .values(ip=ip, seq=seq, at=at))
             return True

@@ -24,6 +24,9 @@ def test_members_publish_only_their_own_names_and_address(name: str) -> None:
     assert not violations, [str(v) for v in violations[:5]]
     assert stats["joins"] >= 5 and stats["forged_tried"] >= 20, stats
     assert stats["forged_refused"] == stats["forged_tried"], stats
+    assert stats["honest_refused"] == 0, stats  # every honest agent gets in (held at most)
+    if name == "context-broker-lossy":
+        assert stats["held"] > 0, stats  # joins waited for the address, then went through
 
 
 def test_without_the_binding_the_adversary_takes_the_heads_names(monkeypatch: pytest.MonkeyPatch) -> None:
