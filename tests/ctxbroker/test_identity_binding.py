@@ -164,3 +164,32 @@ def test_cluster_files_write_only_each_members_own_names(tmp_path: Path) -> None
     for line in known:
         names = line.split()[0].split(",")
         assert not ({"head", "head.cluster.test", "10.0.0.1"} & set(names)) or line.endswith(k1)
+
+
+def test_the_feed_takes_only_addresses_and_forgets_nothing_it_must_keep(sqlite_url: str) -> None:
+    """The broker's consumer side: a malformed address is ignored (never an address any node
+    could then claim), a repeated or older report changes nothing, a gone instance stays gone."""
+    import time
+
+    from epu.common.messages import InstanceEvent
+    from epu.services.ctxbroker.app import InstanceFeed
+    from epu.services.ctxbroker.store import Store
+
+    store = Store(sqlite_url)
+    feed = InstanceFeed(store)
+
+    def ev(state: str, seq: int, ip: str | None) -> InstanceEvent:
+        return InstanceEvent(instance_id="i-1", domain="alpha", site="s", state=state, seq=seq, ip=ip, at=time.time())
+
+    feed.apply(ev("started", 2, "not-an-ip"))
+    assert store.instance_ip("i-1") is None
+    feed.apply(ev("started", 2, "10.0.0.7"))
+    feed.apply(ev("started", 1, "10.9.9.9"))  # an older entry of a report
+    assert store.instance_ip("i-1") == "10.0.0.7"
+    feed.apply(ev("joined", 3, "10.0.0.8"))  # the cloud moved it
+    assert store.instance_ip("i-1") == "10.0.0.8"
+    feed.apply(ev("terminated", 4, None))
+    feed.apply(ev("joined", 3, "10.0.0.8"))  # a late event after the end
+    assert store.instance_ip("i-1") is None
+    assert InstanceFeed(store).apply(ev("joined", 3, "10.0.0.8")) == [] and store.instance_ip("i-1") is None
+    store.close()
