@@ -344,10 +344,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "such as the batch head node, whose agent must see the workers.",
                         epilog=_admin_epilog("epu ctx credential 3f2a9c1e0b7d4e21 head --env > /etc/epu/context.env",
                                              "epu-ctx-agent --env /etc/epu/context.env   # on that node",
-                                             "epu ctx credential 3f2a9c1e0b7d4e21 login1 --instance-id vm-42 --json"))
+                                             "epu ctx credential 3f2a9c1e0b7d4e21 login1 --json"))
     c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     c.add_argument("hostname", metavar="HOSTNAME", help="the short host name the node joins as")
-    c.add_argument("--instance-id", help="bind the credential to this instance id too")
+    c.add_argument("--instance-id",
+                   help="bind the credential to this instance id too: only for an instance EPU's provisioner "
+                        "launched (its node may then publish only the address the provisioner reports for it, "
+                        "and its join waits until one is reported); omit for any other machine")
     c.add_argument("--json", action="store_true", help="print a JSON object: uri, key, secret")
     c.add_argument("--env", action="store_true",
                    help="print EPU_CONTEXT_URI/KEY/SECRET lines for the agent's --env file")

@@ -17,6 +17,9 @@ minutes to become current (``answer_kind``).
 
 Who may write (``authorize_join``/``authorize_leave``): a node, with its own credential
 (``epu.common.nodecred``), only as itself; the context's shared key and secret only read.
+What a node may publish: only its own names (``check_names``) and its own address
+(``check_address``: the one the provisioner reports for its instance, never one another
+member holds), since every agent writes them into /etc/hosts and ssh_known_hosts.
 """
 
 from __future__ import annotations
