@@ -90,12 +90,14 @@ def hosts_lines(members: list[dict]) -> list[str]:
 
 
 def known_hosts_lines(members: list[dict]) -> list[str]:
-    """``HOSTNAME,FQDN,IP KEY`` per member: its key trusted only for its own names and address."""
+    """``HOSTNAME,FQDN,IP KEY`` per member: its key trusted only for its own names and address
+    (never for a loopback address: that is every host's own, whose key is not this member's)."""
     members = own_members(members)
     ips = own_ips(members)
     out = []
     for n in members:
-        names = [n["hostname"]] + [x for x in (own_fqdn(n), ips[n["hostname"]]) if x]
+        ip = ips[n["hostname"]]
+        names = [n["hostname"]] + [x for x in (own_fqdn(n), ip if ip and not _loopback(ip) else None) if x]
         out.append(f"{','.join(names)} {n['ssh_host_key']}")
     return out
 
