@@ -23,7 +23,8 @@ Layout:
 * ``epu.status.<domain>``: the engine's newest ``EngineStatus`` of each domain, a few messages
   deep (readers keep the newest) and never consumed: ``epu status`` reads it (basic.get, then requeue) to show the whole
   state at once. No delivery limit, so any number of reads leave it in place.
-* ``epu.ctxbroker.instances``: terminated/failed instances, so the broker removes nodes
+* ``epu.ctxbroker.instances``: instance states and reports: each live instance's address (what its
+  node may publish in its context), and terminated/failed instances, so the broker removes nodes
   whose agent never said goodbye.
 * ``epu.dlx`` (fanout) → ``epu.dead``: every rejected message, with ``x-epu-reason``.
 """
@@ -219,8 +220,9 @@ class Topology:
 
     def ctxbroker_spec(self) -> QueueSpec:
         return QueueSpec(CTXBROKER_QUEUE, EVENTS_EXCHANGE,
-                         ("instance.state.*.terminated", "instance.state.*.failed"),
-                         purpose="instances gone, so their nodes leave their context")
+                         ("instance.state.#", "instance.report.*"),
+                         purpose="instance states and reports: each live instance's address (all its node "
+                                 "may publish), and instances gone, so their nodes leave their context")
 
     def service_specs(self, domains: list[str] | tuple[str, ...] = ()) -> list[QueueSpec]:
         """Every durable queue of a deployment with these domains."""

@@ -315,15 +315,26 @@ class Demo:
         from the context secret for this host name and instance). A terminated instance leaves
         through the provisioner's event, and a join that comes after it is refused."""
         from epu.common import nodecred
-        from epu.services.ctxbroker.client import NodeClient
+        from epu.services.ctxbroker.client import BrokerError, NodeClient
 
         ctx = self.context
         cred = nodecred.issue(nodecred.signing_key(ctx["secret"]), ctx["id"], msg.node_name, msg.instance_id)
         client = NodeClient(ctx["uri"], cred.key, cred.secret, ca_file=self._ctx_cert)
+        doc = {"hostname": msg.node_name, "fqdn": f"{msg.node_name}.demo.cluster", "ip": msg.ip,
+               "instance_id": msg.instance_id, "ssh_host_key": DEMO_HOST_KEY,
+               "data": f"slots={self.s.cores_per_node}"}
         try:
-            client.join({"hostname": msg.node_name, "fqdn": f"{msg.node_name}.demo.cluster",
-                         "ip": msg.ip or "10.0.0.1", "instance_id": msg.instance_id,
-                         "ssh_host_key": DEMO_HOST_KEY, "data": f"slots={self.s.cores_per_node}"})
+            # the broker holds the join (503) until its own copy of this event told it the
+            # instance's address; a real agent retries the same way (with its backoff)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client.join(doc)
+                    break
+                except BrokerError as exc:
+                    if not exc.retryable or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
         except Exception as exc:  # the demo goes on; the display shows fewer members
             import logging
 
@@ -333,7 +344,7 @@ class Demo:
 
     def on_event(self, msg: Message, env: Envelope) -> None:
         self.obs.on_event(msg, env)
-        if (self.context and isinstance(msg, InstanceEvent) and msg.state == "started"
+        if (self.context and isinstance(msg, InstanceEvent) and msg.state in ("started", "joined") and msg.ip
                 and msg.instance_id not in self._joined):
             self._joined.add(msg.instance_id)
             self._agents.submit(self._agent_join, msg)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import operator
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -83,6 +84,11 @@ class CloudFaults:
     node is listed with ``extra["interruption_at"]`` from then on. 0: no notice."""
 
 
+def site_octet(site: str) -> int:
+    """A site's second address octet (1-250): stable across runs, derived from its name."""
+    return zlib.crc32(site.encode()) % 250 + 1
+
+
 @dataclass
 class VM:
     cloud_id: str
@@ -108,6 +114,12 @@ class VM:
     @property
     def launch_id(self) -> str | None:
         return self.tags.get(TAG_LAUNCH)
+
+    @property
+    def ip(self) -> str:
+        """Its address, as the cloud's listings show it: unique per VM of a run (each site has
+        its own second octet, so two clouds' nodes never share one)."""
+        return f"10.{site_octet(self.site)}.{(self.seq >> 8) & 255}.{self.seq & 255}"
 
     @property
     def domain(self) -> str | None:
@@ -434,7 +446,7 @@ class SimNodeDriver(NodeDriver):
             state = NodeState.RUNNING
         if last is not None and last[0] is state and last[2] == vm.interruption_at:
             return last[1]
-        ip = f"10.{(vm.seq >> 16) & 255}.{(vm.seq >> 8) & 255}.{vm.seq & 255}"
+        ip = vm.ip
         node = Node(id=vm.cloud_id, name=vm.name, state=state,
                     public_ips=[ip] if state is NodeState.RUNNING else [],
                     private_ips=[ip] if state is not NodeState.TERMINATED else [], driver=self,

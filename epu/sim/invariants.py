@@ -1,4 +1,4 @@
-"""The six invariants, checked against the world's truth at every step of a run.
+"""The invariants, checked against the world's truth at every step of a run.
 
 The checker never asks a core what it believes; it looks at what physically happened in the
 world (which VM was destroyed, by whom, with which jobs on its node) and at what the
@@ -29,6 +29,10 @@ engines committed and sent. Each check runs where the thing it judges happens:
 8. **Spend within the cap** — at every create, while a cap is set: the hourly prices of the
    domain's live VMs (world truth, priced as the scenario's catalogue prices their launch's type)
    within the domain's ``budget_per_hour``, and each site's within its own.
+9. **Context views are true** — in scenarios with the context broker (``epu.sim.context``), at
+   every join the broker accepts and at the end: every member's cluster view (the broker's list
+   folded as an agent folds it) names each host only with the names and the address its own
+   instance has (the head node: its own), and no address twice.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ NAMES = {
     6: "no blame for our own outage",
     7: "operators are obeyed",
     8: "spend within the cap",
+    9: "context views are true",
 }
 MAX_PER_RUN = 25
 
@@ -115,6 +120,8 @@ class Checker:
             e.on_send.append(self.on_send)
         sim.bus.taps.append(self.on_message)
         sim.batch.inner.on_kill.append(self.on_kill)
+        self.finishers: list[Any] = []
+        """Extra end-of-run checks of the world's optional parts (the context broker)."""
 
     # ------------------------------------------------------------------ recording
     def fail(self, invariant: int, detail: str) -> None:
@@ -334,6 +341,8 @@ class Checker:
 
     # ------------------------------------------------------------------ 5: the end
     def finish(self) -> None:
+        for fn in self.finishers:
+            fn()
         sim = self.sim
         d = sim.scenario.domain
         inner = sim.batch.inner

@@ -135,6 +135,9 @@ class Scenario:
     stores on SQLite, typed catalogues) — docs/performance.md has the suite's CPU time."""
     setup: Callable[[Simulation], None] | None = None
     """Extra wiring (a second deployment's nodes, a backup to restore...)."""
+    context: Any = None
+    """``epu.sim.context.ContextFaults``: put the context broker, its agents and an adversary in
+    the world (invariant 8); None: no broker."""
 
     def quiet_seconds(self) -> float:
         """The convergence bound: after the faults stop, everything must be settled within this

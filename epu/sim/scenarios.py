@@ -568,3 +568,32 @@ def chaos() -> Scenario:
                             F.nodes_missing(0.5, (0.1, 0.5), (30.0, 120.0)), F.command_failures(1.0),
                             F.store_write_failures(2.0), F.operator_actions(1.0)],
                     stresses="everything together")
+
+
+# ---------------------------------------------------------------------- the context broker
+
+
+@scenario
+def context_broker() -> Scenario:
+    from epu.sim.context import ContextFaults
+
+    return Scenario("context-broker", "the context broker in the world: every VM's agent joins through the real "
+                    "broker; a job on a worker, holding its credential, forges joins with the head's names and "
+                    "address and other members' addresses", hours=3.0, sites=list(TWO_SITES),
+                    messages=MessageFaults(delay_rate=0.05, duplicate_rate=0.05, reorder_jitter=3.0),
+                    context=ContextFaults(adversary_per_hour=60.0), seeds_in_ci=2,
+                    stresses="issue 26 defect 3: a worker's credential publishing the head's names or address")
+
+
+@scenario
+def context_broker_lossy() -> Scenario:
+    from epu.sim.context import ContextFaults
+
+    return Scenario("context-broker-lossy", "the context broker loses a fifth of the instance events it should "
+                    "consume (reports catch up) while VMs vanish and are preempted; the adversary keeps forging",
+                    hours=3.0, sites=[SiteSpec("cloud-a", faults=CloudFaults(vanish_rate_per_hour=0.05,
+                                                                              preempt_rate_per_hour=0.05))],
+                    context=ContextFaults(adversary_per_hour=60.0, event_loss_rate=0.2, event_delay=(0.05, 60.0)),
+                    seeds_in_ci=2,
+                    stresses="issue 26 defect 3: joins held until the address is known, addresses released on "
+                             "termination, with the broker's input lossy")

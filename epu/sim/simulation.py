@@ -160,6 +160,8 @@ class Simulation:
         self.sensor = SensorProc(self.world, self.bus, "sensor", d.name, self.batch, scenario.timing.sensor_poll_seconds)
         self.operator = OperatorProc(self.world, self.bus)
         self.checker = Checker(self)
+        self.closers: list[Any] = []
+        """What an optional part of the world (the context broker) releases at the end."""
         self._rng_jobs = self.world.rng("workload")
 
     # ------------------------------------------------------------------ building
@@ -332,6 +334,10 @@ class Simulation:
                     self.pipeline_changed()
                     if self.scenario.setup is not None:
                         self.scenario.setup(self)
+                    if self.scenario.context is not None:
+                        from epu.sim.context import ContextWorld
+
+                        self.context = ContextWorld(self, self.scenario.context)
                     self._schedule_workload()
                     for fault in self.scenario.faults:
                         fault(self)
@@ -373,9 +379,12 @@ class Simulation:
             "messages": self.bus.stats.published,
             "crashes": sum(p.stats.crashes for p in self.procs),
             "dead_lettered": self.bus.stats.dead_lettered,
+            **({"context": vars(self.context.stats)} if hasattr(self, "context") else {}),
         }
 
     def close(self) -> None:
+        for fn in self.closers:
+            fn()
         for p in self.provisioners:
             release_store(p.store)
         if isinstance(self.decision_db, SqlEngine):

@@ -37,10 +37,12 @@ from urllib.parse import parse_qsl
 from epu.common import nodecred
 from epu.services.ctxbroker.core import (
     MAX_WAIT_SECONDS,
+    AddressUnknown,
     Caller,
     ContextName,
     Entry,
     Forbidden,
+    Fqdn,
     InstanceId,
     NodeFields,
     ShortHostname,
@@ -67,11 +69,19 @@ _CONTEXT_ID_RE = re.compile(CONTEXT_ID_PATTERN)
 ContextId = Annotated[str, Path(pattern=CONTEXT_ID_PATTERN, description="context id")]
 
 MembershipHook = Callable[[str, Entry], None]
+#: ``Retry-After`` of a join held until the provisioner reports the instance's address.
+ADDRESS_RETRY_SECONDS = 5
+JOIN_HELD = ("the provisioner has not reported this instance's address yet: the join is held, "
+             "retry after Retry-After seconds")
 
 
 # --------------------------------------------------------------------------- API models
 class CreateContext(BaseModel):
     name: ContextName = Field(description="a name for operators (lowercase letters, digits, '-', '_')")
+    domain: Fqdn | None = Field(
+        None, description="DNS domain of the cluster's names: a member's fqdn must then be its host name "
+                          "or its host name under this domain (without one, any name whose first label is "
+                          "its host name)", examples=["cluster.example.org"])
 
 
 class ContextCreated(BaseModel):
@@ -107,6 +117,7 @@ class ContextInfo(BaseModel):
     created_at: float
     last_id: int = Field(description="id of the newest entry of the ordered list (0: none yet)")
     nodes: int
+    domain: str = Field("", description="DNS domain of the cluster's names (\"\": none given)")
 
 
 class NodeOut(BaseModel):
@@ -153,7 +164,8 @@ class Problem(BaseModel):
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "missing or wrong credentials"},
     403: {"model": Problem, "description": "valid credentials that may not do this (another node's entry, "
-                                           "a terminated instance, the context secret writing)"},
+                                           "name or address, a terminated instance, the context secret "
+                                           "writing)"},
     404: {"model": Problem, "description": "unknown context or node"},
     413: {"model": Problem, "description": "request body too large"},
     422: {"model": Problem, "description": "malformed JSON or invalid field, with a message"},
@@ -406,7 +418,7 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
     async def create_context(body: CreateContext) -> ContextCreated:
         cid, key, secret = new_context_id(), new_key(), new_secret()
         await asyncio.to_thread(hub.store.create_context, cid, body.name, key, hash_secret(secret), None,
-                                nodecred.signing_key(secret))
+                                nodecred.signing_key(secret), body.domain or "")
         await hub.refresh(cid)
         log.info("context created", extra={"context": cid, "context_name": body.name})
         return ContextCreated(id=cid, name=body.name, uri=context_uri(cid), key=key, secret=secret)
@@ -419,7 +431,7 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
         for r in rows:
             n = len(await asyncio.to_thread(hub.store.members, r.id))
             out.append(ContextInfo(id=r.id, name=r.name, uri=context_uri(r.id), key=r.key,
-                                   created_at=r.created_at, last_id=r.last_id, nodes=n))
+                                   created_at=r.created_at, last_id=r.last_id, nodes=n, domain=r.domain))
         return out
 
     @app.get("/v1/contexts/{context_id}", response_model=ContextInfo, tags=["admin"],
@@ -430,7 +442,7 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
             raise _NotFound("unknown context")
         n = len(await asyncio.to_thread(hub.store.members, r.id))
         return ContextInfo(id=r.id, name=r.name, uri=context_uri(r.id), key=r.key, created_at=r.created_at,
-                           last_id=r.last_id, nodes=n)
+                           last_id=r.last_id, nodes=n, domain=r.domain)
 
     @app.delete("/v1/contexts/{context_id}", status_code=204, tags=["admin"],
                 dependencies=[Depends(admin)], responses=ERRORS, summary="Delete a context")
@@ -468,14 +480,23 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
         return CredentialIssued(uri=context_uri(context_id), key=cred.key, secret=cred.secret)
 
     # ------------------------------------------------------------ nodes
+    @app.exception_handler(AddressUnknown)
+    async def _address_unknown(_request: Request, exc: AddressUnknown) -> JSONResponse:
+        log.info("join held: instance address not reported yet", extra={"error": str(exc)})
+        return _problem(503, str(exc), {"Retry-After": str(ADDRESS_RETRY_SECONDS)})
+
     @app.post("/v1/contexts/{context_id}/nodes", response_model=JoinResult, tags=["node"],
-              responses=ERRORS, summary="Join (or update) this node")
+              responses={**ERRORS, 503: {"model": Problem, "description": JOIN_HELD}},
+              summary="Join (or update) this node")
     async def join(node: NodeFields, auth: tuple[CtxState, Caller] = Depends(node_context)) -> JoinResult:
-        """Only with the node's own credential, and only as the host (and instance) it names."""
+        """Only with the node's own credential, only as the host (and instance) it names, with
+        only that host's names (its host name, or its host name under the context's domain)
+        and only its own address: for an instance EPU launched, the one the provisioner reports;
+        never an address another member holds (403 with the reason)."""
         from epu.services.ctxbroker.store import ContextNotFound, Revoked
 
         st, caller = auth
-        node = authorize_join(caller, node)
+        node = authorize_join(caller, node, st.row.domain)
         try:
             entry, last = await asyncio.to_thread(hub.store.join, st.row.id, node)
         except ContextNotFound:

@@ -1,10 +1,13 @@
-"""``epu run ctxbroker``: the HTTPS server plus an AMQP consumer of terminated instances.
+"""``epu run ctxbroker``: the HTTPS server plus an AMQP consumer of instance states.
 
 Why a consumer: an instance that dies never runs its agent's goodbye. The provisioner reports
 it (``InstanceEvent`` terminated/failed, via ``topology.ctxbroker_spec()``); the broker then
 revokes that instance's node credential and appends a leave for every member registered with
 that ``instance_id``, so the rest of the cluster forgets it (and a late join from it is
-refused). Every join and leave is also published as a ``ContextMembership`` event (from a
+refused). The same consumer records each live instance's address as the provisioner reports
+it (``InstanceEvent`` of any state with an ``ip``, and the periodic ``InstanceReport``): a
+node launched by EPU may publish only that address (``core.check_address``). Every join and
+leave is also published as a ``ContextMembership`` event (from a
 single background thread, so a slow or absent RabbitMQ never stalls an HTTP request).
 
 One process, two halves, one fate: the consumer runs the shared runtime (``Service``, which
@@ -17,6 +20,7 @@ connected and looping.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -26,7 +30,7 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
-from epu.common.messages import ContextMembership, Envelope, InstanceEvent, Message
+from epu.common.messages import ContextMembership, Envelope, InstanceEvent, InstanceReport, Message
 from epu.common.runtime import RuntimeSettings, Service
 from epu.services.ctxbroker.core import Entry
 from epu.services.ctxbroker.server import BrokerServer, ServerSettings, read_or_create_token
@@ -53,6 +57,60 @@ def remove_instance(store: Store, instance_id: str, reason: str) -> list[tuple[s
     return out
 
 
+def note_address(store: Store, event: InstanceEvent) -> bool:
+    """Record a live instance's address from an event or a report entry (anything without an
+    ``ip``, or not an IP address, changes nothing). Returns whether it changed."""
+    if not event.ip or event.state in ("terminated", "failed"):
+        return False
+    try:
+        ip = str(ipaddress.ip_address(event.ip))
+    except ValueError:
+        log.warning("instance event with an invalid address ignored", extra={"instance": event.instance_id})
+        return False
+    return store.note_instance(event.instance_id, ip, event.seq)
+
+
+class InstanceFeed:
+    """Applies the provisioner's instance events and report entries to the store.
+
+    Why remember: a report repeats every live instance and every recently ended one, every few
+    seconds; without memory each entry costs queries that find nothing to do. What is cached is
+    only what cannot change back (an instance gone stays gone; an address is re-noted only
+    when it or its ``seq`` moves), and the cache is bounded: forgetting only costs a query."""
+
+    MAX_REMEMBERED = 100_000
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._gone: set[str] = set()
+        self._noted: dict[str, tuple[str, int]] = {}
+
+    def apply(self, event: InstanceEvent) -> list[tuple[str, Entry]]:
+        """The leaves it made (for a terminated or failed instance; none otherwise)."""
+        iid = event.instance_id
+        if iid in self._gone:
+            return []
+        if event.state in ("terminated", "failed"):
+            reason = f"instance {event.state}" + (f": {event.reason}" if event.reason else "")
+            out = remove_instance(self.store, iid, reason)
+            self._remember_gone(iid)
+            return out
+        if event.ip:
+            last = self._noted.get(iid)
+            if last is None or last[0] != event.ip and event.seq >= last[1]:
+                note_address(self.store, event)
+                if len(self._noted) >= self.MAX_REMEMBERED:
+                    self._noted.clear()
+                self._noted[iid] = (event.ip, event.seq)
+        return []
+
+    def _remember_gone(self, iid: str) -> None:
+        self._noted.pop(iid, None)
+        if len(self._gone) >= self.MAX_REMEMBERED:
+            self._gone.clear()
+        self._gone.add(iid)
+
+
 class CtxBrokerService:
     """A ``Runnable``: uvicorn in the calling thread, the kombu ``Service`` in another."""
 
@@ -64,10 +122,11 @@ class CtxBrokerService:
         self._stopping = threading.Event()
         self.consumer_failure: str | None = None
         """Why the consumer thread ended while it should have run (None: it did not)."""
+        self.feed = InstanceFeed(server.store)
         server.on_membership = self.announce
         server.health_probe = self.consumer_health
         service.consume(service.broker.topology.ctxbroker_spec(), self._on_instance,
-                        types={InstanceEvent.TYPE})
+                        types={InstanceEvent.TYPE, InstanceReport.TYPE})
 
     # ------------------------------------------------------------------ AMQP side
     def announce(self, context_id: str, entry: Entry) -> None:
@@ -84,11 +143,15 @@ class CtxBrokerService:
         self._publisher.submit(publish)
 
     def _on_instance(self, message: Message, _envelope: Envelope) -> None:
-        assert isinstance(message, InstanceEvent)
-        if message.state not in ("terminated", "failed"):
+        if isinstance(message, InstanceReport):
+            for event in message.instances:  # anti-entropy: each entry as the event it summarizes
+                self._on_event(event)
             return
-        reason = f"instance {message.state}" + (f": {message.reason}" if message.reason else "")
-        for context_id, entry in remove_instance(self.server.store, message.instance_id, reason):
+        assert isinstance(message, InstanceEvent)
+        self._on_event(message)
+
+    def _on_event(self, message: InstanceEvent) -> None:
+        for context_id, entry in self.feed.apply(message):
             log.info("node removed for a gone instance",
                      extra={"context": context_id, "hostname": entry.hostname,
                             "instance": message.instance_id})

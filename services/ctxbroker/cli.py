@@ -147,7 +147,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         return 2
 
     def go(client: Any) -> None:
-        ctx = client.create(args.name)
+        ctx = client.create(args.name, args.domain)
         if args.secret_file:
             write_secret(args.secret_file, ctx["secret"])
             shown = {**ctx, "secret": f"(written to {args.secret_file})"}
@@ -206,8 +206,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(c, indent=2))
         else:
-            for k in ("id", "name", "uri", "key", "created_at", "last_id", "nodes"):
-                print(f"{k + ':':<11} {c[k]}")
+            for k in ("id", "name", "uri", "key", "created_at", "last_id", "nodes", "domain"):
+                print(f"{k + ':':<11} {c.get(k, '')}")
 
     return _run(args, go)
 
@@ -327,6 +327,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         + "\nAn existing --secret-file is never overwritten (exit 2).")
     c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
     c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
+    c.add_argument("--domain", metavar="DOMAIN",
+                   help="DNS domain of the cluster's names (e.g. cluster.example.org): a member may then "
+                        "publish as its fqdn only its host name under it")
     c.add_argument("--secret-file", metavar="FILE",
                    help="write the secret to FILE (new, mode 0600) instead of printing it: what "
                         "[workers.DOMAIN] context_secret_file names for the provisioner")
@@ -341,10 +344,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "such as the batch head node, whose agent must see the workers.",
                         epilog=_admin_epilog("epu ctx credential 3f2a9c1e0b7d4e21 head --env > /etc/epu/context.env",
                                              "epu-ctx-agent --env /etc/epu/context.env   # on that node",
-                                             "epu ctx credential 3f2a9c1e0b7d4e21 login1 --instance-id vm-42 --json"))
+                                             "epu ctx credential 3f2a9c1e0b7d4e21 login1 --json"))
     c.add_argument("id", metavar="ID", help="the context's id (as printed by epu ctx create and epu ctx list)")
     c.add_argument("hostname", metavar="HOSTNAME", help="the short host name the node joins as")
-    c.add_argument("--instance-id", help="bind the credential to this instance id too")
+    c.add_argument("--instance-id",
+                   help="bind the credential to this instance id too: only for an instance EPU's provisioner "
+                        "launched (its node may then publish only the address the provisioner reports for it, "
+                        "and its join waits until one is reported); omit for any other machine")
     c.add_argument("--json", action="store_true", help="print a JSON object: uri, key, secret")
     c.add_argument("--env", action="store_true",
                    help="print EPU_CONTEXT_URI/KEY/SECRET lines for the agent's --env file")

@@ -13,10 +13,12 @@ import httpx
 
 
 class BrokerError(Exception):
-    def __init__(self, status: int | None, message: str) -> None:
+    def __init__(self, status: int | None, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {message}" if status else message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
+        """Seconds the broker asked to wait before retrying (``Retry-After``; a held join)."""
 
     @property
     def retryable(self) -> bool:
@@ -33,13 +35,21 @@ def _verify(ca_file: str | None, insecure: bool) -> Any:
     return True
 
 
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (the HTTP-date form is not used by the broker: None)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 def _check(resp: httpx.Response) -> Any:
     if resp.status_code >= 400:
         try:
             detail = resp.json().get("detail", resp.text)
         except ValueError:
             detail = resp.text
-        raise BrokerError(resp.status_code, str(detail))
+        raise BrokerError(resp.status_code, str(detail), _retry_after(resp.headers.get("retry-after")))
     if resp.status_code == 204 or not resp.content:
         return None
     return resp.json()
@@ -69,8 +79,11 @@ class AdminClient(_Base):
         super().__init__(base_url, **kw)
         self.http.headers["Authorization"] = f"Bearer {token}"
 
-    def create(self, name: str) -> dict[str, Any]:
-        return self._call("POST", "/v1/contexts", json={"name": name})
+    def create(self, name: str, domain: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name}
+        if domain:
+            body["domain"] = domain
+        return self._call("POST", "/v1/contexts", json=body)
 
     def list(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/contexts")

@@ -17,6 +17,9 @@ minutes to become current (``answer_kind``).
 
 Who may write (``authorize_join``/``authorize_leave``): a node, with its own credential
 (``epu.common.nodecred``), only as itself; the context's shared key and secret only read.
+What a node may publish: only its own names (``check_names``) and its own address
+(``check_address``: the one the provisioner reports for its instance, never one another
+member holds), since every agent writes them into /etc/hosts and ssh_known_hosts.
 """
 
 from __future__ import annotations
@@ -232,12 +235,14 @@ class Caller:
     node: NodeIdentity | None = None
 
 
-def authorize_join(caller: Caller, node: NodeFields) -> NodeFields:
+def authorize_join(caller: Caller, node: NodeFields, domain: str = "") -> NodeFields:
     """The node fields to store for this join, or ``Forbidden``.
 
     A node joins only as the host and instance its credential names; an omitted
     ``instance_id`` is filled from the credential, so the broker can remove the node when the
-    instance is reported gone."""
+    instance is reported gone. Its ``fqdn`` must be a name of that host too
+    (``check_names``); its ``ip`` is checked against what the provisioner reported, in the
+    store's transaction (``check_address``)."""
     if caller.kind != "node" or caller.node is None:
         raise Forbidden("only a node's own credential can join (the context key and secret only read; "
                         "issue one per node: the provisioner does at launch, or `epu ctx credential`)")
@@ -249,7 +254,78 @@ def authorize_join(caller: Caller, node: NodeFields) -> NodeFields:
         raise Forbidden(f"this credential is for instance {want!r}, not {node.instance_id!r}")
     if node.instance_id is None and want is not None:
         node = node.model_copy(update={"instance_id": want})
+    check_names(node, domain)
     return node
+
+
+def check_names(node: NodeFields, domain: str = "") -> None:
+    """``Forbidden`` unless every name ``node`` publishes is its own host's.
+
+    Why: every agent writes a member's ``fqdn`` into ``/etc/hosts`` and ``ssh_known_hosts``.
+    With the fqdn free, a worker's credential (readable by any job on it) could join as itself
+    with ``fqdn="head"`` or ``"head.cluster.example.org"`` and every node would resolve the
+    head's names to it and trust its SSH key for them. So the fqdn is the host name itself,
+    or the host name under the context's ``domain`` (when the context has one; without one, any
+    name whose first label is the host name: no other member can hold that label)."""
+    fqdn, host = node.fqdn, node.hostname
+    if fqdn == host:
+        return
+    if domain:
+        if fqdn != f"{host}.{domain}":
+            raise Forbidden(f"fqdn {fqdn!r} is not this host's name: a node of this context may publish "
+                            f"only {host!r} or {host + '.' + domain!r}")
+    elif fqdn.split(".", 1)[0] != host:
+        raise Forbidden(f"fqdn {fqdn!r} is not this host's name: its first label must be {host!r}")
+
+
+def is_shared_address(ip: str) -> bool:
+    """A loopback address names every host's own self, so two members may publish it (the
+    process site runs every node on one machine and reports 127.0.0.1 for each): it cannot
+    point any other node at the publisher."""
+    return ipaddress.ip_address(ip).is_loopback
+
+
+class AddressUnknown(Exception):
+    """The provisioner has not yet reported this instance's address: the join is held (HTTP
+    503 with ``Retry-After``; the agent retries) rather than trusted or refused."""
+
+
+@dataclass(frozen=True)
+class AddressFacts:
+    """What the store knows that bears on the address a joining node publishes."""
+
+    instance_ip: str | None = None
+    """The joining instance's address as the provisioner reported it (None: not reported yet)."""
+    member_holding: str | None = None
+    """Another member of the context (host name) that holds the same address, if any."""
+    instance_holding: str | None = None
+    """Another live instance the provisioner reported at that address, if any."""
+
+
+def check_address(node: NodeFields, facts: AddressFacts) -> None:
+    """``Forbidden`` (or ``AddressUnknown``) unless ``node.ip`` is its own.
+
+    * A node launched by EPU (its credential names an instance) publishes exactly the address
+      the provisioner reported for that instance; until one is reported the join waits.
+    * A node EPU did not launch (the batch head, a static worker: operator-issued credential)
+      may not publish an address the provisioner reports for a live instance.
+    * No member may publish an address another member holds (loopback excepted,
+      ``is_shared_address``): one address, one host key in every node's known_hosts.
+    """
+    shared = is_shared_address(node.ip)
+    if node.instance_id:
+        if facts.instance_ip is None:
+            raise AddressUnknown(f"the provisioner has not reported the address of instance "
+                                 f"{node.instance_id} yet; the join is accepted once it has (retry)")
+        if node.ip != facts.instance_ip:
+            raise Forbidden(f"ip {node.ip} is not this instance's address: the provisioner reports "
+                            f"{facts.instance_ip} for {node.instance_id}")
+    elif facts.instance_holding is not None and not shared:
+        raise Forbidden(f"ip {node.ip} is the address of instance {facts.instance_holding}; "
+                        "a node may publish only its own address")
+    if facts.member_holding is not None and not shared:
+        raise Forbidden(f"ip {node.ip} is held by member {facts.member_holding}; "
+                        "a node may publish only its own address")
 
 
 def authorize_leave(caller: Caller, hostname: str, current: NodeFields | None) -> None:

@@ -19,6 +19,11 @@ delete is amortized), the entries up to ``last_id - history_entries`` are delete
 Per-node credentials: a context keeps ``signing_key`` (derived from its secret, see
 ``epu.common.nodecred``) to check them, and ``ctx_revoked`` lists instances reported
 terminated or failed, whose credentials may no longer join.
+
+Bound addresses: ``ctx_instances`` keeps each live instance's address as the provisioner
+reported it (``InstanceEvent``/``InstanceReport``, ``note_instance``). A join is checked
+against it, and against the addresses other members hold, in the append's own transaction
+(``core.check_address``), so two joins racing for one address cannot both win.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from dataclasses import dataclass
 
 from epu.common.db import create_schema, make_engine
 from epu.services.ctxbroker.core import (
+    AddressFacts,
     Caller,
     Entry,
     EntryKind,
     NodeFields,
     authorize_leave,
+    check_address,
     next_entry,
 )
 from sqlalchemy import (
@@ -68,6 +75,7 @@ contexts = Table(
     Column("last_id", Integer, nullable=False, default=0),
     Column("signing_key", String(64), nullable=False, default=""),
     Column("horizon", Integer, nullable=False, default=0),
+    Column("domain", String(253), nullable=False, default=""),
 )
 
 revoked = Table(
@@ -77,9 +85,19 @@ revoked = Table(
     Column("reason", Text, nullable=False, default=""),
 )
 
+#: What the provisioner reported of each live instance: its address (what its node may publish).
+instances = Table(
+    "ctx_instances", metadata,
+    Column("instance_id", String(128), primary_key=True),
+    Column("ip", String(45), nullable=False, index=True),
+    Column("seq", Integer, nullable=False, default=0),
+    Column("at", Float, nullable=False),
+)
+
 #: Columns added after the first release: (table, column, SQL type and default) for ``_upgrade``.
 _ADDED_COLUMNS = (("ctx_contexts", "signing_key", "VARCHAR(64) NOT NULL DEFAULT ''"),
-                  ("ctx_contexts", "horizon", "INTEGER NOT NULL DEFAULT 0"))
+                  ("ctx_contexts", "horizon", "INTEGER NOT NULL DEFAULT 0"),
+                  ("ctx_contexts", "domain", "VARCHAR(253) NOT NULL DEFAULT ''"))
 
 entries = Table(
     "ctx_entries", metadata,
@@ -120,6 +138,9 @@ class ContextRow:
     signing_key: str = ""
     horizon: int = 0
     """Entries up to this id were compacted away (0: the whole list is kept)."""
+    domain: str = ""
+    """The DNS domain of the cluster's names ("": none given): a member's fqdn is its host name
+    under it (``core.check_names``)."""
 
 
 @dataclass(frozen=True)
@@ -179,13 +200,13 @@ class Store:
 
     # ------------------------------------------------------------------ contexts
     def create_context(self, context_id: str, name: str, key: str, secret_hash: str,
-                       now: float | None = None, signing_key: str = "") -> ContextRow:
+                       now: float | None = None, signing_key: str = "", domain: str = "") -> ContextRow:
         row = ContextRow(context_id, name, key, secret_hash, time.time() if now is None else now, 0,
-                         signing_key, 0)
+                         signing_key, 0, domain)
         with self.engine.begin() as conn:
             conn.execute(insert(contexts).values(id=row.id, name=name, key=key, secret_hash=secret_hash,
                                                  created_at=row.created_at, last_id=0,
-                                                 signing_key=signing_key, horizon=0))
+                                                 signing_key=signing_key, horizon=0, domain=domain))
             self._notify(conn, context_id)
         return row
 
@@ -254,13 +275,56 @@ class Store:
         return self._append(context_id, "leave", hostname, None, reason, now, caller)
 
     def revoke(self, instance_id: str, reason: str = "", now: float | None = None) -> bool:
-        """Remember that an instance is gone: its credential may no longer join. Idempotent."""
+        """Remember that an instance is gone: its credential may no longer join, and its address
+        is no longer its (the cloud may give it to another instance). Idempotent."""
         at = time.time() if now is None else now
         with self.engine.begin() as conn:
             if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
-                return False
+                return False  # its address went with the first revoke (and is never noted again)
+            conn.execute(delete(instances).where(instances.c.instance_id == instance_id))
             conn.execute(insert(revoked).values(instance_id=instance_id, at=at, reason=reason[:500]))
         return True
+
+    def note_instance(self, instance_id: str, ip: str, seq: int = 0, now: float | None = None) -> bool:
+        """Record the address the provisioner reports for a live instance (what its node may
+        publish). An older report (lower ``seq``) or one of a revoked instance changes nothing.
+        Returns whether anything changed."""
+        at = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            # the common case first (every report repeats what is known): one read. A row exists
+            # only for an instance not revoked (``revoke`` deletes it in the same transaction).
+            cur = conn.execute(select(instances.c.ip, instances.c.seq)
+                               .where(instances.c.instance_id == instance_id)).first()
+            if cur is not None and (seq < cur.seq or cur.ip == ip):
+                return False
+            if cur is None:
+                if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
+                    return False
+                conn.execute(insert(instances).values(instance_id=instance_id, ip=ip, seq=seq, at=at))
+                return True
+            conn.execute(update(instances).where(instances.c.instance_id == instance_id)
+                         .values(ip=ip, seq=seq, at=at))
+            return True
+
+    def instance_ip(self, instance_id: str) -> str | None:
+        """The address the provisioner reported for a live instance (None: none yet, or gone)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(instances.c.ip).where(instances.c.instance_id == instance_id)).first()
+        return row.ip if row else None
+
+    def _address_facts(self, conn: Connection, context_id: str, node: NodeFields) -> AddressFacts:
+        """What the store knows about ``node.ip``, read in the join's transaction."""
+        own = None
+        if node.instance_id:
+            row = conn.execute(select(instances.c.ip).where(instances.c.instance_id == node.instance_id)).first()
+            own = row.ip if row else None
+        member = conn.execute(select(members.c.hostname).where(
+            members.c.context_id == context_id, members.c.ip == node.ip,
+            members.c.hostname != node.hostname).limit(1)).first()
+        other = conn.execute(select(instances.c.instance_id).where(
+            instances.c.ip == node.ip, instances.c.instance_id != (node.instance_id or "")).limit(1)).first()
+        return AddressFacts(instance_ip=own, member_holding=member.hostname if member else None,
+                            instance_holding=other.instance_id if other else None)
 
 
     def contexts_of_instance(self, instance_id: str) -> list[tuple[str, str]]:
@@ -286,6 +350,8 @@ class Store:
                 if node is not None and node.instance_id and conn.execute(
                         select(revoked.c.instance_id).where(revoked.c.instance_id == node.instance_id)).first():
                     raise Revoked(f"instance {node.instance_id} was reported terminated; it cannot join")
+                if node is not None:
+                    check_address(node, self._address_facts(conn, context_id, node))
                 cur_row = conn.execute(select(members).where(members.c.context_id == context_id,
                                                              members.c.hostname == hostname)).first()
                 current = _node(cur_row) if cur_row else None

@@ -12,6 +12,7 @@ import pytest
 from epu.common import nodecred
 from epu.services.ctxbroker.client import AdminClient, NodeClient
 from epu.services.ctxbroker.server import BrokerServer, ServerSettings
+from epu.services.ctxbroker.store import Store
 from epu.services.ctxbroker.tls import self_signed
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
@@ -88,10 +89,15 @@ def node_credential(context: dict[str, str], hostname: str, instance_id: str | N
 
 class Nodes:
     """Speaks for any node of a context, each with its own credential (as every node's agent
-    would); reads with the context's key and secret. Drop-in for one ``NodeClient``."""
+    would); reads with the context's key and secret. Drop-in for one ``NodeClient``.
 
-    def __init__(self, context: dict[str, str], ca_file: str, uri: str | None = None) -> None:
-        self.context, self.ca_file, self.uri = context, ca_file, uri or context["uri"]
+    ``join`` is the honest path: for a node with an instance id it first records, in the
+    broker's ``store``, the address the provisioner would report for that instance (the one the
+    node joins with), as the broker's consumer of instance events does."""
+
+    def __init__(self, context: dict[str, str], ca_file: str, uri: str | None = None,
+                 store: Store | None = None) -> None:
+        self.context, self.ca_file, self.uri, self.store = context, ca_file, uri or context["uri"], store
         self.reader = NodeClient(self.uri, context["key"], context["secret"], ca_file=ca_file)
 
     def as_node(self, hostname: str, instance_id: str | None = None) -> NodeClient:
@@ -99,6 +105,9 @@ class Nodes:
         return NodeClient(self.uri, cred.key, cred.secret, ca_file=self.ca_file)
 
     def join(self, doc: dict[str, object]) -> dict[str, object]:
+        if doc.get("instance_id"):
+            assert self.store is not None, "a node with an instance id joins once its address is reported"
+            self.store.note_instance(str(doc["instance_id"]), str(doc["ip"]))
         c = self.as_node(str(doc["hostname"]), doc.get("instance_id"))  # type: ignore[arg-type]
         try:
             return c.join(doc)
@@ -120,7 +129,7 @@ class Nodes:
 
 
 @pytest.fixture
-def node_client(context: dict[str, str], tls_files: tuple[str, str]) -> Iterator[Nodes]:
-    c = Nodes(context, tls_files[0])
+def node_client(broker_server: BrokerServer, context: dict[str, str], tls_files: tuple[str, str]) -> Iterator[Nodes]:
+    c = Nodes(context, tls_files[0], store=broker_server.store)
     yield c
     c.close()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from epu.common.testing import wait_for
 from epu.services.ctxbroker.client import AdminClient
 from epu.services.ctxbroker.server import BrokerServer
@@ -16,7 +17,8 @@ from tests.ctxbroker.conftest import DEFAULT_SCRIPTS, REPO, Nodes, node, node_cr
 
 def test_agent_process_joins_applies_and_leaves_on_sigterm(broker_server: BrokerServer, admin: AdminClient,
                                                            context: dict[str, str], node_client: Nodes,
-                                                           tls_files: tuple[str, str], tmp_path: Path) -> None:
+                                                           tls_files: tuple[str, str], tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
     cred = node_credential(context, "wn-77", "i-77")  # what the provisioner renders for instance i-77
     env_file = tmp_path / "context.env"
     env_file.write_text(f"EPU_CONTEXT_URI={context['uri']}\nEPU_CONTEXT_ID={context['id']}\n"
@@ -31,6 +33,10 @@ def test_agent_process_joins_applies_and_leaves_on_sigterm(broker_server: Broker
          "--root", str(tmp_path / "root"), "--ca-file", tls_files[0], "--hostname", "wn-77", "--ip", "10.0.7.7"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        # held (503, retried) until the provisioner reports the instance's address; then joined
+        wait_for(lambda: "join held" in caplog.text, timeout=30, message="the join held for the address")
+        assert [n["hostname"] for n in admin.nodes(context["id"])] == ["wn-1"]
+        broker_server.store.note_instance("i-77", "10.0.7.7")
         hosts = tmp_path / "root" / "etc" / "hosts"
         wait_for(lambda: hosts.exists() and "wn-77" in hosts.read_text() and "wn-1" in hosts.read_text(),
                  timeout=30, message="the agent to join and render /etc/hosts")

@@ -28,6 +28,7 @@ def test_ctx_commands(broker_server: BrokerServer, tls_files: tuple[str, str], t
     ctx = json.loads(capsys.readouterr().out)
     assert set(ctx) == {"id", "name", "uri", "key", "secret"}
     nc = NodeClient(ctx["uri"], *_cred(node_credential(ctx, "wn-3", "i-3")), ca_file=tls_files[0])
+    broker_server.store.note_instance("i-3", str(node(3)["ip"]))  # as the provisioner reports it
     nc.join(node(3, instance_id="i-3"))
     nc.close()
     # an operator-issued credential for the head node joins as head, and as head only

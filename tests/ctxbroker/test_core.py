@@ -122,3 +122,45 @@ def test_readers_converge_on_the_same_membership(ops: list[tuple[str, int, int]]
             applied = batch[-1].entry_id if batch else applied
         assert applied == len(log)
         assert seen == members
+
+
+@pytest.mark.parametrize(("fqdn", "domain", "ok"), [
+    ("wn-1", "", True), ("wn-1.cluster.test", "", True), ("wn-1.anything.else", "", True),
+    ("head", "", False), ("head.cluster.test", "", False), ("wn-10.cluster.test", "", False),
+    ("wn-1", "cluster.test", True), ("wn-1.cluster.test", "cluster.test", True),
+    ("wn-1.other.test", "cluster.test", False), ("wn-1.cluster.test.evil", "cluster.test", False),
+    ("head.cluster.test", "cluster.test", False),
+])
+def test_a_node_publishes_only_its_own_names(fqdn: str, domain: str, ok: bool) -> None:
+    from epu.services.ctxbroker.core import Forbidden, check_names
+
+    n = NodeFields.model_validate(node(1, fqdn=fqdn))
+    if ok:
+        check_names(n, domain)
+    else:
+        with pytest.raises(Forbidden, match="not this host's name"):
+            check_names(n, domain)
+
+
+@pytest.mark.parametrize(("instance_id", "ip", "facts", "outcome"), [
+    ("i-1", "10.0.0.2", {"instance_ip": "10.0.0.2"}, None),
+    ("i-1", "10.0.0.2", {}, "held"),
+    ("i-1", "10.0.0.1", {"instance_ip": "10.0.0.2"}, "not this instance's address"),
+    ("i-1", "10.0.0.2", {"instance_ip": "10.0.0.2", "member_holding": "wn-9"}, "held by member wn-9"),
+    ("i-1", "127.0.0.1", {"instance_ip": "127.0.0.1", "member_holding": "wn-9"}, None),
+    (None, "10.0.0.2", {}, None),
+    (None, "10.0.0.2", {"instance_holding": "i-7"}, "address of instance i-7"),
+    (None, "10.0.0.2", {"member_holding": "head"}, "held by member head"),
+])
+def test_a_node_publishes_only_its_own_address(instance_id: str | None, ip: str, facts: dict, outcome: str | None) -> None:
+    from epu.services.ctxbroker.core import AddressFacts, AddressUnknown, Forbidden, check_address
+
+    n = NodeFields.model_validate(node(1, instance_id=instance_id, ip=ip))
+    if outcome is None:
+        check_address(n, AddressFacts(**facts))
+    elif outcome == "held":
+        with pytest.raises(AddressUnknown):
+            check_address(n, AddressFacts(**facts))
+    else:
+        with pytest.raises(Forbidden, match=outcome):
+            check_address(n, AddressFacts(**facts))

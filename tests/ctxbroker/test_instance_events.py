@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from epu.common.broker import Broker, Publisher
 from epu.common.config import parse_config
-from epu.common.messages import ContextMembership, InstanceEvent
+from epu.common.messages import ContextMembership, InstanceEvent, InstanceReport
 from epu.common.runtime import Service
 from epu.common.testing import drain, wait_for
 from epu.services.ctxbroker.app import CtxBrokerService, build_service
@@ -46,7 +46,7 @@ def test_terminated_instance_leaves_its_context(service: CtxBrokerService, broke
     tap = _tap(broker)
     admin = AdminClient(service.server.public_url, ADMIN_TOKEN, ca_file=tls_files[0])
     ctx = admin.create("cluster")
-    nc = Nodes(ctx, tls_files[0])
+    nc = Nodes(ctx, tls_files[0], store=service.server.store)
     nc.join(node(1, instance_id="i-1"))
     nc.join(node(2, instance_id="i-2"))
     publisher = Publisher(broker, source="test-provisioner")
@@ -113,3 +113,34 @@ def test_build_service_from_config(tmp_path: Path, rabbit_url: str, prefix: str)
         assert health["https"]["serving"] is True and health["https"]["contexts"] == 1
     finally:
         svc.close()
+
+
+def test_the_broker_learns_each_instances_address_from_the_provisioner(
+        service: CtxBrokerService, broker: Broker, tls_files: tuple[str, str]) -> None:
+    """A node launched by EPU publishes only the address the provisioner reports for its
+    instance: the broker learns it from instance events and reports (over the real RabbitMQ)."""
+    admin = AdminClient(service.server.public_url, ADMIN_TOKEN, ca_file=tls_files[0])
+    ctx = admin.create("cluster")
+    nc = Nodes(ctx, tls_files[0])
+    store = service.server.store
+    publisher = Publisher(broker, source="test-provisioner")
+    common = dict(domain="alpha", site="sim", at=time.time())
+    publisher.publish(InstanceEvent(instance_id="i-6", state="started", seq=2, ip="10.0.0.7", node_name="wn-6",
+                                    **common))
+    # anti-entropy: a report carries every instance's current address (an older one changes nothing)
+    publisher.publish(InstanceReport(domain="alpha", as_of=time.time(), instances=[
+        InstanceEvent(instance_id="i-6", state="started", seq=1, ip="10.9.9.9", node_name="wn-6", **common),
+        InstanceEvent(instance_id="i-7", state="joined", seq=3, ip="10.0.0.8", node_name="wn-7", **common)]))
+    wait_for(lambda: store.instance_ip("i-7") == "10.0.0.8", timeout=15, message="i-7's address from the report")
+    assert store.instance_ip("i-6") == "10.0.0.7"
+    wn6 = nc.as_node("wn-6", "i-6")
+    with pytest.raises(BrokerError) as refused:
+        wn6.join(node(6, instance_id="i-6", ip="10.0.0.8"))  # wn-7's address
+    assert refused.value.status == 403 and "not this instance's address" in refused.value.message
+    assert wn6.join(node(6, instance_id="i-6"))["changed"] is True  # node(6)'s ip is 10.0.0.7
+    # once the instance is gone its address is released (a later report of it changes nothing)
+    publisher.publish(InstanceEvent(instance_id="i-6", state="terminated", seq=4, node_name="wn-6", **common))
+    wait_for(lambda: store.instance_ip("i-6") is None and admin.nodes(ctx["id"]) == [], timeout=15,
+             message="i-6 released and removed")
+    for c in (wn6, nc, admin, publisher):
+        c.close()

@@ -66,6 +66,8 @@ def test_an_omitted_instance_id_is_filled_from_the_credential(admin: AdminClient
                                                               node_client: Nodes) -> None:
     doc = node(3)
     doc.pop("instance_id", None)
+    assert node_client.store is not None
+    node_client.store.note_instance("i-3", str(doc["ip"]))
     c = node_client.as_node("wn-3", "i-3")
     c.join(doc)
     c.close()

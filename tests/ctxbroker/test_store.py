@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from epu.services.ctxbroker.core import NodeFields, fold
@@ -51,6 +52,8 @@ def test_ordered_list_and_members(store: Store) -> None:
 def test_members_by_instance(store: Store) -> None:
     store.create_context("c1", "one", "k1", "h1")
     store.create_context("c2", "two", "k2", "h2")
+    store.note_instance("i-1", n(1).ip)
+    store.note_instance("i-2", n(2).ip)
     store.join("c1", n(1, instance_id="i-1"))
     store.join("c2", n(1, instance_id="i-1"))
     store.join("c1", n(2, instance_id="i-2"))
@@ -104,3 +107,23 @@ def test_store_list_folds_to_its_members_for_any_interleaving(ops: list[tuple[st
         assert members == {m.hostname: m for m in s.members("c")}
     finally:
         s.close()
+
+
+def test_a_store_of_the_previous_release_gains_domains_and_instance_addresses(tmp_path: Path) -> None:
+    """Contexts made before context domains keep working: no domain, so any fqdn whose first
+    label is the host name; the instance-address table is created beside them."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE ctx_contexts (id VARCHAR(64) PRIMARY KEY, name VARCHAR(63) NOT NULL, "
+                   "key VARCHAR(64) NOT NULL UNIQUE, secret_hash VARCHAR(64) NOT NULL, created_at FLOAT NOT NULL, "
+                   "last_id INTEGER NOT NULL, signing_key VARCHAR(64) NOT NULL DEFAULT '', "
+                   "horizon INTEGER NOT NULL DEFAULT 0)")
+        db.execute("INSERT INTO ctx_contexts VALUES ('c1', 'old', 'k', 'h', 1.0, 0, 'sk', 0)")
+    s = Store(f"sqlite:///{path}")
+    assert s.get_context("c1").domain == ""
+    assert s.note_instance("i-1", "10.0.0.2") and s.instance_ip("i-1") == "10.0.0.2"
+    s.join("c1", n(1, instance_id="i-1"))
+    assert [m.hostname for m in s.members("c1")] == ["wn-1"]
+    s.close()

@@ -16,7 +16,9 @@ from epu.common.config import parse_config
 from epu.common.messages import InstanceEvent, LaunchRequest
 from epu.services.ctxbroker.agent.config import load_agent_config
 from epu.services.ctxbroker.agent.node import node_fields
+from epu.services.ctxbroker.app import note_address
 from epu.services.ctxbroker.client import AdminClient, BrokerError, NodeClient
+from epu.services.ctxbroker.server import BrokerServer
 from epu.services.provisioner.app import build_provisioner
 from epu.services.provisioner.sim import SimulatedNodeDriver
 from epu.services.provisioner.userdata import UserdataError
@@ -57,7 +59,7 @@ def _context_env(userdata: str, tmp_path: Path) -> Path:
 
 
 def test_every_launch_renders_the_context_with_its_own_credential(
-        admin: AdminClient, tls_files: tuple[str, str], tmp_path: Path) -> None:
+        broker_server: BrokerServer, admin: AdminClient, tls_files: tuple[str, str], tmp_path: Path) -> None:
     ctx = admin.create("alpha")
     secret_file = tmp_path / "alpha.secret"
     secret_file.write_text(ctx["secret"] + "\n")
@@ -74,6 +76,11 @@ def test_every_launch_renders_the_context_with_its_own_credential(
         prov.shutdown(wait=True)
         prov.store.close()
     assert len(driver.userdata) == 2
+    # the broker learns each instance's address from the provisioner's events (as its consumer does)
+    for e in events:
+        note_address(broker_server.store, e)
+    address = {e.instance_id: e.ip for e in events if e.ip}
+    assert set(address) == {"L1", "L2"}, events
     joined = []
     for i in (1, 2):
         [userdata] = [u for name, u in driver.userdata.items() if f"wn-{i}" in u]
@@ -82,12 +89,18 @@ def test_every_launch_renders_the_context_with_its_own_credential(
         text = env_file.read_text()
         assert 'EPU_HEAD_NODE="head.cluster.test"' in text and 'EPU_BATCH_SYSTEM="slurm"' in text
         # the node's agent reads it as is: its own credential, the CA to verify the broker with
-        cfg = load_agent_config(None, None, {"ssh_host_key": ssh_key(i), "ip": f"10.0.0.{i}",
+        cfg = load_agent_config(None, None, {"ssh_host_key": ssh_key(i), "ip": address[f"L{i}"],
                                              "state_dir": str(tmp_path / f"state-{i}")}, env_file=str(env_file))
         assert cfg.key == f"node/wn-{i}/L{i}" and cfg.ca_file is None and cfg.ca_pem_b64
         fields = node_fields(cfg)
         assert (fields.hostname, fields.instance_id) == (f"wn-{i}", f"L{i}")
         client = NodeClient(cfg.uri, cfg.key, cfg.secret, ca_file=cfg.ca_path())
+        # its names and address are its own, or it is refused (403, saying why)
+        for forged in ({"fqdn": "head"}, {"fqdn": "head.cluster.test"}, {"ip": "10.9.9.9"},
+                       {"ip": address[f"L{3 - i}"]}):
+            with pytest.raises(BrokerError) as refused:
+                client.join({**fields.model_dump(), **forged})
+            assert refused.value.status == 403, forged
         joined.append(client.join(fields.model_dump())["changed"])
         # ... and nothing more: not another worker, not the head node
         with pytest.raises(BrokerError) as refused:

@@ -8,6 +8,7 @@ the cluster as of the last applied entry, whatever happened before.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -35,15 +36,68 @@ def slots(node: dict) -> int:
     return int(m.group(1)) if m and int(m.group(1)) > 0 else 1
 
 
+LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def own_fqdn(node: dict) -> str | None:
+    """The member's fqdn if it is a name of that host (its first label is the host name), else
+    None. The broker refuses any other; this keeps a hostile or stale entry from naming
+    another host here even so."""
+    fqdn = str(node.get("fqdn") or "").lower().rstrip(".")
+    if not fqdn or fqdn == node["hostname"] or fqdn.split(".", 1)[0] != node["hostname"]:
+        return None
+    return fqdn
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def own_ips(members: list[dict]) -> dict[str, str | None]:
+    """hostname → the address to write for it: None for an address two members claim (which
+    host it is cannot be told, so it names neither). Loopback names each host's own self, so
+    the members of a single-machine test bed share it."""
+    claims: dict[str, int] = {}
+    for n in members:
+        if n.get("ip"):
+            claims[n["ip"]] = claims.get(n["ip"], 0) + 1
+    out: dict[str, str | None] = {}
+    for n in members:
+        ip = n.get("ip") or None
+        shared = ip is not None and _loopback(ip)
+        out[n["hostname"]] = ip if ip is not None and (claims[ip] == 1 or shared) else None
+    return out
+
+
+def own_members(members: list[dict]) -> list[dict]:
+    """The members whose host name is a valid label (anything else is skipped whole)."""
+    return [n for n in members if isinstance(n.get("hostname"), str) and LABEL.match(n["hostname"])]
+
+
 def hosts_lines(members: list[dict]) -> list[str]:
-    return [f"{n['ip']}\t{n['fqdn']} {n['hostname']}" if n.get("fqdn") and n["fqdn"] != n["hostname"]
-            else f"{n['ip']}\t{n['hostname']}" for n in members]
+    """``IP FQDN HOSTNAME`` per member with an address of its own; only its own names."""
+    members = own_members(members)
+    ips = own_ips(members)
+    out = []
+    for n in members:
+        ip, fqdn = ips[n["hostname"]], own_fqdn(n)
+        if ip is not None:
+            out.append(f"{ip}\t{fqdn} {n['hostname']}" if fqdn else f"{ip}\t{n['hostname']}")
+    return out
 
 
 def known_hosts_lines(members: list[dict]) -> list[str]:
+    """``HOSTNAME,FQDN,IP KEY`` per member: its key trusted only for its own names and address
+    (never for a loopback address: that is every host's own, whose key is not this member's)."""
+    members = own_members(members)
+    ips = own_ips(members)
     out = []
     for n in members:
-        names = [n["hostname"]] + [x for x in (n.get("fqdn"), n.get("ip")) if x and x != n["hostname"]]
+        ip = ips[n["hostname"]]
+        names = [n["hostname"]] + [x for x in (own_fqdn(n), ip if ip and not _loopback(ip) else None) if x]
         out.append(f"{','.join(names)} {n['ssh_host_key']}")
     return out
 

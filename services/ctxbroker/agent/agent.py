@@ -195,15 +195,26 @@ class Agent:
 
     # ------------------------------------------------------------------ network
     def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Call ``fn`` until it succeeds or the agent stops; back off (with jitter) in between."""
+        """Call ``fn`` until it succeeds or the agent stops; back off (with jitter) in between.
+
+        A broker that says when to retry (``Retry-After``: a join held until the provisioner
+        reports this instance's address) is retried then, without growing the backoff: the
+        wait is for a fact about to arrive, not for an overloaded broker."""
         delay = self.cfg.backoff_initial
         while not self._stop.is_set():
+            asked: float | None = None
             try:
                 return fn()
             except BrokerError as exc:
+                asked = exc.retry_after
                 level = logging.ERROR if not exc.retryable else logging.WARNING
-                log.log(level, f"{what} failed, retrying", extra={"status": exc.status, "error": exc.message,
-                                                                  "retry_in": round(delay, 2)})
+                log.log(level, f"{what} failed, retrying", extra={
+                    "status": exc.status, "error": exc.message,
+                    "retry_in": round(delay if asked is None else asked, 2)})
+            if asked is not None:
+                if self._sleep(min(self.cfg.backoff_max, asked) * (0.5 + random.random() / 2)):
+                    return None
+                continue
             if self._sleep(delay * (0.5 + random.random() / 2)):
                 return None
             delay = min(self.cfg.backoff_max, delay * 2)
