@@ -14,12 +14,13 @@ DESCRIPTION = """\
 Run EPU's real cores — the decision engine (policies, planner, placement, store), the
 provisioner (state machine, store, poll, reconcile, orphan sweep) and the sensor core —
 against a simulated batch system and simulated clouds, in virtual time, with faults
-injected, and check eight invariants at every step:
+injected, and check the invariants at every step:
 
   1 no running job is killed          5 convergence once the faults stop
   2 no healthy instance is destroyed  6 no site blamed for our own outage
   3 never twice, never over quota     7 operators are obeyed (a pause holds)
   4 one brain (one engine acts per domain)  8 spend within the cap (budget_per_hour)
+                                      9 context views are true (the context broker)
 
 One integer seed fixes a whole run: the same seed replays the same run bit for bit, and
 every violation prints the command that replays it.
