@@ -11,9 +11,9 @@ from epu.common.clock import ManualClock
 from epu.common.messages import InstanceEvent, InstanceReport, PolicyChange
 from epu.services.decision.engine import Engine
 from epu.services.decision.lease import Fenced, Leases
-from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from epu.services.decision.store import Store
 
+from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from tests.decision.helpers import T0, Bus, config, jobs, snapshot
 
 TTL = 10.0

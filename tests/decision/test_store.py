@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from epu.common.messages import NodeCommandResult, PolicyChange
-from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.store import Store
 
+from epu.sim.decision_memstore import MemoryDecisionDatabase
 from tests.decision.helpers import config, event, jobs, make_engine, node, open_store, snapshot
 
 
@@ -104,8 +104,9 @@ def test_a_write_the_memory_database_refuses_changes_nothing():
     """The in-memory store's fault hook runs before a write touches anything (as a database
     refusing the first statement of a transaction): the simulator's store faults rely on it."""
     from epu.common.config.decision import DomainConfig
-    from epu.services.decision.memstore import MemoryLeases, MemoryStore
     from sqlalchemy.exc import OperationalError
+
+    from epu.sim.decision_memstore import MemoryLeases, MemoryStore
 
     db = MemoryDecisionDatabase()
     store = MemoryStore(db)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+
 from epu.common.messages import LaunchRequest
 from epu.services.provisioner.states import check_transition
 from epu.services.provisioner.store import (
@@ -40,7 +42,6 @@ from epu.services.provisioner.store import (
     cloud_field_values,
     new_identity_value,
 )
-from sqlalchemy.exc import IntegrityError
 
 _ENDED = ("terminated", "failed")
 _ROW_ORDER = operator.attrgetter("created_at", "instance_id")
