@@ -11,7 +11,7 @@ taken with a new epoch only when free or run out, a plan committed only while it
 so the engine cannot tell the difference. Even the order of instances launched at the same moment
 is the SQL store's: its working set lists them by last write, reloaded in row order when another
 engine wrote (each handle here keeps that order, ``_order``), so a run replays the one on SQLite
-(tests/sim/test_replay.py). ``tests/decision/test_store.py`` runs the store tests
+(tests/sim/test_replay.py). ``tests/conformance/`` runs the store tests
 against it too. Production uses ``Store`` and ``Leases`` (SQLite or PostgreSQL); nothing
 configures this one.
 

@@ -6,7 +6,7 @@ running statements (a poll reads every live record as SQL rows). This store keep
 records, transitions, outbox, miss and sighting memory and identity in dicts, with the same
 semantics — intent first, forward-only transitions with a compare-and-set on ``seq``, marks that
 ride along with the next write, rows returned in the order SQLite returns them — so the core
-cannot tell the difference. ``tests/provisioner/test_store.py`` runs every store test against
+cannot tell the difference. ``tests/conformance/`` runs every store test against
 both. Production uses ``Store`` (SQLite or PostgreSQL); nothing configures this one.
 
 Durability is modelled the way a database file is: a ``MemoryDatabase`` holds the data and
