@@ -469,7 +469,7 @@ class Provisioner:
     def rules(self, resume_after: float | None = None) -> core.Rules:
         """The rules of ``reconcile`` from the identity and the settings now (which a caller may
         change between polls). Without ``resume_after``, the same object as last time while they
-        are the same (a poll asks every 15 s; ``_still_steady`` then compares by identity)."""
+        are the same (a poll asks every 15 s; ``poll`` then compares by identity)."""
         st = self.settings
         key = (self.identity.deployment, self.identity.store_id, st.vanish_misses, st.vanish_min_seconds,
                st.orphan_grace_seconds, st.max_destroys_per_reconcile, st.resume_after_seconds)
