@@ -15,11 +15,12 @@ STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
-.PHONY: run test lint bench e2e sim venv services clean help
+.PHONY: run test test-fast lint bench e2e sim venv services clean help
 
 help:
 	@echo "make run    — the embedded demo: all services in one process, simulated cluster and cloud"
-	@echo "make test   — the whole test suite (sets up venv, RabbitMQ, PostgreSQL, Slurm)"
+	@echo "make test   — the whole test suite (sets up venv, RabbitMQ, PostgreSQL, Slurm; ~16 min on 2 cores)"
+	@echo "make test-fast — the suites that need no RabbitMQ, PostgreSQL or Slurm (venv only)"
 	@echo "make lint   — ruff"
 	@echo "make bench  — benchmarks in bench/ (figures printed; see docs/performance.md)"
 	@echo "make e2e    — the real thing on one machine: an elastic Slurm cluster driven by all services"
@@ -56,6 +57,15 @@ test: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi
 	@bash scripts/ensure-promtool.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The suites that need no system service: every test not marked rabbitmq, postgres, slurm, e2e or
+# cluster (tests/conftest.py marks a test by the service fixtures it takes). EPU_TEST_OFFLINE=1
+# makes a test that reaches for RabbitMQ or PostgreSQL anyway fail with the reason, and the
+# addresses point nowhere, so the run proves it needs neither.
+FAST_MARKERS := not rabbitmq and not postgres and not slurm and not e2e and not cluster
+test-fast: $(STAMP)
+	EPU_TEST_OFFLINE=1 EPU_TEST_RABBIT_HOST=127.0.0.1:1 EPU_TEST_PG_URL=postgresql://postgres@127.0.0.1:1 \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -11,7 +11,7 @@ CPU (the event loop, the digest, the sampler between events, the wrapper itself)
 row. The run is the same as ``epu simulate --scenario nasa-month`` windowed to DAYS: the digest is
 printed so it can be checked against an unwrapped run.
 
-Read with docs/performance.md ("Where the month's CPU goes, event by event").
+Read with docs/performance.md ("Workload simulation").
 """
 
 from __future__ import annotations

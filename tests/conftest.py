@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from epu.common.broker import Broker
@@ -32,6 +33,37 @@ def rabbitmqctl(*args: str, check: bool = True, stdin: str | None = None) -> sub
 
 
 _broker_diagnosed = False
+
+OFFLINE = os.environ.get("EPU_TEST_OFFLINE") == "1"
+"""Set by ``make test-fast``: the run must not reach RabbitMQ or PostgreSQL. A test that asks for
+them anyway fails at once and says so (its marker is missing), rather than quietly passing
+because the machine happens to run the services."""
+
+_SERVICE_FIXTURES = {"rabbit_vhost": "rabbitmq", "rabbit_url": "rabbitmq", "broker": "rabbitmq", "pg_url": "postgres"}
+_SERVICE_DIRS = {"e2e": "e2e", "cluster": "cluster"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark what needs a system service from what the test asks for, so ``-m "not rabbitmq and
+    not postgres and not slurm"`` (``make test-fast``) leaves out exactly those: a test using the
+    broker or PostgreSQL fixtures, a test parametrized over a PostgreSQL back end (the store
+    fixtures take ``pg_url`` by name at run time), and the e2e and cluster directories."""
+    for item in items:
+        wanted = {_SERVICE_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in _SERVICE_FIXTURES}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "postgres" in callspec.id:
+            wanted.add("postgres")
+        parts = item.path.relative_to(Path(__file__).parent).parts if item.path.is_relative_to(Path(__file__).parent) else ()
+        if parts and parts[0] in _SERVICE_DIRS:
+            wanted.add(_SERVICE_DIRS[parts[0]])
+        for name in sorted(wanted - {m.name for m in item.iter_markers()}):
+            item.add_marker(getattr(pytest.mark, name))
+
+
+def _refuse_offline(what: str) -> None:
+    if OFFLINE:
+        pytest.fail(f"EPU_TEST_OFFLINE=1 (make test-fast) but this test needs {what}: mark it "
+                    f"(rabbitmq/postgres) or take the service's fixture, so the fast run leaves it out")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -56,6 +88,7 @@ def _host_port(hostport: str) -> tuple[str, int]:
 @pytest.fixture(scope="session")
 def rabbit_vhost() -> Iterator[str]:
     """A fresh vhost for this test session (per xdist worker), with guest allowed in."""
+    _refuse_offline("RabbitMQ")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     vhost = f"epu-test-{worker}-{uuid.uuid4().hex[:8]}"
     rabbitmqctl("add_vhost", vhost)
@@ -100,6 +133,7 @@ def fresh_pg_database() -> Iterator[str]:
     """A new PostgreSQL database (a SQLAlchemy URL), dropped on exit even if the test failed."""
     import psycopg
 
+    _refuse_offline("PostgreSQL")
     name = f"epu_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(f"{PG_BASE_URL}/postgres", autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

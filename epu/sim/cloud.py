@@ -32,8 +32,8 @@ from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeDriver, NodeImage, NodeLocation, NodeSize
 from libcloud.compute.types import NodeState
 
-from epu.common.sameness import SameObjects
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_LAUNCH
+from epu.sim.sameness import SameObjects
 from epu.sim.world import World
 
 
@@ -538,7 +538,7 @@ class SimNodeDriver(NodeDriver):
 
     def listing_unchanged(self, nodes: list[Node] | tuple[Node, ...]) -> bool:
         """Would ``list_nodes`` now return ``nodes`` — these very Node objects, in this order —
-        and do nothing else but count the call? Then it is counted and True (``LibcloudSite.unchanged``):
+        and do nothing else but count the call? Then it is counted and True:
         the last listing (``_steady``) answered ``nodes``, was the cloud's whole listing, none of
         its pending nodes is due to boot, and the cloud would answer that very list again
         (``SimCloud.relisted``: nothing changed, nothing due, no fault can strike)."""

@@ -1,6 +1,6 @@
 """The fault simulator's engine process, skipping the iterations that cannot decide anything.
 
-``epu simulate`` skips idle engine iterations (``epu.simulate.fastpath``): an iteration after one
+``epu simulate`` skips idle engine iterations (``epu.sim.fastpath``): an iteration after one
 that changed nothing can only differ after a new input or a time threshold of the policy, and
 the skipped ones still tick (their events are in the digest) without running. In the fault
 simulator an idle iteration can do more, so ``SimLazyEngineProc`` runs every iteration while any
@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from epu.services.decision.policies import validate_params
-from epu.simulate.fastpath import EPSILON, LazyEngineProc, durations, next_wake
+from epu.sim.fastpath import EPSILON, LazyEngineProc, durations, next_wake
 
 
 class SimLazyEngineProc(LazyEngineProc):

@@ -36,11 +36,8 @@ from sqlalchemy.exc import OperationalError
 from epu.common.config import EpuConfig
 from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
 from epu.services.decision.engine import Engine
-from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases
-from epu.services.decision.memstore import MemoryStore as MemoryDecisionStore
 from epu.services.decision.store import Store as DecisionStore
 from epu.services.provisioner.app import ReportCache, build_provisioner
-from epu.services.provisioner.memstore import MemoryDatabase, MemoryStore
 from epu.services.provisioner.provisioner import Provisioner
 from epu.services.provisioner.runner import InlineRunner
 from epu.services.provisioner.store import Store as ProvisionerStore
@@ -49,6 +46,9 @@ from epu.services.sensor.dedupe import MemoryCommandLog
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus, Crash, snapshot_queue
 from epu.sim.cloud import SimCloud
+from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases
+from epu.sim.decision_memstore import MemoryStore as MemoryDecisionStore
+from epu.sim.provisioner_memstore import MemoryDatabase, MemoryStore
 from epu.sim.world import World, WorldClock
 
 log = logging.getLogger("epu.sim")
@@ -320,7 +320,7 @@ class ObservedDecisionStore(_Observed, DecisionStore):
 
 
 class ObservedMemoryDecisionStore(_Observed, MemoryDecisionStore):
-    """The in-memory store (``services.decision.memstore``), observed (``_Observed``)."""
+    """The in-memory store (``epu.sim.decision_memstore``), observed (``_Observed``)."""
 
 
 def open_decision_store(db: SqlEngine | MemoryDecisionDatabase) -> DecisionStore | MemoryDecisionStore:

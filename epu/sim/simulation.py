@@ -23,12 +23,11 @@ from sqlalchemy.engine import Engine as SqlEngine
 
 from epu.common.config import EpuConfig, parse_config
 from epu.common.db import make_engine
-from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.store import Store as DecisionStore
-from epu.services.provisioner.memstore import MemoryDatabase
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import SimCloud
+from epu.sim.decision_memstore import MemoryDecisionDatabase
 from epu.sim.invariants import Checker, Violation, max_cores
 from epu.sim.lazy import SimLazyEngineProc
 from epu.sim.processes import (
@@ -40,6 +39,7 @@ from epu.sim.processes import (
     StoreFaults,
     release_store,
 )
+from epu.sim.provisioner_memstore import MemoryDatabase
 from epu.sim.scenario import ProvisionerSpec, Scenario
 from epu.sim.world import World, WorldClock
 
@@ -134,7 +134,7 @@ class Simulation:
         self.decision_faults = StoreFaults()
         self.config = self.make_config(scenario.provisioners[0])
         self.decision_db: SqlEngine | MemoryDecisionDatabase
-        """The engines' shared store: in memory (``services.decision.memstore``, the SQL store's
+        """The engines' shared store: in memory (``epu.sim.decision_memstore``, the SQL store's
         semantics without SQLAlchemy's cost; no scenario reaches into its file), or an SQLite file
         on request (tests/sim/test_replay.py compares the two)."""
         if sqlite_decision_store:
@@ -152,7 +152,7 @@ class Simulation:
         self.provisioner_faults: dict[str, StoreFaults] = {}
         in_memory = scenario.setup is None and not sqlite_provisioner_stores
         self.databases: dict[str, MemoryDatabase] | None = {} if in_memory else None
-        """The provisioners' stores in memory (``services.provisioner.memstore``, the SQL store's
+        """The provisioners' stores in memory (``epu.sim.provisioner_memstore``, the SQL store's
         semantics without SQLAlchemy's cost; the same run, bit for bit — tests/sim/test_replay.py),
         or SQLite files: on request, and for a scenario whose setup may reach into the store files
         (backups, restores)."""

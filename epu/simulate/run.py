@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.config import EpuConfig, parse_config
-from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.policies import POLICIES, PolicyError, validate_params
 from epu.services.sensor.simulated import SimulatedBatch
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus
 from epu.sim.cloud import VM, CloudFaults, SimCloud
+from epu.sim.decision_memstore import MemoryDecisionDatabase
 from epu.sim.processes import EngineProc, ProvisionerProc, SensorProc, StoreFaults, release_store
 from epu.sim.simulation import quiet_loggers
 from epu.sim.world import World, WorldClock
@@ -286,11 +286,11 @@ class Simulate:
         self.batch.default_cores = self.dcfg.cores_per_node
         self.batch.inner.on_start.append(self._job_started)
         self.batch.inner.on_finish.append(self._job_finished)
-        db = MemoryDecisionDatabase()  # the engine's store in memory (services.decision.memstore)
+        db = MemoryDecisionDatabase()  # the engine's store in memory (epu.sim.decision_memstore)
         self.decision_db = db
         engine_cls = EngineProc
         if self.options.skip_idle:
-            from epu.simulate.fastpath import LazyEngineProc
+            from epu.sim.fastpath import LazyEngineProc
 
             engine_cls = LazyEngineProc
         self.engine = engine_cls(self.world, self.bus, "engine", self.config, db, StoreFaults())

@@ -36,7 +36,6 @@ import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import compress, count
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -65,15 +64,16 @@ from epu.common.messages import (
 from epu.services.decision import breaker, budget
 from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
-from epu.services.decision.lease import Fenced, Leases
+from epu.services.decision.lease import Fenced
 from epu.services.decision.lifecycle import add_started
 from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan, shadow
 from epu.services.decision.policies import Params, PolicyError, get_policy, validate_params
+from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
-from epu.services.decision.store import PlanWrite, Store
+from epu.services.decision.store import PlanWrite
 from epu.services.decision.view import (
     Census,
     DomainView,
@@ -149,19 +149,6 @@ class _Prepared:
 
 
 @dataclass
-class _QuietReport:
-    """A domain's last anti-entropy report that changed nothing (``Engine.on_instance_report``)."""
-
-    entries: tuple[InstanceEvent, ...]
-    stamp: Any
-    """The store's ``report_stamp`` after it."""
-    mark: int | None
-    """The store's ``saved_mark`` after it (None: the store cannot tell what it stored since)."""
-    index: dict[str, int] | None
-    """Instance id → its entry's position in ``entries`` (None: an id listed twice)."""
-
-
-@dataclass
 class _Health:
     """Per domain, in memory: since when the pipeline has looked healthy, and the breaker."""
 
@@ -175,12 +162,12 @@ class _Health:
 
 
 class Engine:
-    def __init__(self, config: EpuConfig, store: Store, publish: Callable[[Message], Any],
+    def __init__(self, config: EpuConfig, store: DecisionStore, publish: Callable[[Message], Any],
                  clock: Clock | None = None, publish_many: Callable[[list[Message]], Any] | None = None,
-                 leases: Leases | None = None) -> None:
+                 leases: DecisionLeases | None = None) -> None:
         self.config = config
         self.settings = config.decision
-        self.store = store
+        self.store: DecisionStore = store
         self.publish = publish
         self.publish_many = publish_many
         """Sends a burst of actions with one confirm wait (the service's); without it, one by one."""
@@ -201,15 +188,12 @@ class Engine:
         """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
         self.budget_held: dict[str, str] = {}
         """Domain → why the spend cap held launches at its last iteration (status and metric)."""
-        self.leases = leases
+        self.leases: DecisionLeases | None = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
         self._health: dict[str, _Health] = {}
         self._was_active: set[str] = set()
         self._reports: dict[str, float] = {}
         """When the provisioner's last anti-entropy report of each domain arrived: its heartbeat."""
-        self._quiet_reports: dict[str, _QuietReport] = {}
-        """Domain → its last report that changed nothing: the same entries against the same
-        instances change nothing again (``on_instance_report``)."""
         self._asked_again: dict[str, float] = {}
         """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
@@ -233,9 +217,7 @@ class Engine:
 
     # ------------------------------------------------------------------ input
     def _sync(self) -> None:
-        sync = getattr(self.store, "sync", None)
-        if sync is not None:
-            sync()  # another engine may have written the shared store since we last looked
+        self.store.sync()  # another engine may have written the shared store since we last looked
 
     def handle_input(self, msg: Message, _envelope: Envelope | None = None) -> None:
         if not isinstance(msg, SensorSnapshot):
@@ -286,12 +268,11 @@ class Engine:
     def _acting_domains(self, now: float) -> list[str]:
         """``acting`` for every domain; the leases this engine holds renewed first in one
         transaction when the leases can (``Leases.renew_many``), the rest one by one."""
-        renew_many = getattr(self.leases, "renew_many", None)
-        if renew_many is None:
+        if self.leases is None:
             return [d for d in self.domains if self.acting(d, now)]
         fresh = [d for d in self.domains if self.is_active(d)]
         try:
-            renewed = renew_many(fresh, now)
+            renewed = self.leases.renew_many(fresh, now)
         except Exception as exc:  # the store is busy or away: each domain's own check says so
             log.warning("lease renewal failed", extra={"domains": len(fresh), "error": f"{type(exc).__name__}: {exc}"})
             renewed = set()
@@ -318,9 +299,7 @@ class Engine:
         self._health.clear()
         self._refreshed.clear()
         self._ending.clear()
-        invalidate = getattr(self.store, "invalidate", None)
-        if invalidate is not None:
-            invalidate()
+        self.store.invalidate()
         if self.leases is not None:
             self.leases.release()
 
@@ -333,29 +312,8 @@ class Engine:
         repair never counts a failure against a site: those follow live events only."""
         self._reports[report.domain] = self.clock.now()  # the provisioner is alive (our pipeline check)
         self.apply_offered(report.offered)
-        # What follows is a function of the report's entries and of the stored instances alone.
-        # A store that can tell whether any instance was stored since (``report_stamp``: equal
-        # only if none was) lets a report that repeats a quiet one — the very same entries, the
-        # events are frozen — be answered without reading either: nothing to repair, nothing stale.
-        stamp_of = getattr(self.store, "report_stamp", None)
-        entries = tuple(report.instances)
-        items: list[InstanceEvent] | None = None
-        index = None
-        if stamp_of is not None:
-            quiet = self._quiet_reports.pop(report.domain, None)
-            if quiet is not None:
-                if (quiet.stamp == stamp_of() and len(quiet.entries) == len(entries)
-                        and all(map(operator.is_, quiet.entries, entries))):
-                    self._quiet_reports[report.domain] = quiet
-                    return 0
-                news = self._report_news(quiet, entries, report.domain)
-                if news is not None:
-                    items, in_place = news
-                    index = quiet.index if in_place else None
         repaired = 0
-        if items is None:
-            items = [e for e in entries if e.domain == report.domain]
-        # nothing to look at (a partly read report with no news): nothing to read either
+        items = [e for e in report.instances if e.domain == report.domain]
         known = self.store.seqs([e.instance_id for e in items]) if items else {}
         live = {i.instance_id: i.state for i in self.store.instances(report.domain)} if items else {}
         stale: list[str] = []
@@ -370,55 +328,10 @@ class Engine:
                 stale.append(evt.instance_id)
         if stale:
             self._end_stale(report.domain, stale)
-        elif not repaired and stamp_of is not None:
-            self._quiet_reports[report.domain] = self._quiet_report(entries, stamp_of(), index)
         if repaired:
             log.info("instance table repaired from a provisioner report",
                      extra={"domain": report.domain, "entries": repaired})
         return repaired
-
-    def _quiet_report(self, entries: tuple[InstanceEvent, ...], stamp: Any,
-                      index: dict[str, int] | None) -> _QuietReport:
-        """The memo of a report that changed nothing; ``index``: its entries' positions, when
-        known (the last memo's, valid while each position lists the same instance)."""
-        mark_of = getattr(self.store, "saved_mark", None)
-        if index is None:
-            index = {e.instance_id: k for k, e in enumerate(entries)}
-            if len(index) != len(entries):
-                index = None
-        return _QuietReport(entries, stamp, mark_of() if mark_of is not None else None, index)
-
-    def _report_news(self, quiet: _QuietReport, entries: tuple[InstanceEvent, ...],
-                     domain: str) -> tuple[list[InstanceEvent], bool] | None:
-        """The entries of a report that may say something the last quiet one (``quiet``) did
-        not, in report order, and whether each position lists the same instance as in ``quiet``
-        (its index then still holds) — each entry's verdict is a function of the entry (frozen)
-        and of its instance's stored row alone, so only entries that are new objects and entries
-        whose instance was stored since can be news; None when that cannot be told (the full pass
-        then). A report every few seconds of ~200 entries, nearly all of ended instances, was
-        read in full whenever any instance had been stored since, and whenever it grew or shrank
-        (a launch, an instance forgotten): each entry is then found by its instance in ``quiet``."""
-        since = getattr(self.store, "saved_since", None)
-        old = quiet.entries
-        if since is None or quiet.mark is None or quiet.index is None:
-            return None
-        saved = since(quiet.mark)
-        if saved is None:
-            return None
-        where = quiet.index
-        if len(old) == len(entries):
-            look = set(compress(count(), map(operator.is_not, old, entries)))
-            if all(entries[k].instance_id == old[k].instance_id for k in look):
-                look.update(k for k in map(where.get, saved) if k is not None)
-                return [e for e in map(entries.__getitem__, sorted(look)) if e.domain == domain], True
-        # grown, shrunk or moved: each entry is compared with its instance's entry in ``quiet``
-        items = []
-        for e in entries:
-            iid = e.instance_id
-            k = where.get(iid)
-            if (k is None or old[k] is not e or iid in saved) and e.domain == domain:
-                items.append(e)
-        return items, False
 
     def apply_offered(self, offered: dict[str, list[Any]]) -> list[str]:
         """A provisioner's discovered catalogues (``instance.report`` ``offered``) replace the
@@ -470,16 +383,12 @@ class Engine:
 
     def _terminating(self, domain: str) -> list[Instance]:
         """The domain's instances in ``terminating``, listed again only when its instances changed."""
-        stamp_of = getattr(self.store, "domain_stamp", None)
-        stamp = stamp_of(domain) if stamp_of is not None else None
+        stamp = self.store.domain_stamp(domain)
         cached = self._ending.get(domain)
-        if stamp is not None and cached is not None and cached[0] == stamp:
+        if cached is not None and cached[0] == stamp:
             return cached[1]
-        listed = getattr(self.store, "terminating", None)
-        ending = listed(domain) if listed is not None else [
-            i for i in self.store.instances(domain) if i.state == "terminating"]
-        if stamp is not None:
-            self._ending[domain] = (stamp, ending)
+        ending = self.store.terminating(domain)
+        self._ending[domain] = (stamp, ending)
         return ending
 
     def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
@@ -670,9 +579,7 @@ class Engine:
             self._sync()
         if set(active) - self._was_active:
             # newly in charge (first snapshot, a takeover): another engine may have written since
-            invalidate = getattr(self.store, "invalidate", None)
-            if invalidate is not None:
-                invalidate()
+            self.store.invalidate()
         self._was_active = set(active)
         sites = self._site_context() if active else None  # read once, kept current below
         self._launched = Counter()
@@ -713,23 +620,12 @@ class Engine:
         return records
 
     def _commit(self, writes: list[PlanWrite]) -> dict[str, Exception]:
-        """Store the plans of an iteration, all in one transaction when the store can
-        (``commit_plans``); returns the domains whose plan was not stored, with why. A failure of
+        """Store the plans of an iteration, all in one transaction (``commit_plans``); returns the domains whose plan was not stored, with why. A failure of
         the transaction as a whole (its commit) fails every domain: nothing is sent."""
         if not writes:
             return {}
-        commit_plans = getattr(self.store, "commit_plans", None)
-        if commit_plans is None:  # a store without the batch: one transaction per domain
-            failed: dict[str, Exception] = {}
-            for w in writes:
-                try:
-                    self.store.commit_plan(w.domain, w.plan, w.now, w.memory, w.iteration, w.refreshed,
-                                           fence=w.fence)
-                except Exception as exc:
-                    failed[w.domain] = exc
-            return failed
         try:
-            return dict(commit_plans(writes))
+            return dict(self.store.commit_plans(writes))
         except Exception as exc:
             return {w.domain: exc for w in writes}
 
@@ -783,8 +679,7 @@ class Engine:
         memo (``_Refreshed``) when the instances and the snapshot are the ones it was made on,
         with the shorter pass when only the snapshot is new, else with the full census."""
         snap = latest.snapshot
-        stamp_of = getattr(self.store, "domain_stamp", None)
-        stamp = stamp_of(domain) if stamp_of is not None else None
+        stamp: int | None = self.store.domain_stamp(domain)
         memo = self._refreshed.get(domain)
         before = None
         if stamp is not None and memo is not None and memo.stamp != stamp:
@@ -867,9 +762,8 @@ class Engine:
         """A domain's plan was committed: if it wrote only the refresh's changed instances, the
         store holds exactly the refresh's objects now (``_Refreshed.held``)."""
         memo = self._refreshed.get(w.domain)
-        stamp_of = getattr(self.store, "domain_stamp", None)
-        if memo is not None and memo.stamp is None and not w.plan.instances and stamp_of is not None:
-            memo.held = stamp_of(w.domain)
+        if memo is not None and memo.stamp is None and not w.plan.instances:
+            memo.held = self.store.domain_stamp(w.domain)
 
     def _prepare(self, domain: str, now: float,
                  sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,

@@ -27,7 +27,6 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from epu.common.config.provisioner import SiteConfig
-from epu.common.sameness import SameObjects
 from epu.services.provisioner.drivers import (
     SiteConfigError,
     check_driver_args,
@@ -105,10 +104,6 @@ class Site(Protocol):
     def terminate(self, cloud_id: str) -> None: ...
     def nodes(self) -> list[CloudNode]: ...
     def find_launch(self, launch_id: str) -> CloudNode | None: ...
-
-    # Optional (looked up with ``getattr``): ``unchanged(answer) -> bool`` — would ``nodes()``
-    # now answer these very CloudNode objects again? True stands for the list call; a site that
-    # cannot tell without listing (a real cloud) has no such method (``Provisioner._still_steady``).
 
 
 def client_token(launch_id: str) -> str:
@@ -284,9 +279,6 @@ class LibcloudSite:
         """The Nodes ``launch`` converted since the last listing that converted anything: a
         driver that lists the very Node its create answered (the simulators' do, while it boots)
         is not converted twice. Emptied by that listing (a Node not in it is converted afresh)."""
-        self._same = SameObjects()
-        """Remembers the tuple ``unchanged`` last found to be ``_last_listing``'s very answer: a
-        steady poll asks with the same tuple every poll."""
         self._create_params, takes_any = keyword_names(driver.create_node)
         self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
@@ -381,19 +373,6 @@ class LibcloudSite:
             if cn.launch_id == launch_id and cn.live:
                 return cn
         return None
-
-    def unchanged(self, answer: list[CloudNode] | tuple[CloudNode, ...]) -> bool:
-        """Would ``nodes()`` now answer ``answer`` again — these very CloudNode objects, in this
-        order? Known without listing only through a driver that can tell (``listing_unchanged``:
-        the simulators' cloud; libcloud's real drivers cannot, and a real cloud must be listed):
-        True then stands for the list call (the driver counts it). False: list."""
-        check = getattr(self.driver, "listing_unchanged", None)
-        last = self._last_listing
-        if check is None or last is None or last[0] != self.deployment:
-            return False
-        if not self._same.check(last, last[2], answer):
-            return False
-        return bool(check(last[1]))
 
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""

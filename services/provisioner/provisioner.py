@@ -47,12 +47,12 @@ from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
 from epu.services.provisioner.discovery import Catalogues
 from epu.services.provisioner.errors import CloudError, classify, describe, is_throttled
+from epu.services.provisioner.ports import ProvisionerStore
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
     InstanceRecord,
     Miss,
     Sighting,
-    Store,
     Transition,
     new_identity_value,
 )
@@ -112,17 +112,17 @@ class ReconcileReport:
     transitions: int = 0
 
 
-_Steady = tuple[tuple[CloudNode, ...], tuple[InstanceRecord, ...], core.Rules, int | None]
-"""A steady poll's listing, records and rules, and the store's ``records_version`` before it."""
+_Steady = tuple[tuple[CloudNode, ...], tuple[InstanceRecord, ...], core.Rules]
+"""A steady poll's listing, records and rules."""
 
 
 class Provisioner:
-    def __init__(self, store: Store, sites: dict[str, Site], publish: Callable[[InstanceEvent], Any], *,
+    def __init__(self, store: ProvisionerStore, sites: dict[str, Site], publish: Callable[[InstanceEvent], Any], *,
                  clock: Clock | None = None, settings: ProvisionerSettings | None = None,
                  renderers: dict[str, UserdataRenderer] | None = None,
                  sleep: Callable[[float], None] | None = None, on_cloud_call: CallObserver | None = None,
                  alert: Callable[[ProvisionerAlert], Any] | None = None) -> None:
-        self.store = store
+        self.store: ProvisionerStore = store
         self.sites = sites
         self._publish = publish
         self._alert = alert
@@ -149,8 +149,7 @@ class Provisioner:
         self._publish_lock = threading.Lock()
         self._steady: dict[str, _Steady] = {}
         """Per site, the inputs of the last poll whose ``observe`` found every node listed and
-        nothing to do (``Plan.steady``), with the store's ``records_version`` read before them;
-        see ``poll``."""
+        nothing to do (``Plan.steady``); see ``poll``."""
         self._observed: dict[str, core.ObserveCache] = {}
         """Per site, what ``observe`` keeps between polls (``core.ObserveCache``)."""
         self._rules: tuple[tuple[object, ...], core.Rules] | None = None
@@ -470,7 +469,7 @@ class Provisioner:
     def rules(self, resume_after: float | None = None) -> core.Rules:
         """The rules of ``reconcile`` from the identity and the settings now (which a caller may
         change between polls). Without ``resume_after``, the same object as last time while they
-        are the same (a poll asks every 15 s; ``_still_steady`` then compares by identity)."""
+        are the same (a poll asks every 15 s; ``poll`` then compares by identity)."""
         st = self.settings
         key = (self.identity.deployment, self.identity.store_id, st.vanish_misses, st.vanish_min_seconds,
                st.orphan_grace_seconds, st.max_destroys_per_reconcile, st.resume_after_seconds)
@@ -521,11 +520,6 @@ class Provisioner:
     def poll(self, site_name: str) -> int:
         """List the site's nodes once and move records to what the cloud says. Returns the
         number of transitions."""
-        last = self._steady.get(site_name)
-        if last is not None and self._still_steady(site_name, last):
-            return 0
-        version_of = getattr(self.store, "records_version", None)
-        version = version_of() if version_of is not None else None  # read before the records
         listing = self._list(site_name, "poll")
         if listing is None:
             return 0
@@ -538,29 +532,14 @@ class Provisioner:
             # The very objects of a steady poll (records and nodes are immutable; a change is a
             # new object) and no miss: ``observe`` would plan nothing again (``Plan.steady``).
             # A node gone from the listing makes it differ, so every miss is still counted.
-            self._steady[site_name] = (last[0], last[1], last[2], version)
+            self._steady[site_name] = last
             return 0
         plan = core.observe(world, rules)
         if plan.steady:
-            self._steady[site_name] = (world.nodes, records, rules, version)
+            self._steady[site_name] = (world.nodes, records, rules)
         report = ReconcileReport(site_name)
         self._carry_out(site_name, plan, report)
         return report.transitions
-
-    def _still_steady(self, site_name: str, last: _Steady) -> bool:
-        """May this poll be skipped without even listing? When the site can tell that its
-        listing would answer the steady poll's very nodes again (``Site.unchanged``, optional: the
-        simulators' cloud can, a real cloud must be listed), the store that no record was stored
-        since that poll's read (``records_version``, optional: the in-memory store's), no miss is
-        held and the rules are the same, the poll would read the very inputs of that steady poll
-        — the same skip as in ``poll``, without the reads. ``unchanged`` is asked last: True
-        stands for the list call."""
-        version_of = getattr(self.store, "records_version", None)
-        unchanged = getattr(self.sites[site_name], "unchanged", None)
-        return (last[3] is not None and version_of is not None and unchanged is not None
-                and version_of() == last[3] and _same_rules(last[2], self.rules())
-                and not self.store.misses(site_name)
-                and unchanged(last[0]))
 
     def reconcile(self, site_name: str, resume_after: float | None = None) -> ReconcileReport:
         """Make the store and the cloud agree (on start and every few minutes)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from epu.services.decision.memstore import MemoryDecisionDatabase
+
+from epu.sim.decision_memstore import MemoryDecisionDatabase
 
 
 @pytest.fixture(params=["sqlite", "postgres", "memory"])

@@ -81,8 +81,9 @@ def make_engine(store_url: Any = "sqlite://", cfg=None, clock: ManualClock | Non
 def open_store(store_url: Any) -> Any:
     """A decision store on ``store_url`` (SQL URL) or on a ``MemoryDecisionDatabase``."""
     from epu.common.db import make_engine as mk
-    from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryStore
     from sqlalchemy.pool import StaticPool
+
+    from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryStore
 
     if isinstance(store_url, MemoryDecisionDatabase):
         return MemoryStore(store_url)

@@ -240,8 +240,9 @@ def _step_nodes(rnd: random.Random, names: list[str]) -> list[NodeInfo]:
 @pytest.mark.parametrize("seed", range(10))
 def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> None:
     """Two engines on the same inputs — instance rows, snapshots (often the same one again),
-    node-command results, time — one with the refresh memo (``Store.domain_stamp``), one with it
-    switched off: every iteration sends the same commands and leaves the same instance table."""
+    node-command results, time — one with the refresh memo (``Engine._refreshed``, kept while
+    ``Store.domain_stamp`` says the instances are the same), one with it emptied before every
+    iteration: every iteration sends the same commands and leaves the same instance table."""
     from epu.common.messages import NodeCommandResult
 
     from tests.decision.helpers import config, make_engine, snapshot
@@ -256,9 +257,7 @@ def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> Non
     for memo in (True, False):
         engine, bus, clock = make_engine(cfg=cfg)
         engine.store.save_instances(seeded)
-        if not memo:
-            engine.store.domain_stamp = None  # type: ignore[attr-defined]  # getattr(...) is None: memo off
-        engines.append((engine, bus, clock))
+        engines.append((engine, bus, clock, memo))
     names = [i.node_name for i in seeded]
     snap = snapshot(nodes=_step_nodes(rnd, names), at=T0)
     for step in range(60):
@@ -268,11 +267,14 @@ def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> Non
         answer = rnd.random() < 0.5
         deliver = rnd.random() < 0.5  # else the engine iterates on the snapshot it holds
         seen = []
-        for engine, bus, clock in engines:
+        for engine, bus, clock, memo in engines:
             clock.advance(dt)
             if deliver:
                 engine.on_snapshot(snap.model_copy(update={"taken_at": clock.now()}))  # a new object
             bus.clear()
+            if not memo:  # memo off: every iteration refreshes from nothing kept
+                engine._refreshed.clear()
+                engine._ending.clear()
             engine.iterate()
             # re-sends go out in action-id order, and ids are random: compare and answer sorted
             sent = sorted(bus.of("node.command"), key=lambda m: (m.action, m.instance_id))

@@ -479,10 +479,10 @@ def test_a_steady_poll_is_skipped_and_every_miss_still_counted(tmp_path, skip, m
     from epu.common.messages import LaunchRequest
     from epu.services.provisioner import provisioner as pmod
     from epu.services.provisioner.cloud import LibcloudSite
-    from epu.services.provisioner.memstore import MemoryStore
     from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
     from epu.services.provisioner.sim import SimulatedNodeDriver
 
+    from epu.sim.provisioner_memstore import MemoryStore
     from tests.provisioner.conftest import FAST_RETRY, Events, site_config
 
     if not skip:

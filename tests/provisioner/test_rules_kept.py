@@ -9,8 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from epu.services.provisioner.memstore import MemoryStore
 from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+
+from epu.sim.provisioner_memstore import MemoryStore
 
 
 def _fields(rules) -> list[tuple[object, type]]:  # type: ignore[no-untyped-def]

@@ -88,7 +88,7 @@ def test_a_kept_listing_is_what_a_fresh_look_shows(seed: int) -> None:
 def test_the_sites_kept_conversion_is_a_fresh_one(seed: int) -> None:
     """``LibcloudSite.nodes`` converts only Nodes it did not convert last time, and keeps whether
     each is this deployment's: every answer equals the conversion of a fresh listing, filtered
-    afresh; when ``unchanged`` says the answer stands, the next one is those very CloudNodes."""
+    afresh."""
     from epu.services.provisioner.cloud import TAG_DEPLOYMENT, LibcloudSite, to_cloud_node
 
     from tests.provisioner.conftest import site_config
@@ -101,9 +101,7 @@ def test_the_sites_kept_conversion_is_a_fresh_one(seed: int) -> None:
     site = LibcloudSite("site", site_config(), driver, "epu")
     site.bind("epu", "store")
     size, image = NodeSize("m", "m", 0, 0, 0, 0, driver), NodeImage("sim-image", "sim-image", driver)
-    answer: list = []
-    older: list = []
-    stood = 0
+    answers = 0
     for i in range(300):
         op = rng.random()
         live = [v for v in cloud.vms.values() if v.terminated_at is None]
@@ -117,12 +115,8 @@ def test_the_sites_kept_conversion_is_a_fresh_one(seed: int) -> None:
             cloud._announce(rng.choice(live), world.t + 120.0)
         elif op < 0.75:
             world.t += rng.choice((0.0, 1.0, 10.0, 30.0, 60.0, 200.0))
-        claims = [(site.unchanged(then), then) for then in (answer, older)]  # the last answer, and the one before
-        older, answer = answer, site.nodes()
-        for claimed, then in claims:
-            if claimed:
-                stood += 1
-                assert len(answer) == len(then) and all(a is b for a, b in zip(answer, then, strict=True))
+        answer = site.nodes()
+        answers += bool(answer)
         fresh_nodes = [to_cloud_node(n) for n in cloud.driver("other").list_nodes()]
         assert answer == [n for n in fresh_nodes if n.tags.get(TAG_DEPLOYMENT) == "epu"]
-    assert stood > 10
+    assert answers > 100

@@ -48,7 +48,7 @@ def test_the_in_memory_provisioner_store_replays_the_sqlite_run() -> None:
 
 def test_the_in_memory_decision_store_replays_the_sqlite_run() -> None:
     """The simulator keeps the engines' store and leases in memory for speed
-    (``services.decision.memstore``); with every fault of ``chaos`` (engine crashes at commits,
+    (``epu.sim.decision_memstore``); with every fault of ``chaos`` (engine crashes at commits,
     store writes refused) and with two engines failing over, the run must be the one the SQLite
     store gives, event for event."""
     failover = scenarios.get_scenario("engine-failover")

@@ -1,5 +1,5 @@
 """One brain per domain: a lease with an epoch in the shared store, checked by every commit of a
-plan (services/decision/lease.py), on SQLite and on PostgreSQL. Two engines share one store;
+plan (services/decision/lease.py), on SQLite, PostgreSQL and the simulator's store. Two engines share one store;
 the one that lost the lease cannot commit, hence cannot send — even with a fresh cached
 snapshot. Also: anti-entropy from the provisioner's instance reports, and the ceilings every
 policy change is checked against."""
@@ -11,9 +11,9 @@ from epu.common.clock import ManualClock
 from epu.common.messages import InstanceEvent, InstanceReport, PolicyChange
 from epu.services.decision.engine import Engine
 from epu.services.decision.lease import Fenced, Leases
-from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from epu.services.decision.store import Store
 
+from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from tests.decision.helpers import T0, Bus, config, jobs, snapshot
 
 TTL = 10.0
@@ -133,15 +133,18 @@ def test_policy_changes_are_held_to_ceilings_from_the_configuration() -> None:
     assert e.on_policy_change(PolicyChange(change_id="c2", domain="capped", max_nodes=6)).applied
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_renewing_many_leases_at_once_renews_only_those_still_held(backend: str, tmp_path,
-                                                                    request: pytest.FixtureRequest) -> None:
-    """``Leases.renew_many`` (one transaction per iteration for every domain held): it extends
+def leases(store_url: str | MemoryDecisionDatabase, holder: str) -> Leases | MemoryLeases:
+    """A ``DecisionLeases`` of ``holder`` on the shared store."""
+    if isinstance(store_url, MemoryDecisionDatabase):
+        return MemoryLeases(store_url, holder, TTL)
+    return Leases(Store(store_url).create().engine, holder, TTL).create()
+
+
+def test_renewing_many_leases_at_once_renews_only_those_still_held(store_url) -> None:
+    """``renew_many`` (one transaction per iteration for every domain held): it extends
     exactly the leases this engine still holds — same holder, same epoch — and leaves a lease
     another engine took to ``hold``, which then reports it lost (fenced)."""
-    url = f"sqlite:///{tmp_path / 'leases.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
-    a = Leases(Store(url).create().engine, "A", TTL).create()
-    b = Leases(Store(url).create().engine, "B", TTL).create()
+    a, b = leases(store_url, "A"), leases(store_url, "B")
     assert a.hold("d1", T0) and a.hold("d2", T0)
     assert a.renew_many(["d1", "d2"], T0 + 5) == {"d1", "d2"}
     assert a.row("d1")[2] == a.row("d2")[2] == T0 + 5 + TTL

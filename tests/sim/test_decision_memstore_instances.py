@@ -10,9 +10,10 @@ import random
 from dataclasses import replace
 
 import pytest
-from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryStore
 from epu.services.decision.store import _LAUNCHED
 from epu.services.decision.view import Instance
+
+from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryStore
 
 
 def sorted_anew(store: MemoryStore, domain: str) -> list[Instance]:

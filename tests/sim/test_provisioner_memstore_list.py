@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 
 from epu.common.messages import LaunchRequest
-from epu.services.provisioner.memstore import _ENDED, MemoryDatabase, MemoryStore
 from epu.services.provisioner.store import InstanceRecord
+
+from epu.sim.provisioner_memstore import _ENDED, MemoryDatabase, MemoryStore
 
 
 def full_scan(db: MemoryDatabase, *, domain: str | None = None, site: str | None = None,

@@ -11,7 +11,7 @@ taken with a new epoch only when free or run out, a plan committed only while it
 so the engine cannot tell the difference. Even the order of instances launched at the same moment
 is the SQL store's: its working set lists them by last write, reloaded in row order when another
 engine wrote (each handle here keeps that order, ``_order``), so a run replays the one on SQLite
-(tests/sim/test_replay.py). ``tests/decision/test_store.py`` runs the store tests
+(tests/sim/test_replay.py). ``tests/conformance/`` runs the store tests
 against it too. Production uses ``Store`` and ``Leases`` (SQLite or PostgreSQL); nothing
 configures this one.
 
@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy.exc import IntegrityError
 
 from epu.common.config.decision import DomainConfig
 from epu.common.messages import Message
@@ -50,7 +52,6 @@ from epu.services.decision.store import (
     seed_merge,
 )
 from epu.services.decision.view import LIVE_STATES, PENDING_STATES, Instance
-from sqlalchemy.exc import IntegrityError
 
 
 @dataclass
@@ -595,6 +596,19 @@ class MemoryLeases:
         self._check_write()
         row.holder, row.epoch, row.expires_at = self.holder, row.epoch + 1, now + self.ttl
         return self._won(domain, row.epoch, now)
+
+    def renew_many(self, domains: list[str], now: float) -> set[str]:
+        """As ``Leases.renew_many``: renew the leases of ``domains`` this engine holds (same
+        holder and epoch); returns those renewed, the others are ``hold``'s."""
+        ours: set[str] = set()
+        for d in dict.fromkeys(domains):
+            mine, row = self.held.get(d), self.db.leases.get(d)
+            if mine is not None and row is not None and row.holder == self.holder and row.epoch == mine.epoch:
+                self._check_write()
+                row.expires_at = now + self.ttl
+                self._won(d, mine.epoch, now)
+                ours.add(d)
+        return ours
 
     def _won(self, domain: str, epoch: int, now: float) -> bool:
         self.held[domain] = Held(epoch, now + self.ttl)

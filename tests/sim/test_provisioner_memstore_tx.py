@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from epu.services.provisioner.memstore import MemoryStore, _Rollback
+
+from epu.sim.provisioner_memstore import MemoryStore, _Rollback
 
 
 def _free(store: MemoryStore) -> bool:

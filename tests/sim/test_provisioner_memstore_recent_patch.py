@@ -10,9 +10,10 @@ import random
 
 import pytest
 from epu.common.messages import LaunchRequest
-from epu.services.provisioner import memstore
-from epu.services.provisioner.memstore import MemoryDatabase, MemoryStore
 from epu.services.provisioner.store import InstanceRecord
+
+from epu.sim import provisioner_memstore as memstore
+from epu.sim.provisioner_memstore import MemoryDatabase, MemoryStore
 
 _NEXT = {"requested": ("pending", "failed", "terminating"), "pending": ("started", "terminating", "failed"),
          "started": ("terminating", "terminated", "failed"), "terminating": ("terminated",)}

@@ -7,8 +7,9 @@ import threading
 import pytest
 from epu.common.db import make_engine
 from epu.common.messages import LaunchRequest
-from epu.services.provisioner.memstore import MemoryStore
 from epu.services.provisioner.store import IdentityError, Miss, Sighting, Store
+
+from epu.sim.provisioner_memstore import MemoryStore
 
 
 @pytest.fixture(params=["sqlite", "memory", pytest.param("postgresql", marks=pytest.mark.postgres)])

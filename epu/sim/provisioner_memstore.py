@@ -6,7 +6,7 @@ running statements (a poll reads every live record as SQL rows). This store keep
 records, transitions, outbox, miss and sighting memory and identity in dicts, with the same
 semantics — intent first, forward-only transitions with a compare-and-set on ``seq``, marks that
 ride along with the next write, rows returned in the order SQLite returns them — so the core
-cannot tell the difference. ``tests/provisioner/test_store.py`` runs every store test against
+cannot tell the difference. ``tests/conformance/`` runs every store test against
 both. Production uses ``Store`` (SQLite or PostgreSQL); nothing configures this one.
 
 Durability is modelled the way a database file is: a ``MemoryDatabase`` holds the data and
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+
 from epu.common.messages import LaunchRequest
 from epu.services.provisioner.states import check_transition
 from epu.services.provisioner.store import (
@@ -40,7 +42,6 @@ from epu.services.provisioner.store import (
     cloud_field_values,
     new_identity_value,
 )
-from sqlalchemy.exc import IntegrityError
 
 _ENDED = ("terminated", "failed")
 _ROW_ORDER = operator.attrgetter("created_at", "instance_id")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from epu.services.provisioner import memstore
 from epu.services.provisioner.states import INSTANCE_STATE_ORDER, check_transition
+
+from epu.sim import provisioner_memstore as memstore
 
 
 def test_allowed_is_check_transition() -> None:

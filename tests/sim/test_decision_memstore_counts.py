@@ -10,9 +10,10 @@ import random
 from dataclasses import replace
 
 import pytest
-from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryStore
 from epu.services.decision.store import count_per_site, count_per_type
 from epu.services.decision.view import Instance
+
+from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryStore
 
 STATES = ("requested", "pending", "started", "joined", "draining", "terminating", "terminated", "failed")
 

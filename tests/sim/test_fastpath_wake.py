@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from epu.services.decision.view import Instance
 
-from epu.simulate.fastpath import instance_stamps, least_sum
+from epu.sim.fastpath import instance_stamps, least_sum
 
 
 def pairwise(stamps: list[float], ds: list[float], now: float) -> float:

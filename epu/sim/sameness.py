@@ -1,8 +1,8 @@
 """Is a sequence made of the very same objects as one seen before? Asked on every steady poll.
 
-Both the simulated driver (``listing_unchanged``) and the cloud site (``LibcloudSite.unchanged``)
-ask whether the list they are handed holds, in order, the objects of their last listing; the
-same tuple usually comes back poll after poll, so the answer for it is remembered and the
+The simulated driver (``SimNodeDriver.listing_unchanged``) asks whether the list it is handed
+holds, in order, the objects of its last listing; the same tuple usually comes back poll after
+poll, so the answer for it is remembered and the
 element-wise walk is made once. Identity, not equality: the objects are immutable, so the same
 object is the same value, and the check stays in C.
 """

@@ -1,22 +1,15 @@
-"""Durable engine state on SQLite and PostgreSQL — and on the simulators' in-memory twin (memstore): the same scenarios on every back end."""
+"""Durable engine state (``DecisionStore``) on SQLite, PostgreSQL and the simulator's in-memory store: the same scenarios on every back end."""
 
 from __future__ import annotations
 
 import pytest
 from epu.common.messages import NodeCommandResult, PolicyChange
-from epu.services.decision.memstore import MemoryDecisionDatabase
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.store import Store
+from epu.services.decision.view import Instance
 
+from epu.sim.decision_memstore import MemoryDecisionDatabase
 from tests.decision.helpers import config, event, jobs, make_engine, node, open_store, snapshot
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "memory"])
-def store_url(request):
-    """Where the store lives: an SQL URL, or the simulators' in-memory database (``memstore``)."""
-    if request.param == "memory":
-        return MemoryDecisionDatabase()
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 def test_state_survives_a_restart(store_url):
@@ -104,8 +97,9 @@ def test_a_write_the_memory_database_refuses_changes_nothing():
     """The in-memory store's fault hook runs before a write touches anything (as a database
     refusing the first statement of a transaction): the simulator's store faults rely on it."""
     from epu.common.config.decision import DomainConfig
-    from epu.services.decision.memstore import MemoryLeases, MemoryStore
     from sqlalchemy.exc import OperationalError
+
+    from epu.sim.decision_memstore import MemoryLeases, MemoryStore
 
     db = MemoryDecisionDatabase()
     store = MemoryStore(db)
@@ -153,3 +147,48 @@ def test_updates_write_the_changed_columns_and_read_back_whole(store_url):
     want = {i.instance_id: i for i in base} | {i.instance_id: i for i in changed}
     assert got == want
     assert {i.instance_id: i for i in s.instances("d", live_only=False)} == want
+
+
+def _inst(iid: str, state: str, at: float, domain: str = "d") -> Instance:
+    return Instance(iid, domain, "s1", f"n-{iid}", 2, state, at, at)
+
+
+def test_a_second_handle_sees_the_other_handles_writes_after_sync(store_url):
+    """Two engines on one store (an engine pair): each serves reads from its working set, and
+    ``sync`` drops it when the other wrote — on every store, so the simulator's engine pairs
+    see what production's see."""
+    a, b = open_store(store_url), open_store(store_url)
+    assert b.instances("d") == [] and b.terminating("d") == []
+    stamp = b.domain_stamp("d")
+    a.save_instances([_inst("i1", "requested", 1.0), _inst("i2", "terminating", 1.0)])
+    b.sync()
+    assert sorted(i.instance_id for i in b.instances("d")) == ["i1", "i2"]
+    assert [i.instance_id for i in b.terminating("d")] == ["i2"]
+    assert b.domain_stamp("d") != stamp
+    assert b.seqs(["i1", "i9"]) == {"i1": -1}
+    again = b.domain_stamp("d")
+    b.sync()
+    assert b.domain_stamp("d") == again, "nothing stored since: the same stamp"
+    b.invalidate()
+    assert sorted(i.instance_id for i in b.instances("d")) == ["i1", "i2"], "reloaded from the store"
+
+
+def test_a_fenced_write_stores_nothing(store_url):
+    """A fence that refuses (the lease was lost) refuses the whole transaction: no instance row,
+    no action, on every store — what keeps an engine that lost its lease from sending."""
+    from epu.services.decision.lease import Fenced
+    from epu.services.decision.planner import Plan
+
+    store = open_store(store_url)
+
+    def refuse(_conn) -> None:
+        raise Fenced("lease taken")
+
+    plan = Plan(instances={"i1": _inst("i1", "requested", 1.0)})
+    with pytest.raises(Fenced):
+        store.store_actions("d", plan, 1.0, fence=refuse)
+    with pytest.raises(Fenced):
+        store.commit_plan("d", plan, 1.0, {"k": 1}, 1, fence=refuse)
+    assert store.instances("d") == [] and store.actions("d") == []
+    store.invalidate()
+    assert store.instances("d") == [] and store.memory("d")[1] == 0

@@ -15,11 +15,11 @@ from epu.common.messages import Message
 from epu.services.decision.engine import Engine
 from epu.services.decision.lease import Leases
 from epu.services.decision.lease import leases as lease_rows
-from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from epu.services.decision.store import Store, actions
 from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 
+from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases, MemoryStore
 from tests.decision.helpers import T0, Bus, config, jobs, snapshot
 
 TTL = 10.0
