@@ -71,8 +71,13 @@ class DecisionStore(Protocol):
         """The stored outcome of a policy change (a re-delivered change is answered again)."""
         ...
 
+    def change_history(self, domain: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The domain's newest ``limit`` policy changes, oldest first (applied or refused, why, who)."""
+        ...
+
     def record_change(self, change_id: str, domain: str, applied: bool, reason: str, now: float,
-                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = ()) -> int | None:
+                      cfg: DomainConfig | None = None, retire: Iterable[Instance] = (), *,
+                      operator: str = "", request: str = "") -> int | None:
         ...
 
     # ---------------------------------------------------------------- instances

@@ -98,7 +98,7 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,
         nodes_by_state=dict(Counter(n.state for n in snap.nodes)) if snap is not None and snap.available else {},
         instances=[], last_decision=last, config=cfg.model_dump(mode="json"),
-        changes=engine.store.change_history(domain) if hasattr(engine.store, "change_history") else [])
+        changes=engine.store.change_history(domain))
     return StatusParts(head, columns)
 
 
