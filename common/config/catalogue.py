@@ -88,7 +88,7 @@ class TypeNodes(Section):
     (``bigmem[01-04,07]``)."""
     pattern: str | None = None
     """A name made from the launch: ``{domain}``, ``{type}`` and ``{id}`` (the launch id's
-    first 8 characters) are replaced, e.g. ``"{domain}-gpu-{id}"``. Used when ``names`` is empty."""
+    first 16 characters, ``planner.NAME_ID_CHARS``) are replaced, e.g. ``"{domain}-gpu-{id}"``. Used when ``names`` is empty."""
 
     @field_validator("names")
     @classmethod

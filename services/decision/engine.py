@@ -917,6 +917,7 @@ class Engine:
                 unproven[p.site] = unproven.get(p.site, 0) + 1
                 inst = out.instances.get(p.instance_id)
                 self._launched[(p.site, inst.instance_type if inst is not None else p.instance_type)] += 1
+        notes_extra += out.refused  # a refused add is news even when nothing was sent
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
         saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or notes_extra else None

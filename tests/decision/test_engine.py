@@ -28,7 +28,7 @@ def test_full_life_cycle_launch_add_join_offline_remove_terminate():
     (rec,) = e.iterate()
     launches = bus.of("instance.launch")
     assert len(launches) == 2 and rec.saw.queued_jobs == 2 and [a.kind for a in rec.actions] == ["launch"] * 2
-    assert launches[0].node_name == f"d-{launches[0].launch_id[:8]}"
+    assert launches[0].node_name == f"d-{launches[0].launch_id[:16]}"
     bus.clear()
     for n, launch in enumerate(launches):
         e.on_instance_event(event(launch, "pending", 1, clock.now()))
