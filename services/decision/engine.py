@@ -492,6 +492,10 @@ class Engine:
         if evt.interruption_at is not None and not repair:
             self._interrupted(inst, evt)
             return
+        if (evt.previous == "failed" and inst.state == "failed" and evt.state not in TERMINAL_INSTANCE_STATES
+                and evt.seq > inst.seq):
+            self._reopened(inst, evt, now)
+            return
         forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
             evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
         if evt.seq <= inst.seq and not forward:
@@ -519,6 +523,18 @@ class Engine:
             self._failures.setdefault(inst.site, f"launch failed: {evt.error_kind or 'error'}: {evt.reason}"[:300])
             log.warning("launch failed", extra={"site": inst.site, "instance": inst.instance_id,
                                                 "kind": evt.error_kind, "reason": evt.reason})
+
+    def _reopened(self, inst: Instance, evt: InstanceEvent, now: float) -> None:
+        """The provisioner reopened a launch it had closed ``failed``: the cloud lists its node
+        alive (the create took effect, its answer was lost, the retries ran out). The node may
+        have joined the batch system by itself and run jobs, so the instance is live again —
+        joined when a snapshot shows it, kept or retired the safe way (drain, remove, terminate)
+        like any other. Its stall clock starts now; an end decided earlier is decided again."""
+        new = evolve(inst, seq=evt.seq, ip=evt.ip or inst.ip, state=evt.state, state_at=now, launched_at=now,
+                     reason=evt.reason or inst.reason, terminate_sent=False)
+        self.store.save_instances([new])
+        log.warning("a failed launch's node is alive: taken back", extra={
+            "domain": inst.domain, "instance": inst.instance_id, "state": evt.state, "reason": evt.reason})
 
     def _interrupted(self, inst: Instance, evt: InstanceEvent) -> None:
         """The cloud will reclaim a live instance soon (a spot interruption notice): it leaves at

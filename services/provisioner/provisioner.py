@@ -390,8 +390,12 @@ class Provisioner:
 
     def _land(self, instance_id: str, site_name: str, node: CloudNode, why: str,
               expect: InstanceRecord | None = None) -> None:
-        """Record the cloud node of a launch (``requested`` → ``pending``/``started``)."""
+        """Record the cloud node of a launch (``requested`` → ``pending``/``started``). A node the
+        create's own answer (``expect``) shows failed is closed and destroyed at once; one a listing
+        shows so is recorded ``pending``, and the next listings judge it (``reconcile._absent``)."""
         state = node.state if node.state in ("pending", "started", "failed") else "pending"
+        if state == "failed" and expect is None:
+            state = "pending"
         reason = f"{why} as {node.cloud_id}" if state != "failed" else f"boot failed: node {node.native_state}"
         t = self._advance(instance_id, state, cloud_id=node.cloud_id, ip=node.ip, reason=reason,
                           error_kind=None, expect=expect)
@@ -407,8 +411,22 @@ class Provisioner:
         # told to terminate (or given up) while the create was in flight: don't leave it running
         if rec.state == "terminating":
             self._schedule_terminate(instance_id, site_name)
+        elif rec.state == "failed" and rec.cloud_id in (None, node.cloud_id) and node.live:
+            self._reopen(instance_id, node, "started" if node.state == "started" else "pending")
         elif rec.terminal and rec.cloud_id in (None, node.cloud_id):
             self._destroy_quietly(site_name, node.cloud_id, f"record {instance_id} is {rec.state}")
+
+    def _reopen(self, instance_id: str, node: CloudNode, state: str) -> bool:
+        """Reopen a ``failed`` record whose node is alive (``reconcile.Reopen``) and announce it."""
+        t = self.store.reopen(instance_id, state, self.clock.now(),
+                              f"reopened: node {node.cloud_id} of this failed launch is listed {node.native_state}; "
+                              "handed to the engine", cloud_id=node.cloud_id, ip=node.ip)
+        if t is None:
+            return False
+        self.emit(t)
+        log.warning("failed launch found alive: reopened", extra={"instance": instance_id, "cloud_id": node.cloud_id,
+                                                                  "state": state})
+        return True
 
     def _destroy_quietly(self, site_name: str, cloud_id: str, why: str) -> bool:
         try:
@@ -614,6 +632,10 @@ class Provisioner:
             elif isinstance(a, core.Adopt):
                 self._land(a.instance_id, site_name, a.node, "adopted by reconciliation")
                 report.adopted.append(a.instance_id)
+            elif isinstance(a, core.Reopen):
+                if self._reopen(a.instance_id, a.node, a.state):
+                    report.adopted.append(a.instance_id)
+                    report.transitions += 1
             elif isinstance(a, core.AdoptFound):
                 node = a.node
                 state = node.state if node.state in ("pending", "started", "failed") else "pending"

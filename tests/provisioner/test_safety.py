@@ -331,3 +331,49 @@ def test_presumption_and_sightings_are_durable_on_both_stores(backend, request, 
     other = Store(url)
     assert other.claim_identity() == again.identity
     other.close()
+
+
+# --------------------------------------------------------------------------- failed launches with live nodes
+
+def test_a_failed_launch_whose_create_took_effect_is_reopened_never_destroyed(build, sqlite_url, cloud,
+                                                                             clock) -> None:
+    """Issue 26, defect 6. Was: a create that took effect but whose answer was lost, then API
+    errors until the retries ran out, left a ``failed`` record and a live node — on HTCondor a
+    startd that joins by itself and takes jobs — and the next reconciliation destroyed it. Now
+    the record is reopened in the state the cloud shows and announced (``previous: failed``)."""
+    prov, events = build(cloud, sqlite_url)
+    for runner in prov.runners.values():
+        runner.retry = FAST_RETRY
+    cloud.inject("lost", 1)  # created, the answer lost...
+    cloud.inject("transient", 10)  # ...then errors until the retries ran out
+    launch(prov, "x1")
+    assert prov.store.get("x1").state == "failed" and live(cloud) == {"x1"}
+    clock.advance(60)  # booted (and, on HTCondor, joined by itself)
+    report = prov.reconcile("sim")
+    assert report.swept == [] and live(cloud) == {"x1"}
+    rec = prov.store.get("x1")
+    assert rec.state == "started" and rec.cloud_id is not None and "reopened" in rec.reason
+    last = [e for e in events.items if e.instance_id == "x1"][-1]
+    assert (last.previous, last.state, last.seq) == ("failed", "started", rec.seq)
+    assert [a.kind for a in prov.published_alerts] == ["failed-launch-alive"]
+    for _ in range(4):  # and it stays: polled and reconciled like any live node
+        clock.advance(300)
+        prov.poll("sim")
+        assert prov.reconcile("sim").swept == []
+    assert live(cloud) == {"x1"} and prov.store.get("x1").state == "started"
+
+
+def test_a_pending_node_listed_once_in_error_is_not_destroyed(build, sqlite_url, cloud, clock) -> None:
+    """Issue 26, defect 6. Was: one listing of ERROR for a ``pending`` record closed it ``failed``
+    and destroyed the node at once; a listing lagging a create may show a booted node so. Now it
+    takes the run of listings a presumption takes; then the boot counts as failed."""
+    prov, events = build(cloud, sqlite_url)
+    launch(prov, "x1")
+    assert prov.store.get("x1").state == "pending"
+    show_ended(prov, "sim", {"x1"}, "error", times=1)
+    prov.poll("sim")
+    assert live(cloud) == {"x1"} and prov.store.get("x1").state == "pending"
+    clock.advance(60)
+    prov.poll("sim")  # booted: listed running, the miss forgotten
+    assert live(cloud) == {"x1"} and prov.store.get("x1").state == "started"
+    assert "failed" not in events.states("x1")
