@@ -68,6 +68,9 @@ class StaleWrite(Exception):
     counter, which every write transaction moves: it commits only if no other process wrote since
     this one's last read."""
 
+    transient = True
+    """For the service runtime (``common.failures``): read again and retry in place."""
+
 
 @dataclass
 class Held:
