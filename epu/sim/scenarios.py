@@ -101,6 +101,18 @@ def lost_create_answer() -> Scenario:
 
 
 @scenario
+def lost_create_then_errors() -> Scenario:
+    return Scenario("lost-create-then-errors", "HTCondor: a create takes effect but its answer is lost, then API "
+                    "errors until the provisioner's retries run out; startds join by themselves",
+                    hours=3.0, domain=DomainSpec(max_nodes=16, flavor="htcondor"),
+                    sites=[SiteSpec("cloud-a", quota=24, faults=CloudFaults(
+                        lost_answer_rate=0.15, errors_after_lost_answer=12, listing_lag_seconds=90.0))],
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(20, 60)),
+                    stresses="issue 26: a launch closed failed whose node lives (and joined by itself) was "
+                             "destroyed by the next reconciliation, with the jobs the pool gave it")
+
+
+@scenario
 def capacity() -> Scenario:
     return Scenario("capacity-failover", "the cheap site keeps running out of capacity; demand at max_nodes",
                     hours=3.0, domain=DomainSpec(max_nodes=12),

@@ -517,6 +517,8 @@ class Engine:
                 and evt.seq > inst.seq):
             self._reopened(inst, evt, now)
             return
+        if inst.reopened_seq is not None and evt.seq < inst.reopened_seq:
+            return  # older than its reopening (a delayed event, an older report): the failure it undid
         forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
             evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
         if evt.seq <= inst.seq and not forward:
@@ -552,7 +554,7 @@ class Engine:
         joined when a snapshot shows it, kept or retired the safe way (drain, remove, terminate)
         like any other. Its stall clock starts now; an end decided earlier is decided again."""
         new = evolve(inst, seq=evt.seq, ip=evt.ip or inst.ip, state=evt.state, state_at=now, launched_at=now,
-                     reason=evt.reason or inst.reason, terminate_sent=False)
+                     reason=evt.reason or inst.reason, terminate_sent=False, reopened_seq=evt.seq)
         self.store.save_instances([new])
         log.warning("a failed launch's node is alive: taken back", extra={
             "domain": inst.domain, "instance": inst.instance_id, "state": evt.state, "reason": evt.reason})

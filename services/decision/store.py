@@ -108,6 +108,7 @@ instances = Table(
     Column("retire", String(16), default=""),
     Column("instance_type", String(64), default=""),
     Column("gang", String(64), default=""),
+    Column("reopened_seq", Integer),
 )
 actions = Table(
     "decision_actions", metadata,

@@ -46,7 +46,13 @@ from epu.common.messages import (
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
 from epu.services.provisioner.discovery import Catalogues
-from epu.services.provisioner.errors import CloudError, classify, describe, is_throttled
+from epu.services.provisioner.errors import (
+    CloudError,
+    classify,
+    describe,
+    is_throttled,
+    may_have_taken_effect,
+)
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
     InstanceRecord,
@@ -355,6 +361,9 @@ class Provisioner:
             spec = LaunchSpec(launch_id=instance_id, node_name=rec.node_name, domain=rec.domain,
                               userdata=userdata, size=kind.size, image=kind.image)
             idempotent = getattr(site, "idempotent_create", True)
+            # attempts that may have made the node (their errors); an earlier attempt of this
+            # launch always may have (it is re-driven only when its outcome was unknown)
+            ambiguous: list[str] = ["an earlier attempt"] if launch.cloud_attempts > 0 else []
 
             def create() -> CloudNode:
                 try:
@@ -362,6 +371,8 @@ class Provisioner:
                 except Exception as exc:
                     if not idempotent and classify(exc) == "transient" and not is_throttled(exc):
                         raise _OutcomeUnknown(describe(exc)) from exc
+                    if may_have_taken_effect(exc):
+                        ambiguous.append(describe(exc))
                     raise
 
             node = runner.call(create, "create")
@@ -380,6 +391,20 @@ class Provisioner:
             return
         except Exception as exc:
             kind = classify(exc)
+            if kind == "transient" and ambiguous:
+                # The retries ran out, but an attempt may have made the node (its answer lost).
+                # Closing the launch ``failed`` would have the engine replace it while the node
+                # boots (on HTCondor it joins by itself): more nodes than max_nodes allows. Look
+                # once; not listed (listings lag creates): the outcome is unknown, and the launch
+                # stays ``requested`` — reconciliation adopts its node by the launch-id tag, or
+                # re-drives it (the client token makes a second create return the same node).
+                if not self._landed_after_all(instance_id, site_name):
+                    log.warning("create outcome unknown after its retries: left to reconciliation",
+                                extra={"site": site_name, "launch_id": instance_id, "error": ambiguous[-1]})
+                    self.store.touch(instance_id, self.clock.now(),
+                                     f"create outcome unknown ({ambiguous[-1]}, then {describe(exc)}): "
+                                     "waiting for a listing")
+                return
             log.warning("launch failed", extra={"site": site_name, "launch_id": instance_id, "kind": kind,
                                                 "error": describe(exc)})
             self._advance(instance_id, "failed", reason=f"{kind}: {describe(exc)}", error_kind=kind)
@@ -387,6 +412,19 @@ class Provisioner:
         if self._crash_at == "after_cloud_call":
             os.kill(os.getpid(), signal.SIGKILL)
         self._land(instance_id, site_name, node, "launched", expect=rec)
+
+    def _landed_after_all(self, instance_id: str, site_name: str) -> bool:
+        """The retries of a create ran out after an attempt that may have made the node (a lost
+        answer): look for it by its launch-id tag once, and record it if found."""
+        try:
+            found = self._find_by_launch_id(site_name, instance_id)
+        except Exception as exc:  # the API is still failing: reconciliation looks later
+            log.info("no lookup after a failed create", extra={"launch_id": instance_id, "error": describe(exc)})
+            return False
+        if found is None:
+            return False
+        self._land(instance_id, site_name, found, "found after its create's retries ran out")
+        return True
 
     def _land(self, instance_id: str, site_name: str, node: CloudNode, why: str,
               expect: InstanceRecord | None = None) -> None:

@@ -303,6 +303,10 @@ def test_a_reopened_failed_launch_is_taken_back_as_live_and_added():
     inst = e.store.instance(launch.launch_id)
     assert (inst.state, inst.ip, inst.seq, inst.launched_at) == ("started", "10.0.0.7", 4, clock.now())
     assert launch.launch_id in {i.instance_id for i in e.store.instances("d")}
+    # the failure it undid, late (a delayed event, an older report entry): older than the reopening
+    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient", reason="503"))
+    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient"), repair=True)
+    assert e.store.instance(launch.launch_id).state == "started"
     step(e, clock, queued=jobs(1))
     adds = [c for c in bus.of("node.command") if c.action == "add"]
     assert [(c.instance_id, c.address) for c in adds] == [(launch.launch_id, "10.0.0.7")]
