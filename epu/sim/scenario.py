@@ -118,6 +118,8 @@ class Scenario:
     stores on SQLite, typed catalogues) — docs/performance.md has the suite's CPU time."""
     setup: Callable[[Simulation], None] | None = None
     """Extra wiring (a second deployment's nodes, a backup to restore...)."""
+    id_prefix_bits: int = 0
+    """A small launch-id space (``World.id_prefix_bits``): generated node names collide (0: full ids)."""
 
     def quiet_seconds(self) -> float:
         """The convergence bound: after the faults stop, everything must be settled within this

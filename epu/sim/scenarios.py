@@ -113,6 +113,17 @@ def lost_create_then_errors() -> Scenario:
 
 
 @scenario
+def name_collisions() -> Scenario:
+    return Scenario("name-collisions", "a small launch-id space: generated node names collide (Slurm, whose add of "
+                    "an existing name rewrites that node's address and identity)",
+                    hours=3.0, domain=DomainSpec(max_nodes=16), id_prefix_bits=5,
+                    sites=[SiteSpec("cloud-a", quota=24)],
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(20, 60)),
+                    stresses="issue 26: node names carried 32 bits of the launch id, unchecked; an add of a "
+                             "name another live instance held took that node over")
+
+
+@scenario
 def capacity() -> Scenario:
     return Scenario("capacity-failover", "the cheap site keeps running out of capacity; demand at max_nodes",
                     hours=3.0, domain=DomainSpec(max_nodes=12),

@@ -102,6 +102,14 @@ def _name_holders(view: DomainView) -> dict[str, list[str]]:
     return out
 
 
+def _shown_as(view: DomainView, name: str, holder: str) -> bool:
+    """Does the snapshot show a node of ``name`` carrying ``holder``'s identity?"""
+    node = view.nodes.get(name) or view.nodes.get(short_name(name))
+    if node is None:
+        node = next((n for n in view.nodes.values() if short_name(n.name) == short_name(name)), None)
+    return node is not None and node.instance_id == holder
+
+
 def _name_holder(holders: dict[str, list[str]], inst: Instance) -> str | None:
     """Another instance holding ``inst``'s node name, if any."""
     for other in holders.get(short_name(inst.node_name), ()):
@@ -192,6 +200,24 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                     log.warning(why, extra={"domain": view.domain, "instance": iid, "holder": holder})
                     continue
             node = view.node_of(inst)
+            if node is None and kind != "add":
+                # no node of this instance's identity in the snapshot: its name may be another
+                # live instance's (a collision whose add was refused), and a command by name would
+                # drain or remove that one's node. The batch system's own view says the name is
+                # someone else's: this instance has no node there — a removal confirmed.
+                if holders is None:
+                    holders = _name_holders(view)
+                holder = _name_holder(holders, inst)
+                if holder is not None and _shown_as(view, inst.node_name, holder):
+                    if kind == "remove" and not terminal:
+                        out.instances[iid] = evolve(inst, removed=True, idle_since=None,
+                                                    retire=action.retire or inst.retire or "scale-down")
+                    elif kind == "remove":
+                        out.instances[iid] = evolve(inst, removed=True)
+                    out.notes.append(f"no {kind} for {inst.node_name} of instance {iid}: the batch system shows "
+                                     f"that name as instance {holder}'s; this one has no node there")
+                    seen.add((iid, kind))
+                    continue
             msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op,
                               node=node.name if node is not None else inst.node_name,
                               instance_id=iid, address=inst.ip if action.op == "add" else None,

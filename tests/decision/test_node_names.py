@@ -62,3 +62,21 @@ def test_the_engine_sends_no_add_over_a_live_node_of_the_same_name() -> None:
     assert [c for c in bus.of("node.command") if c.action == "add"] == []
     assert any("held by live instance" in n for n in rec.notes), "published as an event: the decision record"
     assert bus.of("decision.record") == [rec]
+
+
+def test_no_node_command_by_a_name_the_batch_system_shows_as_another_instances() -> None:
+    """The instance whose add was refused has no node; a ``remove`` by its name would remove the
+    holder's node (and ``offline`` drain it). The batch system's own view shows the name as the
+    holder's: the removal is confirmed without a command, and the instance goes on its way out."""
+    from epu.common.messages import NodeInfo
+
+    holder = inst("a", "joined", ip="10.0.0.1")
+    newcomer = replace(inst("b", "started", ip="10.0.0.2", retire="stalled"), node_name=holder.node_name)
+    shown = NodeInfo(name=holder.node_name, state="free", cores=1, instance_id="a")
+    v = view(instances=[holder, newcomer], nodes=[shown])
+    out = plan(v, Decision([Node("remove", "b", "stalled"), Node("offline", "a", "idle")]), PLACEMENT, set())
+    assert [(p.kind, p.instance_id) for p in out.actions] == [("offline", "a")]
+    assert out.instances["b"].removed and any("shows that name as instance a's" in n for n in out.notes)
+    # without a node of that name in the snapshot, the remove goes out as always (the batch system answers)
+    out = plan(view(instances=[holder, newcomer]), Decision([Node("remove", "b", "stalled")]), PLACEMENT, set())
+    assert [p.kind for p in out.actions] == ["remove"]
