@@ -512,6 +512,17 @@ def engine_partition() -> Scenario:
                     stresses="one brain after a reconnect (fencing: issue 12)")
 
 
+@scenario
+def split_consumers() -> Scenario:
+    return Scenario("split-consumers", "an engine pair; a consumer cancellation hands one of the engines' "
+                    "queues (input, snapshots or control) to the other engine for a stretch",
+                    hours=3.0, engines=2,
+                    faults=[F.consumer_cancellations(2.0), F.operator_actions(1.0, terminate_share=0.3),
+                            F.command_failures(1.0)],
+                    stresses="issue 26: node results and instance events written by one engine while the "
+                             "other commits plans: every write that changes an instance is a compare-and-set")
+
+
 # ---------------------------------------------------------------------- operators
 
 
