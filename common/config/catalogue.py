@@ -106,7 +106,7 @@ class TypeNodes(Section):
         if value is None:
             return value
         try:
-            name = value.format(domain="d", type="t", id="0123abcd")
+            name = value.format(domain="d", type="t", id="0123abcd4567ef89")  # planner.NAME_ID_CHARS long
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"pattern may use only {{domain}}, {{type}} and {{id}} ({exc})") from None
         if "{id}" not in value:

@@ -103,3 +103,34 @@ def test_a_write_on_a_stale_read_is_refused_not_applied(store_url) -> None:
     assert b.store.instance(launch.launch_id).state == "terminated"
     a.store.sync()  # read again: the write goes through
     a.store.save_instances([a.store.instance(launch.launch_id)])
+
+
+def test_a_plan_prepared_before_another_engines_write_is_not_committed(store_url) -> None:
+    """A plan commit is a compare-and-set too (after its lease check): a plan prepared on rows
+    another engine wrote since is not stored, nothing of it is sent, and the next iteration —
+    on a fresh read — decides again."""
+    clock = ManualClock(T0)
+    a, bus_a = engine(store_url, "A", clock)
+    b, _ = engine(store_url, "B", clock)
+    launch, _add = _started_with_add_sent(a, bus_a, clock)
+    bus_a.clear()
+    real = a.store.commit_plans
+    fired: list[int] = []
+
+    def commit_plans(writes):  # noqa: ANN001, ANN202
+        if not fired:
+            fired.append(1)
+            b.handle_input(event(launch, "terminated", 3, clock.now()))
+        return real(writes)
+
+    a.store.commit_plans = commit_plans
+    clock.advance(5)
+    a.on_snapshot(snapshot(queued=jobs(3), at=clock.now()))
+    a.iterate()
+    assert fired and bus_a.of("instance.launch") == [], "a plan on a stale read was sent"
+    b.store.sync()
+    assert b.store.instance(launch.launch_id).state == "terminated"
+    clock.advance(5)
+    a.on_snapshot(snapshot(queued=jobs(3), at=clock.now()))
+    a.iterate()
+    assert len(bus_a.of("instance.launch")) == 3  # read again: the whole demand, the ended one gone
