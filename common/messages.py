@@ -472,7 +472,9 @@ class InstanceEvent(Message):
     state: InstanceState
     """The state it moved to."""
     previous: InstanceState | None = None
-    """The state it left."""
+    """The state it left. ``failed`` with a live ``state``: the provisioner reopened a launch it had
+    closed failed because the cloud lists its node alive (its create took effect, the answer was
+    lost): take the instance back as live — it may have joined the batch system by itself."""
     seq: NonNegInt = 0
     """Per-instance sequence number: ignore an event whose seq is not above the last applied."""
     node_name: str = ""
@@ -551,7 +553,7 @@ class InstanceReport(Message):
 
 
 ProvisionerAlertKind = Literal["orphan-seen", "orphan-sweep-refused", "destroy-deferred", "foreign-node",
-                               "node-reappeared", "orphan-adopted"]
+                               "node-reappeared", "orphan-adopted", "failed-launch-alive"]
 
 
 @register
@@ -572,7 +574,10 @@ class ProvisionerAlert(Message):
     ``node-reappeared``: the node of a record closed on absence (by an older release) is listed
     again: left running. ``orphan-adopted``: a node of this deployment and store, with a domain,
     whose launch the store does not know (restored or rolled back): recorded and announced, never
-    destroyed; the engine keeps or retires it."""
+    destroyed; the engine keeps or retires it. ``failed-launch-alive``: the node of a launch closed
+    ``failed`` (a create that took effect though its answer was lost) is listed alive: the record
+    is reopened (its event says ``previous: failed``), never destroyed; the engine keeps or
+    retires it."""
     message: str
     """What happened and what an operator can do, in words."""
     deployment: str = ""

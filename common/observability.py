@@ -50,7 +50,8 @@ class ServiceMetrics:
         self.consumer_up = Gauge("epu_consumer_up", "1 while this service consumes the queue", ["queue"], registry=r)
         self.handler_retries = Counter("epu_handler_retries_total",
                                        "Handler failures retried in place, by queue and kind (transient: "
-                                       "infrastructure, retried until it succeeds; error: bounded attempts)",
+                                       "infrastructure, retried until it succeeds; error: bounded attempts; "
+                                       "permanent: infrastructure no retry cures, the consumer or task stopped)",
                                        ["queue", "kind"], registry=r)
         self.timer_runs = Counter("epu_timer_runs_total", "Periodic task runs, by task and outcome",
                                   ["task", "outcome"], registry=r)

@@ -23,6 +23,12 @@ ever succeed:
 * the handler hit infrastructure — its database or the broker is away (``is_transient``):
   retried in place with backoff (capped at ``retry_max_seconds``) for as long as it takes,
   nothing dead-lettered, nothing reordered (later messages wait behind it);
+* the handler hit infrastructure that no wait cures — a schema that does not match the code
+  after an upgrade (``no such column``), a read-only or missing database, a refused login, a
+  missing binary (``common.failures``: ``permanent``): the message goes back to its queue
+  (nothing lost), that queue's consumer stops, one error line says why, and ``/healthz``
+  answers 503 with the reason until the service is restarted (after the fix). A periodic task
+  that fails so stops the same way;
 * any other exception (a bug, a case the handler cannot take): retried ``max_attempts``
   times with backoff, then dead-lettered with the exception as the reason.
 
@@ -45,7 +51,6 @@ import logging
 import os
 import random
 import signal
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -58,6 +63,7 @@ from typing import Any
 from epu.common.broker import Broker, BrokerUnavailable, Publisher, PublishError, PublishRefused
 from epu.common.clock import Clock, RealClock
 from epu.common.consuming import Inbound, RawConsumer
+from epu.common.failures import classify, describe
 from epu.common.inbound import allow_deep_headers, open_delivery, safe_headers
 from epu.common.messages import DecodeError, Envelope, Message
 from epu.common.observability import HealthServer, ServiceMetrics
@@ -90,28 +96,21 @@ class ConsumerLost(ConnectionError):
     """The broker cancelled one of our consumers (queue deleted, node lost): re-establish them."""
 
 
-def _transient_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [OSError, sqlite3.OperationalError, PublishError]
-    try:
-        from sqlalchemy import exc as sa
-
-        types += [sa.OperationalError, sa.InterfaceError, sa.TimeoutError, sa.DisconnectionError]
-    except ImportError:  # a host without SQLAlchemy (a sensor) has no such errors to expect
-        pass
-    return tuple(types)
+#: Errors that say "the infrastructure is away", beside what ``common.failures`` judges by its
+#: codes: a broker that could not take a publish.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (PublishError,)
 
 
-#: Errors that say "the infrastructure is away", not "this message is bad": a database that is
-#: failing over, locked or unreachable; a broker that refused or could not take a publish.
-TRANSIENT_ERRORS = _transient_types()
+def infrastructure(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> str | None:
+    """``"transient"`` (retry in place), ``"permanent"`` (stop consuming) or None (the message's
+    or a bug's): ``common.failures.classify``, a publish the broker refused being the message's."""
+    if getattr(exc, "transient", None) is None and isinstance(exc, PublishRefused):
+        return None  # the broker will refuse it again: a permanent failure of this message
+    return classify(exc, TRANSIENT_ERRORS + extra)
 
 
 def is_transient(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
-    if getattr(exc, "transient", None) is not None:
-        return bool(exc.transient)  # type: ignore[attr-defined]
-    if isinstance(exc, PublishRefused):
-        return False  # the broker will refuse it again: a permanent failure of this message
-    return isinstance(exc, TRANSIENT_ERRORS + extra)
+    return infrastructure(exc, extra) == "transient"
 
 
 @dataclass
@@ -178,6 +177,9 @@ class Service:
         self._inbox: deque[tuple[_ConsumerSpec, str, Inbound]] = deque()
         self._consuming: dict[str, bool] = {}
         self._cancelled: list[str] = []
+        self._stopped: dict[str, str] = {}
+        """Queues (and periodic tasks, ``timer NAME``) stopped on a permanent failure → why."""
+        self._live: dict[str, RawConsumer] = {}
         self._busy_since: float | None = None
         self._busy_with: str | None = None
         self._retrying: dict[str, Any] | None = None
@@ -261,6 +263,9 @@ class Service:
         age = now - self._last_loop
         busy = None if self._busy_since is None else round(now - self._busy_since, 3)
         consumers = {q: ("consuming" if up else "down") for q, up in self._consuming.items()}
+        for q in self._stopped:
+            if q in consumers:
+                consumers[q] = "stopped"
         doc: dict[str, Any] = {
             "service": self.name,
             "status": "stopping" if self.stopping else self._status,
@@ -275,12 +280,16 @@ class Service:
         }
         if self._retrying:
             doc["retrying"] = dict(self._retrying)
+        if self._stopped:
+            doc["status"] = "failed"
+            doc["stopped"] = dict(self._stopped)
         for key, fn in self.settings.extra_health.items():
             try:
                 doc[key] = fn()
             except Exception as exc:  # health must answer even when a probe breaks
                 doc[key] = f"error: {exc}"
         doc["healthy"] = bool(doc["connected"] and self._status == "serving" and age < 30 and not self.stopping
+                              and not self._stopped
                               and all(v == "consuming" for v in consumers.values())
                               and (busy is None or busy < self.settings.max_busy_seconds))
         return doc
@@ -386,13 +395,17 @@ class Service:
             if self.broker.declare:
                 self.broker.topology.declare(conn.channel(), self._declare)
             self._cancelled.clear()
+            self._live = {}
             for c in self._consumers:
                 queue = c.queue if c.queue is not None else self._queue_for(c.spec)
+                if queue.name in self._stopped:
+                    continue  # stopped on a permanent failure: only a restart (after the fix) resumes it
                 declare = self.broker.declare or c.queue is not None  # ad-hoc queues are ours
                 consumers.append(RawConsumer(
                     conn.channel(), queue, prefetch=c.prefetch, declare=declare,
                     on_message=lambda m, c=c, name=queue.name: self._inbox.append((c, name, m)),
                     on_cancel=self._cancelled.append))
+                self._live[queue.name] = consumers[-1]
                 self._consuming[queue.name] = True
                 self.metrics.consumer_up.labels(queue.name).set(1)
             self._connected.set()
@@ -463,11 +476,20 @@ class Service:
                 batch = [self._inbox.popleft() for _ in range(min(len(self._inbox), MAX_BATCH))]
                 outcomes = self._run_on_worker(conn, worker, lambda b=batch: self._handle_batch(b),
                                                f"{len(batch)} message(s) from {batch[0][1]}")
+                self._stop_consumers()
                 for (_c, _q, inbound), outcome in zip(batch, outcomes, strict=True):
                     if outcome is not None:
                         self._settle(inbound, outcome)
                 continue
             self._service(conn, self._seconds_to_next_timer())
+
+    def _stop_consumers(self) -> None:
+        """Cancel (on the connection thread) the consumers of queues stopped on a permanent
+        failure; what they had prefetched is requeued by ``_handle_batch``."""
+        for name in [q for q in self._stopped if q in self._live]:
+            self._live.pop(name).cancel()
+            self._consuming[name] = False
+            self.metrics.consumer_up.labels(name).set(0)
 
     def _service(self, conn: Any, timeout: float) -> None:
         """Read what the broker sent (deliveries go to the inbox), and keep heartbeats flowing.
@@ -522,13 +544,14 @@ class Service:
     # ------------------------------------------------------------------ timers
     def _due_timer(self) -> _Timer | None:
         now = time.monotonic()
-        due = [t for t in self._timers if now >= t.next_at]
+        due = [t for t in self._timers if now >= t.next_at and f"timer {t.name}" not in self._stopped]
         return min(due, key=lambda t: t.next_at) if due and not self.stopping else None
 
     def _seconds_to_next_timer(self) -> float:
-        if not self._timers:
+        timers = [t for t in self._timers if f"timer {t.name}" not in self._stopped]
+        if not timers:
             return 0.5
-        wait = min(t.next_at for t in self._timers) - time.monotonic()
+        wait = min(t.next_at for t in timers) - time.monotonic()
         return max(0.005, min(0.5, wait))
 
     def _run_timer(self, timer: _Timer) -> None:
@@ -538,7 +561,10 @@ class Service:
             self.metrics.timer_runs.labels(timer.name, "ok").inc()
         except Exception as exc:
             self.metrics.timer_runs.labels(timer.name, "error").inc()
-            if is_transient(exc, self.settings.transient_errors):  # the broker or a database is away
+            kind = infrastructure(exc, self.settings.transient_errors)
+            if kind == "permanent":
+                self._stop_on(f"timer {timer.name}", describe(exc))
+            elif kind == "transient":  # the broker or a database is away
                 self.log.warning("periodic task failed, will run again", extra={
                     "task": timer.name, "error": f"{type(exc).__name__}: {exc}"[:500]})
             else:
@@ -551,7 +577,12 @@ class Service:
         unsettled: the broker gives them to the next consumer."""
         out: list[str | None] = []
         for c, queue_name, inbound in batch:
-            out.append(None if self._interrupt.is_set() else self._handle(c, queue_name, inbound))
+            if self._interrupt.is_set():
+                out.append(None)
+            elif queue_name in self._stopped:
+                out.append("requeue")  # prefetched before its consumer stopped: back to the queue
+            else:
+                out.append(self._handle(c, queue_name, inbound))
         return out
 
     def _handle(self, c: _ConsumerSpec, queue_name: str, inbound: Inbound) -> str:
@@ -590,7 +621,12 @@ class Service:
             except Reject as exc:
                 return self.dead_letter(inbound, queue_name, f"rejected by {self.name}: {exc}", attempts)
             except Exception as exc:
-                transient = is_transient(exc, self.settings.transient_errors)
+                kind = infrastructure(exc, self.settings.transient_errors)
+                if kind == "permanent":
+                    self._stop_on(queue_name, f"{envelope.type} handler: {describe(exc)}")
+                    self._retrying = None
+                    return "requeue"  # not the message's fault: it waits in its queue for the fix
+                transient = kind == "transient"
                 error = f"{type(exc).__name__}: {exc}"
                 if not transient and attempts >= self.settings.max_attempts:
                     self.log.exception("handler failed, dead-lettering",
@@ -611,6 +647,17 @@ class Service:
             else:
                 self._retrying = None
                 return "ack"
+
+    def _stop_on(self, what: str, why: str) -> None:
+        """A permanent infrastructure failure: stop ``what`` (a queue's consumer, or ``timer
+        NAME``), say so in one error line, and answer /healthz with 503 and the reason."""
+        if what in self._stopped:
+            return
+        self._stopped[what] = why[:500]
+        self._last_error = why[:500]
+        self.metrics.handler_retries.labels(what, "permanent").inc()
+        self.log.error(f"{what} stopped: {why[:500]} — a failure no retry cures (fix it, then restart "
+                       f"{self.name}); /healthz reports it", extra={"stopped": what, "error": why[:500]})
 
     def dead_letter(self, inbound: Inbound, queue_name: str, reason: str, attempts: int = 1) -> str:
         """Keep the message — the bytes that were sent, with why — in the dead-letter queue.

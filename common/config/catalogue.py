@@ -88,7 +88,7 @@ class TypeNodes(Section):
     (``bigmem[01-04,07]``)."""
     pattern: str | None = None
     """A name made from the launch: ``{domain}``, ``{type}`` and ``{id}`` (the launch id's
-    first 8 characters) are replaced, e.g. ``"{domain}-gpu-{id}"``. Used when ``names`` is empty."""
+    first 16 characters, ``planner.NAME_ID_CHARS``) are replaced, e.g. ``"{domain}-gpu-{id}"``. Used when ``names`` is empty."""
 
     @field_validator("names")
     @classmethod
@@ -106,7 +106,7 @@ class TypeNodes(Section):
         if value is None:
             return value
         try:
-            name = value.format(domain="d", type="t", id="0123abcd")
+            name = value.format(domain="d", type="t", id="0123abcd4567ef89")  # planner.NAME_ID_CHARS long
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"pattern may use only {{domain}}, {{type}} and {{id}} ({exc})") from None
         if "{id}" not in value:

@@ -84,6 +84,8 @@ class BatchStats:
     failed_commands: int = 0
     snapshots: int = 0
     unavailable: int = 0
+    rewritten: int = 0
+    """``add`` of a name another live instance held (its node's identity and address rewritten)."""
     kills: list[Kill] = field(default_factory=list)
 
 
@@ -136,6 +138,8 @@ class SimBatchSystem:
         self.stats = BatchStats()
         self.serving: dict[str, VM] = {}
         """Batch node name → the running VM whose daemon serves it."""
+        self.running_by_launch: dict[str, VM] = {}
+        """Launch id → its running VM (an ``add`` names the instance it is for)."""
         self.retired: set[str] = set()
         """VM ids whose startd was turned off (htcondor ``remove``): they do not come back."""
         self._history: deque[tuple[float, Observation]] = deque()
@@ -153,6 +157,11 @@ class SimBatchSystem:
     # ------------------------------------------------------------------ the cloud's side
     def vm_running(self, vm: VM) -> None:
         name = self.batch_name(vm.name)
+        self.running_by_launch[vm.launch_id or vm.cloud_id] = vm
+        if self.flavor != "htcondor" and name in self.serving and self.serving[name].terminated_at is None:
+            # two live machines of one name (a name collision): the first keeps the name until an
+            # ``add`` for the second rewrites it (``_apply``)
+            return
         self.serving[name] = vm
         delay = self._rng.uniform(*self.register_seconds)
         self.world.call_after(delay, lambda: self._register(name, vm), f"batch register {name}")
@@ -291,6 +300,16 @@ class SimBatchSystem:
                     return mismatched_add(node, n.cores, cores)
                 if n is not None and instance_id and n.instance_id is None:
                     n.instance_id = instance_id
+                elif n is not None and instance_id and n.instance_id != instance_id:
+                    # Slurm's ``scontrol create``/``update`` of a name that exists takes the new
+                    # address and identity: the name (and the jobs it runs) now points at the other
+                    # instance's machine — what a name collision did before EPU refused such adds
+                    n.instance_id = instance_id
+                    vm = self.running_by_launch.get(instance_id)
+                    if vm is not None and vm.terminated_at is None:
+                        self.serving[node] = vm
+                    self.stats.rewritten += 1
+                    return CommandOutcome(True, changed=True, output=f"node {node} rewritten for {instance_id}")
                 return CommandOutcome(True, output=f"node {node} already exists")
             vm = self.serving.get(node)
             if vm is not None:

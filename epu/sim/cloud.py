@@ -47,6 +47,10 @@ class CloudFaults:
     """A create fails with InsufficientInstanceCapacity (the engine fails over)."""
     lost_answer_rate: float = 0.0
     """A create succeeds but its answer is lost (504): the client token must save us."""
+    errors_after_lost_answer: int = 0
+    """After a lost create answer, this many following create calls fail with a 503 — the
+    provisioner's retries run out and its launch closes ``failed`` while the node boots (and, on
+    HTCondor, joins by itself and takes jobs)."""
     listing_lag_seconds: float = 0.0
     """A new node appears in listings only up to this long after its create (EC2's eventual
     consistency): a lookup by tag right after a lost answer finds nothing."""
@@ -182,6 +186,8 @@ class SimCloud:
         self._rng = world.rng(f"cloud/{name}")
         self._partial_left = 0
         self._wrong_left = 0
+        self._errors_left = 0
+        """Create calls still to fail after a lost answer (``errors_after_lost_answer``)."""
         self.misreported: dict[str, NodeState] = {}
         """The running nodes the last listing shows in a wrong state, and that state (empty but
         during a ``wrong_state_rate`` episode): the drivers put it on the Nodes they hand out."""
@@ -262,6 +268,10 @@ class SimCloud:
     def create(self, caller: str, name: str, tags: dict[str, str], token: str | None, size: str = "") -> VM:
         self._api("create")
         f = self.faults
+        if self._errors_left > 0 and self.enabled:
+            self._errors_left -= 1
+            self.stats.errors += 1
+            raise BaseHTTPError(503, "ServiceUnavailable: simulated: the API fails after a lost create answer")
         if token and token in self.by_token:
             return self.vms[self.by_token[token]]
         if self._fault(f.capacity_error_rate):
@@ -297,6 +307,7 @@ class SimCloud:
             fn(vm)
         self._schedule_life(vm)
         if self._fault(f.lost_answer_rate):
+            self._errors_left = f.errors_after_lost_answer
             raise BaseHTTPError(504, "GatewayTimeout: simulated: the node was created but the answer was lost")
         return vm
 

@@ -28,14 +28,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
 from epu.common.config.decision import DomainConfig
 from epu.common.messages import Message
-from epu.services.decision.lease import Fenced, Held
+from epu.services.decision.lease import Fenced, Held, StaleWrite
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
 from epu.services.decision.store import (
@@ -139,6 +139,10 @@ class MemoryStore:
         self._order: dict[str, None] | None = None
         """Instance ids in the order ``Store``'s working set would list them (None: reload)."""
         self._gen = -1
+        self._basis = -1
+        """The generation this handle last read at (``sync``) or wrote (-1: never): a write that
+        changes an instance is refused (``StaleWrite``) if another handle wrote since, as
+        ``Store._write(cas=True)`` does. ``_gen`` cannot serve: a read that reloads moves it."""
         self._stamps: dict[str, int] = {}
         """Domain → stamp of its instances as listed (``Store.domain_stamp``); reset on reload."""
         self._listed: dict[str, tuple[int, list[Instance]]] = {}
@@ -157,6 +161,7 @@ class MemoryStore:
         if self.db.generation != self._gen:
             self._order = None
             self._gen = self.db.generation
+        self._basis = self.db.generation
 
     def _loaded(self) -> dict[str, None]:
         """The live instances' ids, in the order of ``Store``'s working set (reloaded as it is)."""
@@ -173,27 +178,35 @@ class MemoryStore:
         return map(self.db.instances.__getitem__, self._loaded())
 
     @contextmanager
-    def _write(self, conn: Any = None) -> Iterator[Any]:
+    def _write(self, conn: Any = None, cas: bool = False) -> Iterator[Any]:
         """A write transaction (nested in the caller's when ``conn`` is given): the fault hook
-        runs before anything is touched; the generation counter moves once per transaction."""
+        runs before anything is touched; the generation counter moves once per transaction.
+        ``cas``: a compare-and-set on the generation (``Store._write``)."""
         if conn is not None:
             yield conn
             return
-        self._begin()
+        self._begin(cas)
         yield self
         self._commit()
 
-    def _begin(self) -> None:
-        """A write transaction starts: the fault hook may refuse it (before anything is touched)."""
+    def _begin(self, cas: bool = False) -> None:
+        """A write transaction starts: the fault hook may refuse it, and (``cas``) a write resting
+        on a read another handle's write made stale is refused — before anything is touched."""
         if self.db.before_write is not None:
             self.db.before_write()
+        if cas and self._basis != -1 and self.db.generation != self._basis:
+            read_at = self._basis
+            self._basis = self.db.generation
+            self._order = None
+            raise StaleWrite(f"the decision store moved on (generation {self.db.generation}, read at {read_at}): "
+                             "another engine wrote since; read again and redo")
 
     def _commit(self) -> None:
         """A write transaction ends: the generation counter moves (once per transaction)."""
         self.db.generation += 1
         if self.db.generation - 1 != self._gen:
             self._order = None  # another engine wrote since we last looked, as Store drops its cache
-        self._gen = self.db.generation
+        self._gen = self._basis = self.db.generation
 
     # ------------------------------------------------------------------ configs
     def current_config(self, domain: str) -> tuple[int, DomainConfig] | None:
@@ -245,7 +258,7 @@ class MemoryStore:
     def record_change(self, change_id: str, domain: str, applied: bool, reason: str, now: float,
                       cfg: DomainConfig | None = None, retire: Iterable[Instance] = (), *,
                       operator: str = "", request: str = "") -> int | None:
-        with self._write() as conn:
+        with self._write(cas=True) as conn:
             if change_id in self.db.changes:
                 raise IntegrityError("INSERT INTO decision_changes", None, Exception(f"duplicate change {change_id}"))
             version = self.put_config(domain, cfg, source="operator", now=now, change_id=change_id,
@@ -329,7 +342,7 @@ class MemoryStore:
         items = list(items)
         if not items:
             return
-        with self._write(conn):
+        with self._write(conn, cas=True):
             self._put(items)
 
     def _put(self, items: list[Instance]) -> None:
@@ -419,17 +432,29 @@ class MemoryStore:
     def commit_plan(self, domain: str, plan: Plan, now: float, memory: dict[str, Any] | None,
                     iteration: int, refreshed: Iterable[Instance] = (),
                     fence: Callable[[Any], None] | None = None) -> None:
-        """As ``Store.commit_plan``: nothing of the plan is stored if ``fence`` raises."""
-        with self._write() as conn:
-            self._plan_rows(conn, PlanWrite(domain, plan, now, memory, iteration, refreshed, fence))
+        """As ``Store.commit_plan``: nothing of the plan is stored if ``fence`` raises (checked
+        first, as ``Store`` reports it before a ``StaleWrite``)."""
+        if fence is not None:
+            fence(None)
+        with self._write(cas=True) as conn:
+            self._plan_rows(conn, PlanWrite(domain, plan, now, memory, iteration, refreshed, None))
 
     def commit_plans(self, writes: list[PlanWrite]) -> dict[str, Exception]:
         """As ``Store.commit_plans``: one write transaction; a domain whose lease check or
         action ids fail stores nothing (each is checked before any of its rows is touched, so
         there is nothing to roll back) and is returned with the error."""
         failed: dict[str, Exception] = {}
-        with self._write() as conn:
-            for w in writes:
+        checked = []
+        for w in writes:  # the leases first, as ``Store`` reports a ``Fenced`` before a ``StaleWrite``
+            try:
+                if w.fence is not None:
+                    w.fence(None)
+            except Exception as exc:
+                failed[w.domain] = exc
+                continue
+            checked.append(replace(w, fence=None))
+        with self._write(cas=True) as conn:
+            for w in checked:
                 try:
                     self._plan_rows(conn, w)
                 except Exception as exc:
@@ -456,9 +481,9 @@ class MemoryStore:
 
     def store_actions(self, domain: str, plan: Plan, now: float,
                       fence: Callable[[Any], None] | None = None) -> None:
-        with self._write() as conn:
-            if fence is not None:
-                fence(conn)
+        if fence is not None:
+            fence(None)
+        with self._write(cas=True) as conn:
             self._new_actions(plan)
             self.save_instances(plan.instances.values(), conn)
             self.save_sites(plan.sites.values(), conn)
@@ -539,12 +564,19 @@ class MemoryStore:
         """As ``Store.record_instance_event``: the row and its answered actions in one write
         transaction — ``save_instances`` and ``complete`` nested in it, inlined (an event per
         instance state change: the nested transactions' bookkeeping was a third of its cost)."""
-        self._begin()
+        self._begin(cas=True)
         self._put([inst])
         ids = self._to_complete(None, inst.instance_id, kinds)
         if ids:
             self._close(ids, outcome)
         self._commit()
+
+    def record_node_result(self, action_id: str, outcome: str, inst: Instance | None) -> None:
+        """As ``Store.record_node_result``: the action done and the instance row, one transaction."""
+        with self._write(cas=True) as conn:
+            self.complete(action_id=action_id, outcome=outcome, conn=conn)
+            if inst is not None:
+                self.save_instances([inst], conn)
 
     def action(self, action_id: str) -> dict[str, Any] | None:
         row = self.db.actions.get(action_id)

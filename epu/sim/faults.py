@@ -157,6 +157,46 @@ def engine_partition(per_hour: float, length: tuple[float, float] = (30.0, 600.0
     return fault
 
 
+def consumer_cancellations(per_hour: float, length: tuple[float, float] = (60.0, 1800.0)) -> Fault:
+    """The broker cancels one engine's consumer on *one* of its single-active-consumer queues (a
+    queue's leader moved, a node of the cluster was lost) and hands that queue to the other
+    engine, while the first keeps the others: for a stretch the input queue (results, instance
+    events, reports), a domain's snapshot queue and the control queue are consumed by different
+    engines, which then both write the same instance rows. At the end of the stretch the queue
+    goes back (the other engine's consumer is cancelled in turn)."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("cancel")
+        names = ["decision.input", snapshot_queue(sim.domain), "decision.control"]
+        moved: list[tuple[str, object]] = []
+
+        def start() -> None:
+            q = sim.bus.queues.get(rng.choice(names))
+            if q is None or len(q.consumers) < 2:
+                return
+            current = q.pick()
+            others = [c for c in q.consumers if c is not current and c.owner.registered]
+            if current is None or not others:
+                return
+            moved.append((q.name, current))
+            q.active = rng.choice(others)
+            sim.bus.flush(q)
+            sim.pipeline_changed()
+
+        def stop() -> None:
+            while moved:
+                name, before = moved.pop()
+                q = sim.bus.queues[name]
+                if before in q.consumers and before.owner.registered:  # type: ignore[attr-defined]
+                    q.active = before  # type: ignore[assignment]
+                    sim.bus.flush(q)
+            sim.pipeline_changed()
+
+        _episodes(sim, "cancel", per_hour, length, start, stop)
+
+    return fault
+
+
 def store_write_failures(per_hour: float, length: tuple[float, float] = (1.0, 10.0),
                          which: str = "both") -> Fault:
     """The database refuses writes for a few seconds ("database is locked", a failover)."""

@@ -435,6 +435,22 @@ class MemoryStore:
             tid = self._transition(new, rec.state, now, reason, presumed_gone)
         return Transition(tid, new, rec.state, now)
 
+    def reopen(self, instance_id: str, state: str, now: float, reason: str, *, cloud_id: str,
+               ip: str | None = None) -> Transition | None:
+        """As ``Store.reopen``: a ``failed`` record whose node is listed alive, reopened."""
+        if state not in ("pending", "started"):
+            raise ValueError(f"a failed record is reopened as pending or started, not {state!r}")
+        with self._tx() as write:
+            rec = self.db.instances.get(instance_id)
+            if rec is None or rec.state != "failed":
+                return None
+            write()
+            new = _evolve(rec, state=state, seq=rec.seq + 1, updated_at=now, reason=reason, error_kind=None,
+                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip)
+            self._put(new)
+            tid = self._transition(new, "failed", now, reason, False)
+        return Transition(tid, new, "failed", now)
+
     def records_version(self) -> int:
         """Equal values: no record was stored in between (by any handle on this database), so
         ``records_for`` answers with the very same records (``Provisioner.poll`` skips a steady

@@ -137,7 +137,9 @@ class Scenario:
     """Extra wiring (a second deployment's nodes, a backup to restore...)."""
     context: Any = None
     """``epu.sim.context.ContextFaults``: put the context broker, its agents and an adversary in
-    the world (invariant 8); None: no broker."""
+    the world (invariant 9); None: no broker."""
+    id_prefix_bits: int = 0
+    """A small launch-id space (``World.id_prefix_bits``): generated node names collide (0: full ids)."""
 
     def quiet_seconds(self) -> float:
         """The convergence bound: after the faults stop, everything must be settled within this

@@ -115,6 +115,29 @@ def lost_create_answer() -> Scenario:
 
 
 @scenario
+def lost_create_then_errors() -> Scenario:
+    return Scenario("lost-create-then-errors", "HTCondor: a create takes effect but its answer is lost, then API "
+                    "errors until the provisioner's retries run out; startds join by themselves",
+                    hours=3.0, domain=DomainSpec(max_nodes=16, flavor="htcondor"),
+                    sites=[SiteSpec("cloud-a", quota=24, faults=CloudFaults(
+                        lost_answer_rate=0.15, errors_after_lost_answer=12, listing_lag_seconds=90.0))],
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(20, 60)),
+                    stresses="issue 26: a launch closed failed whose node lives (and joined by itself) was "
+                             "destroyed by the next reconciliation, with the jobs the pool gave it")
+
+
+@scenario
+def name_collisions() -> Scenario:
+    return Scenario("name-collisions", "a small launch-id space: generated node names collide (Slurm, whose add of "
+                    "an existing name rewrites that node's address and identity)",
+                    hours=3.0, domain=DomainSpec(max_nodes=16), id_prefix_bits=5,
+                    sites=[SiteSpec("cloud-a", quota=24)],
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(20, 60)),
+                    stresses="issue 26: node names carried 32 bits of the launch id, unchecked; an add of a "
+                             "name another live instance held took that node over")
+
+
+@scenario
 def capacity() -> Scenario:
     return Scenario("capacity-failover", "the cheap site keeps running out of capacity; demand at max_nodes",
                     hours=3.0, domain=DomainSpec(max_nodes=12),
@@ -535,6 +558,17 @@ def engine_partition() -> Scenario:
     return Scenario("engine-partition", "an engine pair; the active engine's broker connection drops",
                     hours=3.0, engines=2, faults=[F.engine_partition(1.0)],
                     stresses="one brain after a reconnect (fencing: issue 12)")
+
+
+@scenario
+def split_consumers() -> Scenario:
+    return Scenario("split-consumers", "an engine pair; a consumer cancellation hands one of the engines' "
+                    "queues (input, snapshots or control) to the other engine for a stretch",
+                    hours=3.0, engines=2,
+                    faults=[F.consumer_cancellations(2.0), F.operator_actions(1.0, terminate_share=0.3),
+                            F.command_failures(1.0)],
+                    stresses="issue 26: node results and instance events written by one engine while the "
+                             "other commits plans: every write that changes an instance is a compare-and-set")
 
 
 # ---------------------------------------------------------------------- operators

@@ -107,7 +107,7 @@ class Simulation:
                  skip_idle: bool = True) -> None:
         self.scenario = scenario
         self.seed = seed
-        self.world = World(seed)
+        self.world = World(seed, id_prefix_bits=scenario.id_prefix_bits)
         self._own_dir = workdir is None
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.workdir = workdir or tempfile.mkdtemp(prefix=f"epu-sim-{seed}-", dir=base)

@@ -67,9 +67,13 @@ class World:
     _FLUSH = 2048
     """Digest lines kept before they are hashed (``_fold``): bounded memory on long chunks."""
 
-    def __init__(self, seed: int, start: float = T0) -> None:
+    def __init__(self, seed: int, start: float = T0, id_prefix_bits: int = 0) -> None:
         self.seed = seed
         self.start = start
+        self.id_prefix_bits = id_prefix_bits
+        """When set (1..60): the first 64 bits of every id drawn inside ``running`` — the part a
+        generated node name carries (``planner.NAME_ID_CHARS``) — come from this many random bits
+        only, so names collide; the rest stays random, so ids stay unique."""
         self.t = start
         self._queue: list[tuple[float, int, Any, str | None]] = []
         """(at, seq, fn, label) or (at, seq, event, None): the heap compares the tuple's numbers in
@@ -183,8 +187,15 @@ class World:
     @contextmanager
     def running(self) -> Iterator[World]:
         """Make ``uuid.uuid4`` draw from this world's ``ids`` stream while the run lasts."""
-        bits = self.rng("ids").getrandbits
+        draw = self.rng("ids").getrandbits
         original = uuid.uuid4
+        small = self.id_prefix_bits
+
+        def few(_n: int) -> int:
+            """128 bits whose upper half (a generated name's part) has only ``small`` random bits."""
+            return (draw(small) << 64) | draw(64)
+
+        bits = few if small else draw
 
         def uuid4() -> uuid.UUID:
             """``uuid.UUID(int=bits(128), version=4)``, as its ``__init__`` builds it (variant and

@@ -64,7 +64,7 @@ from epu.common.messages import (
 from epu.services.decision import breaker, budget
 from epu.services.decision.actions import Decision
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
-from epu.services.decision.lease import Fenced
+from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
 from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
@@ -89,6 +89,10 @@ from epu.services.decision.view import (
 )
 
 log = logging.getLogger("epu.decision")
+
+#: How often a message's handler is run again when another engine's write made what it read
+#: stale (``Engine._read_then_write``) before the error goes to the consumer.
+_STALE_TRIES = 5
 
 
 @dataclass
@@ -220,16 +224,33 @@ class Engine:
         self.store.sync()  # another engine may have written the shared store since we last looked
 
     def handle_input(self, msg: Message, _envelope: Envelope | None = None) -> None:
-        if not isinstance(msg, SensorSnapshot):
-            self._sync()
         if isinstance(msg, SensorSnapshot):
             self.on_snapshot(msg)
         elif isinstance(msg, InstanceEvent):
-            self.on_instance_event(msg)
+            self._read_then_write(self.on_instance_event, msg)
         elif isinstance(msg, NodeCommandResult):
-            self.on_node_result(msg)
+            self._read_then_write(self.on_node_result, msg)
         elif isinstance(msg, InstanceReport):
-            self.on_instance_report(msg)
+            self._read_then_write(self.on_instance_report, msg)
+        else:
+            self._sync()
+
+    def _read_then_write(self, handler: Callable[[Any], Any], msg: Message) -> None:
+        """Run a handler on the store as it is now, again while another engine's write makes
+        what it read stale (``StaleWrite``: each write that changes an instance is a
+        compare-and-set). Handlers are functions of the store and the message, and a refused
+        write stored nothing, so running one again is safe. After ``_STALE_TRIES`` the error
+        goes to the consumer (the message is redelivered)."""
+        for attempt in range(_STALE_TRIES):
+            self._sync()
+            try:
+                handler(msg)
+                return
+            except StaleWrite as exc:
+                if attempt + 1 == _STALE_TRIES:
+                    raise
+                log.info("another engine wrote the store meanwhile: read again", extra={
+                    "type": msg.TYPE, "attempt": attempt + 1, "reason": str(exc)})
 
     def on_snapshot(self, snap: SensorSnapshot) -> bool:
         """Keep the newest snapshot of a domain; True when its queued demand differs from the
@@ -405,6 +426,12 @@ class Engine:
         if evt.interruption_at is not None and not repair:
             self._interrupted(inst, evt)
             return
+        if (evt.previous == "failed" and inst.state == "failed" and evt.state not in TERMINAL_INSTANCE_STATES
+                and evt.seq > inst.seq):
+            self._reopened(inst, evt, now)
+            return
+        if inst.reopened_seq is not None and evt.seq < inst.reopened_seq:
+            return  # older than its reopening (a delayed event, an older report): the failure it undid
         forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
             evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
         if evt.seq <= inst.seq and not forward:
@@ -433,6 +460,18 @@ class Engine:
             log.warning("launch failed", extra={"site": inst.site, "instance": inst.instance_id,
                                                 "kind": evt.error_kind, "reason": evt.reason})
 
+    def _reopened(self, inst: Instance, evt: InstanceEvent, now: float) -> None:
+        """The provisioner reopened a launch it had closed ``failed``: the cloud lists its node
+        alive (the create took effect, its answer was lost, the retries ran out). The node may
+        have joined the batch system by itself and run jobs, so the instance is live again —
+        joined when a snapshot shows it, kept or retired the safe way (drain, remove, terminate)
+        like any other. Its stall clock starts now; an end decided earlier is decided again."""
+        new = evolve(inst, seq=evt.seq, ip=evt.ip or inst.ip, state=evt.state, state_at=now, launched_at=now,
+                     reason=evt.reason or inst.reason, terminate_sent=False, reopened_seq=evt.seq)
+        self.store.save_instances([new])
+        log.warning("a failed launch's node is alive: taken back", extra={
+            "domain": inst.domain, "instance": inst.instance_id, "state": evt.state, "reason": evt.reason})
+
     def _interrupted(self, inst: Instance, evt: InstanceEvent) -> None:
         """The cloud will reclaim a live instance soon (a spot interruption notice): it leaves at
         once, ``retire = "interrupted"`` — its node removed with its jobs requeued (the life
@@ -449,6 +488,9 @@ class Engine:
                            "at": evt.interruption_at})
 
     def on_node_result(self, res: NodeCommandResult) -> None:
+        """A command's answer: the action done and, when the answer changes it, the instance — in
+        one compare-and-set write (``Store.record_node_result``): two transactions let a retry
+        after a conflict find the action done and drop the change (a removal lost)."""
         row = self.store.action(res.command_id)
         if row is None:
             return
@@ -456,25 +498,31 @@ class Engine:
             self._late_offline(res, row)
             return
         outcome = "ok" if res.ok else f"error: {res.error or res.output}"[:1000]
-        self.store.complete(action_id=res.command_id, outcome=outcome)
         inst = self.store.instance(row["target"])
+        new: Instance | None = None
         if inst is None:
-            return
-        if res.action == "remove" and res.ok:
-            self.store.save_instances([evolve(inst, removed=True)])  # the only proof of removal
+            pass
+        elif res.action == "remove" and res.ok:
+            new = evolve(inst, removed=True)  # the only proof of removal
         elif res.action == "add" and not res.ok:
-            self.store.save_instances([replace(inst, add_sent_at=None)])  # retried next iteration
+            new = replace(inst, add_sent_at=None)  # retried next iteration
         elif (res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == "scale-down"
               and row["created_at"] <= inst.state_at):
             # Only a failure of the offline that began the drain undoes it: a re-sent one may fail
             # after an earlier attempt took (``epu sim --seed 7046 --scenario batch-faults``), and
             # the next snapshot decides. ``drain_at`` stays: an error may be a timeout of an offline
             # that took effect, which ``lifecycle`` (step 6b) drains once a snapshot shows it.
-            self.store.save_instances([replace(inst, state="joined", retire="")])
+            new = replace(inst, state="joined", retire="")
         elif res.action == "online" and not res.ok and inst.state == "joined":
             # still drained in the batch system: back on the way out (drain, remove, terminate)
-            self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
-                                               retire=inst.retire or "scale-down")])
+            new = replace(inst, state="draining", drain_at=self.clock.now(), retire=inst.retire or "scale-down")
+        record = getattr(self.store, "record_node_result", None)
+        if record is not None:
+            record(res.command_id, outcome, new)
+            return
+        self.store.complete(action_id=res.command_id, outcome=outcome)
+        if new is not None:
+            self.store.save_instances([new])
 
     def _late_offline(self, res: NodeCommandResult, row: dict[str, Any]) -> None:
         """A command is sent again while no answer came (the sensor was down), so one command can
@@ -495,9 +543,10 @@ class Engine:
 
     # ------------------------------------------------------------------ control
     def handle_control(self, msg: Message, _envelope: Envelope | None = None) -> None:
-        self._sync()
         if isinstance(msg, PolicyChange):
-            self.on_policy_change(msg)
+            self._read_then_write(self.on_policy_change, msg)
+        else:
+            self._sync()
 
     def on_policy_change(self, change: PolicyChange) -> PolicyOutcome:
         now = self.clock.now()
@@ -595,6 +644,10 @@ class Engine:
             if p.write is not None and p.domain not in failed:
                 self._stored(p.write)
             why = failed.get(p.domain)
+            if isinstance(why, StaleWrite):
+                log.warning("another engine wrote the store during this iteration: nothing committed or sent "
+                            "(read again next iteration)", extra={"domain": p.domain, "reason": str(why)})
+                continue
             if isinstance(why, Fenced):
                 log.warning("fenced: another engine holds the domain now; nothing committed or sent",
                             extra={"domain": p.domain, "reason": str(why)})
@@ -824,6 +877,7 @@ class Engine:
                 unproven[p.site] = unproven.get(p.site, 0) + 1
                 inst = out.instances.get(p.instance_id)
                 self._launched[(p.site, inst.instance_type if inst is not None else p.instance_type)] += 1
+        notes_extra += out.refused  # a refused add is news even when nothing was sent
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
         saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or out.shadow or notes_extra \

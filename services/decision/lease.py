@@ -56,6 +56,22 @@ class Fenced(Exception):
     """This engine no longer holds the domain's lease: the plan was not committed."""
 
 
+class StaleWrite(Exception):
+    """Another engine process wrote the shared store after this one last read it: the write —
+    which may rest on what it read — was rolled back. Read again (``Store.sync``) and redo it.
+
+    Why, beside the lease: the lease fences plan commits per domain, but node results and
+    instance events arrive on the input queue, and the control queue and a snapshot queue may be
+    consumed by different engines (a consumer cancelled on one queue); both processes then write
+    the same instance rows, and the later whole-row write silently undid the earlier one. Every
+    write that changes an instance is therefore a compare-and-set on the store's generation
+    counter, which every write transaction moves: it commits only if no other process wrote since
+    this one's last read."""
+
+    transient = True
+    """For the service runtime (``common.failures``): read again and retry in place."""
+
+
 @dataclass
 class Held:
     epoch: int

@@ -19,6 +19,7 @@ together with the action *before* sending it (intent first).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +28,8 @@ from epu.services.decision.actions import Decision, Launch, Node, Terminate
 from epu.services.decision.budget import Budget, admit
 from epu.services.decision.placement import SiteHealth, SiteInfo, place, record_failure
 from epu.services.decision.view import ACTIVE_STATES, DomainView, Instance, evolve, short_name
+
+log = logging.getLogger(__name__)
 
 SCALE_DOWN = frozenset({"offline", "remove", "terminate"})
 
@@ -55,6 +58,9 @@ class Plan:
     """Why the spend cap held launches this iteration ("" = it held none)."""
     shadow: list[Planned] = field(default_factory=list)
     """Observe mode: what the iteration would have done (never stored nor sent)."""
+    refused: list[str] = field(default_factory=list)
+    """Actions refused for safety that an operator must hear about (also in ``notes``): the
+    engine publishes the iteration's decision record for them even when nothing was sent."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,58 @@ class PlacementInput:
     """Spend caps, rates and prices (None: no cap)."""
 
 
+#: How many characters of the launch id a generated node name carries. A launch id is a uuid4 in
+#: hex: 16 characters hold 60 random bits (the 13th is the version digit). With 1,000 live nodes
+#: and a million launches a year, the 8 characters (32 bits) used before made two live nodes of
+#: one name likely within a year (~20 %); 60 bits make it about one in a billion. A name held by
+#: another live instance is still refused at ``add`` (``_name_holder``): Slurm's ``add`` of an
+#: existing name would rewrite that node's address and identity.
+NAME_ID_CHARS = 16
+
+#: A host name label (RFC 1123) is at most 63 characters.
+_LABEL_MAX = 63
+
+
+def name_id(launch_id: str) -> str:
+    """The part of a launch id that goes into a generated node name (``{id}`` of a pattern)."""
+    return launch_id[:NAME_ID_CHARS]
+
+
+def _name_holders(view: DomainView) -> dict[str, list[str]]:
+    """Node name → the instances that may hold it in the batch system: every instance not ended,
+    and every ended one whose node was not removed yet (``view.cleanup``)."""
+    out: dict[str, list[str]] = {}
+    for i in view.instances:
+        if i.state not in ("terminated", "failed"):
+            out.setdefault(short_name(i.node_name), []).append(i.instance_id)
+    for i in view.cleanup:
+        if not i.removed:
+            out.setdefault(short_name(i.node_name), []).append(i.instance_id)
+    return out
+
+
+def _shown_as(view: DomainView, name: str, holder: str) -> bool:
+    """Does the snapshot show a node of ``name`` carrying ``holder``'s identity?"""
+    node = view.nodes.get(name) or view.nodes.get(short_name(name))
+    if node is None:
+        node = next((n for n in view.nodes.values() if short_name(n.name) == short_name(name)), None)
+    return node is not None and node.instance_id == holder
+
+
+def _name_holder(holders: dict[str, list[str]], inst: Instance) -> str | None:
+    """Another instance holding ``inst``'s node name, if any."""
+    for other in holders.get(short_name(inst.node_name), ()):
+        if other != inst.instance_id:
+            return other
+    return None
+
+
 def node_name_for(domain: str, launch_id: str) -> str:
-    return f"{domain.replace('_', '-')}-{launch_id[:8]}"
+    """``<domain>-<id>``: the domain shortened when the label would pass 63 characters (a domain
+    name may have 63), never the id."""
+    ident = name_id(launch_id)
+    prefix = domain.replace('_', '-')[:_LABEL_MAX - len(ident) - 1].rstrip("-")
+    return f"{prefix}-{ident}" if prefix else ident
 
 
 def plan(view: DomainView, decision: Decision, placement: PlacementInput,
@@ -87,6 +143,7 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if targets else {}
     seen: set[tuple[str, str]] = set()
     launches: list[Launch] = []
+    holders: dict[str, list[str]] | None = None  # node name -> instances holding it (built at the first add)
     now = view.now
     for site, why in sorted(decision.failed_sites.items()):  # one failure per site per iteration
         h = placement.health.get(site, SiteHealth(site))
@@ -140,7 +197,36 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                 continue
             if kind == "add" and (inst.state != "started" or inst.retire):
                 continue
+            if kind == "add":
+                if holders is None:
+                    holders = _name_holders(view)
+                holder = _name_holder(holders, inst)
+                if holder is not None:
+                    why = (f"refused add of {inst.node_name} for instance {iid}: the name is held by live "
+                           f"instance {holder} (an add would rewrite that node's address and identity)")
+                    out.notes.append(why)
+                    out.refused.append(why)
+                    log.warning(why, extra={"domain": view.domain, "instance": iid, "holder": holder})
+                    continue
             node = view.node_of(inst)
+            if node is None and kind != "add":
+                # no node of this instance's identity in the snapshot: its name may be another
+                # live instance's (a collision whose add was refused), and a command by name would
+                # drain or remove that one's node. The batch system's own view says the name is
+                # someone else's: this instance has no node there — a removal confirmed.
+                if holders is None:
+                    holders = _name_holders(view)
+                holder = _name_holder(holders, inst)
+                if holder is not None and _shown_as(view, inst.node_name, holder):
+                    if kind == "remove" and not terminal:
+                        out.instances[iid] = evolve(inst, removed=True, idle_since=None,
+                                                    retire=action.retire or inst.retire or "scale-down")
+                    elif kind == "remove":
+                        out.instances[iid] = evolve(inst, removed=True)
+                    out.notes.append(f"no {kind} for {inst.node_name} of instance {iid}: the batch system shows "
+                                     f"that name as instance {holder}'s; this one has no node there")
+                    seen.add((iid, kind))
+                    continue
             msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op,
                               node=node.name if node is not None else inst.node_name,
                               instance_id=iid, address=inst.ip if action.op == "add" else None,
@@ -258,7 +344,7 @@ def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementIn
             offer = next(o for o in offers if o.site == site and o.type == typ)
             launch_id = make_id()
             if name is None and pattern:
-                name = pattern.format(domain=view.domain, type=typ, id=launch_id[:8])
+                name = pattern.format(domain=view.domain, type=typ, id=name_id(launch_id))
             gang = ""
             if launch.gang:
                 key, _, size = launch.gang.rpartition(":")

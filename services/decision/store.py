@@ -41,6 +41,7 @@ from typing import Any
 from epu.common.config.decision import DomainConfig
 from epu.common.db import create_schema, make_engine
 from epu.common.messages import REGISTRY, Message
+from epu.services.decision.lease import StaleWrite
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
 from epu.services.decision.view import LIVE_STATES, PENDING_STATES, Instance
@@ -111,6 +112,7 @@ instances = Table(
     Column("retire", String(16), default=""),
     Column("instance_type", String(64), default=""),
     Column("gang", String(64), default=""),
+    Column("reopened_seq", Integer),
 )
 actions = Table(
     "decision_actions", metadata,
@@ -410,20 +412,35 @@ class Store:
         self._cache = _Cache()
 
     @contextmanager
-    def _write(self, conn: Connection | None = None, bump_first: bool = False) -> Iterator[Connection]:
+    def _write(self, conn: Connection | None = None, bump_first: bool = False,
+               cas: bool = False) -> Iterator[Connection]:
         """A write transaction (or the caller's, ``conn``); cache updates queued with ``_then``
         are applied only once the outermost transaction committed. ``bump_first``: the
-        generation counter is bumped before the caller's writes, not after (``commit_plans``)."""
+        generation counter is bumped before the caller's writes, not after (``commit_plans``).
+        ``cas`` (every write that changes an instance): a compare-and-set on the generation —
+        bumped first, which takes the counter's row lock until the commit, and the transaction
+        is rolled back with ``StaleWrite`` if another process wrote since this handle last read
+        (``sync``, or its own last write). A handle that never synced (``_gen`` unknown) is not
+        checked."""
         if conn is not None:
             yield conn
             return
         self._after = []
         try:
             with self.engine.begin() as c:
-                if bump_first:
+                if bump_first or cas:
                     gen = self._bump(c)
                 yield c
-                if not bump_first:
+                # checked after the caller's writes (the bump holds the counter's lock since), so a
+                # lease check among them (``Fenced``) speaks first; either rolls everything back
+                if cas and self._gen != -1 and gen - 1 != self._gen:
+                    # the store is at ``gen - 1``: what this handle read is stale
+                    read_at, self._gen = self._gen, gen - 1
+                    self._cache = _Cache()
+                    self._after = []
+                    raise StaleWrite(f"the decision store moved on (generation {gen - 1}, read at "
+                                     f"{read_at}): another engine wrote since; read again and redo")
+                if not (bump_first or cas):
                     gen = self._bump(c)
             after, self._after = self._after, None
             if gen - 1 != self._gen:
@@ -566,7 +583,7 @@ class Store:
                       operator: str = "", request: str = "") -> int | None:
         """Store a change's outcome (and the new config version when applied, and the instances an
         operator asked to retire) atomically, with who asked and what (``request``: JSON)."""
-        with self._write() as conn:
+        with self._write(cas=True) as conn:
             version = self.put_config(domain, cfg, source="operator", now=now, change_id=change_id,
                                       conn=conn) if applied and cfg is not None else None
             row = {"change_id": change_id, "domain": domain, "applied": applied, "version": version,
@@ -700,7 +717,7 @@ class Store:
         items = list(items)
         if not items:
             return
-        with self._write(conn) as c:
+        with self._write(conn, cas=True) as c:
             do(c)
             if self._cache.live is not None:
                 self._then(lambda: [self._cache.put(i) for i in items])
@@ -828,7 +845,7 @@ class Store:
         """Store the iteration's effects and its actions in one transaction, before any is sent.
         ``fence`` runs first in that transaction and raises if this engine may no longer act
         on the domain (``lease.Leases.fence``): then nothing of the plan is stored."""
-        with self._write() as conn:
+        with self._write(cas=True) as conn:
             self._plan_rows(conn, PlanWrite(domain, plan, now, memory, iteration, refreshed, fence))
 
     def commit_plans(self, writes: list[PlanWrite]) -> dict[str, Exception]:
@@ -840,7 +857,7 @@ class Store:
         failed: dict[str, Exception] = {}
         # the generation bump first: pysqlite opens the transaction only at the first write, and a
         # SAVEPOINT before that would start (and its RELEASE end) a transaction of its own
-        with self._write(bump_first=True) as conn:
+        with self._write(cas=True) as conn:
             assert self._after is not None
             cursor = conn.connection.cursor()
             try:
@@ -887,7 +904,7 @@ class Store:
     def store_actions(self, domain: str, plan: Plan, now: float,
                       fence: Callable[[Connection], None] | None = None) -> None:
         """Store out-of-iteration actions with their instance rows (``fence`` as in ``commit_plan``)."""
-        with self._write() as conn:
+        with self._write(cas=True) as conn:
             if fence is not None:
                 fence(conn)
             self.save_instances(plan.instances.values(), conn)
@@ -961,10 +978,19 @@ class Store:
 
     def record_instance_event(self, inst: Instance, kinds: tuple[str, ...], outcome: str) -> None:
         """An instance event's effect in one transaction: the row, and its open actions of ``kinds``
-        done (they are answered)."""
-        with self._write() as conn:
+        done (they are answered). A compare-and-set (``StaleWrite``)."""
+        with self._write(cas=True) as conn:
             self.save_instances([inst], conn)
             self.complete(target=inst.instance_id, kinds=kinds, outcome=outcome, conn=conn)
+
+    def record_node_result(self, action_id: str, outcome: str, inst: Instance | None) -> None:
+        """A node command's answer in one transaction: the action done with its outcome and, when
+        the answer changes it, the instance row. A compare-and-set (``StaleWrite``): the change was
+        computed from the row as this engine read it."""
+        with self._write(cas=True) as conn:
+            self.complete(action_id=action_id, outcome=outcome, conn=conn)
+            if inst is not None:
+                self.save_instances([inst], conn)
 
     def action(self, action_id: str) -> dict[str, Any] | None:
         o = self._open().get(action_id)

@@ -64,6 +64,11 @@ class Instance:
     """The catalogue type it was launched as ("" = the site's single type)."""
     gang: str = ""
     """``ID:SIZE``: one of SIZE instances launched as a group for multi-node jobs ("" = none)."""
+    reopened_seq: int | None = None
+    """The ``seq`` of the event that reopened this instance after a ``failed`` (the provisioner
+    found its node alive): events with a lower ``seq`` are older than the reopening and are
+    dropped — a ``failed`` otherwise counts as news whatever its ``seq`` (a replaced store counts
+    anew), and a late one (a delayed event, an older report) would end the instance again."""
 
     @property
     def preempted(self) -> bool:

@@ -95,6 +95,24 @@ def is_throttled(exc: BaseException) -> bool:
     return _has(f"{exc}", THROTTLE_CODES)
 
 
+#: Transient failures after which a request may have been carried out all the same: the server
+#: took it and the answer was lost (a gateway timeout, a read timeout, a reset connection) or it
+#: failed midway (500). A 503 or a throttle is a refusal of a request left unprocessed.
+AMBIGUOUS_CODES = ("GatewayTimeout", "Gateway Timeout", "timed out", "timeout", "Connection reset", "InternalError")
+
+
+def may_have_taken_effect(exc: BaseException) -> bool:
+    """Might the request that failed with ``exc`` have taken effect (a create: made its node)?"""
+    if is_throttled(exc):
+        return False
+    if isinstance(exc, TimeoutError | socket.timeout | ConnectionResetError):
+        return True
+    status = getattr(exc, "code", None) if isinstance(exc, BaseHTTPError) else None
+    if isinstance(status, int):
+        return status in (500, 502, 504)
+    return _has(f"{exc}", AMBIGUOUS_CODES)
+
+
 def describe(exc: BaseException) -> str:
     """A one-line reason for an operator: the class and the provider's message, trimmed."""
     text = str(exc).strip().replace("\n", " ") or type(exc).__name__

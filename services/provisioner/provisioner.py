@@ -46,7 +46,13 @@ from epu.common.messages import (
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
 from epu.services.provisioner.discovery import Catalogues
-from epu.services.provisioner.errors import CloudError, classify, describe, is_throttled
+from epu.services.provisioner.errors import (
+    CloudError,
+    classify,
+    describe,
+    is_throttled,
+    may_have_taken_effect,
+)
 from epu.services.provisioner.ports import ProvisionerStore
 from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.store import (
@@ -354,6 +360,9 @@ class Provisioner:
             spec = LaunchSpec(launch_id=instance_id, node_name=rec.node_name, domain=rec.domain,
                               userdata=userdata, size=kind.size, image=kind.image)
             idempotent = getattr(site, "idempotent_create", True)
+            # attempts that may have made the node (their errors); an earlier attempt of this
+            # launch always may have (it is re-driven only when its outcome was unknown)
+            ambiguous: list[str] = ["an earlier attempt"] if launch.cloud_attempts > 0 else []
 
             def create() -> CloudNode:
                 try:
@@ -361,6 +370,8 @@ class Provisioner:
                 except Exception as exc:
                     if not idempotent and classify(exc) == "transient" and not is_throttled(exc):
                         raise _OutcomeUnknown(describe(exc)) from exc
+                    if may_have_taken_effect(exc):
+                        ambiguous.append(describe(exc))
                     raise
 
             node = runner.call(create, "create")
@@ -379,6 +390,20 @@ class Provisioner:
             return
         except Exception as exc:
             kind = classify(exc)
+            if kind == "transient" and ambiguous:
+                # The retries ran out, but an attempt may have made the node (its answer lost).
+                # Closing the launch ``failed`` would have the engine replace it while the node
+                # boots (on HTCondor it joins by itself): more nodes than max_nodes allows. Look
+                # once; not listed (listings lag creates): the outcome is unknown, and the launch
+                # stays ``requested`` — reconciliation adopts its node by the launch-id tag, or
+                # re-drives it (the client token makes a second create return the same node).
+                if not self._landed_after_all(instance_id, site_name):
+                    log.warning("create outcome unknown after its retries: left to reconciliation",
+                                extra={"site": site_name, "launch_id": instance_id, "error": ambiguous[-1]})
+                    self.store.touch(instance_id, self.clock.now(),
+                                     f"create outcome unknown ({ambiguous[-1]}, then {describe(exc)}): "
+                                     "waiting for a listing")
+                return
             log.warning("launch failed", extra={"site": site_name, "launch_id": instance_id, "kind": kind,
                                                 "error": describe(exc)})
             self._advance(instance_id, "failed", reason=f"{kind}: {describe(exc)}", error_kind=kind)
@@ -387,10 +412,27 @@ class Provisioner:
             os.kill(os.getpid(), signal.SIGKILL)
         self._land(instance_id, site_name, node, "launched", expect=rec)
 
+    def _landed_after_all(self, instance_id: str, site_name: str) -> bool:
+        """The retries of a create ran out after an attempt that may have made the node (a lost
+        answer): look for it by its launch-id tag once, and record it if found."""
+        try:
+            found = self._find_by_launch_id(site_name, instance_id)
+        except Exception as exc:  # the API is still failing: reconciliation looks later
+            log.info("no lookup after a failed create", extra={"launch_id": instance_id, "error": describe(exc)})
+            return False
+        if found is None:
+            return False
+        self._land(instance_id, site_name, found, "found after its create's retries ran out")
+        return True
+
     def _land(self, instance_id: str, site_name: str, node: CloudNode, why: str,
               expect: InstanceRecord | None = None) -> None:
-        """Record the cloud node of a launch (``requested`` → ``pending``/``started``)."""
+        """Record the cloud node of a launch (``requested`` → ``pending``/``started``). A node the
+        create's own answer (``expect``) shows failed is closed and destroyed at once; one a listing
+        shows so is recorded ``pending``, and the next listings judge it (``reconcile._absent``)."""
         state = node.state if node.state in ("pending", "started", "failed") else "pending"
+        if state == "failed" and expect is None:
+            state = "pending"
         reason = f"{why} as {node.cloud_id}" if state != "failed" else f"boot failed: node {node.native_state}"
         t = self._advance(instance_id, state, cloud_id=node.cloud_id, ip=node.ip, reason=reason,
                           error_kind=None, expect=expect)
@@ -406,8 +448,22 @@ class Provisioner:
         # told to terminate (or given up) while the create was in flight: don't leave it running
         if rec.state == "terminating":
             self._schedule_terminate(instance_id, site_name)
+        elif rec.state == "failed" and rec.cloud_id in (None, node.cloud_id) and node.live:
+            self._reopen(instance_id, node, "started" if node.state == "started" else "pending")
         elif rec.terminal and rec.cloud_id in (None, node.cloud_id):
             self._destroy_quietly(site_name, node.cloud_id, f"record {instance_id} is {rec.state}")
+
+    def _reopen(self, instance_id: str, node: CloudNode, state: str) -> bool:
+        """Reopen a ``failed`` record whose node is alive (``reconcile.Reopen``) and announce it."""
+        t = self.store.reopen(instance_id, state, self.clock.now(),
+                              f"reopened: node {node.cloud_id} of this failed launch is listed {node.native_state}; "
+                              "handed to the engine", cloud_id=node.cloud_id, ip=node.ip)
+        if t is None:
+            return False
+        self.emit(t)
+        log.warning("failed launch found alive: reopened", extra={"instance": instance_id, "cloud_id": node.cloud_id,
+                                                                  "state": state})
+        return True
 
     def _destroy_quietly(self, site_name: str, cloud_id: str, why: str) -> bool:
         try:
@@ -593,6 +649,10 @@ class Provisioner:
             elif isinstance(a, core.Adopt):
                 self._land(a.instance_id, site_name, a.node, "adopted by reconciliation")
                 report.adopted.append(a.instance_id)
+            elif isinstance(a, core.Reopen):
+                if self._reopen(a.instance_id, a.node, a.state):
+                    report.adopted.append(a.instance_id)
+                    report.transitions += 1
             elif isinstance(a, core.AdoptFound):
                 node = a.node
                 state = node.state if node.state in ("pending", "started", "failed") else "pending"

@@ -20,6 +20,12 @@ positively know is ours and unwanted):
   id the store does not know is ours only if it also carries this *store's* id; one of
   another store (a second provisioner with its own database, a database re-created under an
   explicitly configured deployment) is never destroyed, only reported.
+* **A failed launch's live node is reopened, not destroyed.** A create that took effect but
+  whose answer was lost, then API errors until the retries ran out, leaves a ``failed`` record
+  and a live node — on HTCondor a startd that joins by itself and takes jobs. ``Reopen`` puts the
+  record back in the state the cloud shows and announces it (``previous: failed``); the engine
+  keeps the node or drains it like any other. Likewise ERROR of a ``pending`` record counts
+  toward the miss run and closes it (node destroyed) only when the run is long enough.
 * **Adopt, don't sweep.** Every create is preceded by its stored launch, so a live node of this
   store whose launch is unknown means the store lost it (restored from a backup, a failover
   that dropped the last commits) — and the engine that asked for it may run jobs there. Such a
@@ -138,6 +144,21 @@ class AdoptFound:
 
 
 @dataclass(frozen=True)
+class Reopen:
+    """A live node of a launch closed ``failed`` (its create took effect but the answer was lost,
+    then API errors until the retries ran out): the record is reopened in the state the cloud
+    shows and announced (``previous: failed``), so the engine keeps the node or retires it the
+    safe way (drain, remove, terminate) — it may have joined the batch system by itself (an
+    HTCondor startd does) and run jobs. Never destroyed on the cloud's word alone."""
+
+    instance_id: str
+    node: CloudNode
+    state: str
+    """``pending`` or ``started``: what the node's listing shows (``pending`` for a node listed
+    ``ERROR``, which the poll then judges like any pending node's)."""
+
+
+@dataclass(frozen=True)
 class CountMiss:
     miss: Miss
 
@@ -211,7 +232,7 @@ class Alert:
     """How many nodes it concerns (``cloud_ids`` names at most ``ALERT_IDS``)."""
 
 
-Action = (Follow | NoteIp | Notice | Adopt | AdoptFound | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
+Action = (Follow | NoteIp | Notice | Adopt | AdoptFound | Reopen | CountMiss | ClearMiss | PresumeGone | Readopt | CloseGone | Destroy | Sight
           | Forget | ResumeLaunch | ResumeTerminate | Alert)
 
 
@@ -393,7 +414,8 @@ def _moves(current: str, new: str) -> bool:
 
 def _present(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, node: CloudNode) -> None:
     if _ended_unasked(rec, node):
-        _absent(plan, world, rules, rec, shown=node.native_state)
+        _absent(plan, world, rules, rec, shown=node.native_state,
+                failed_boot=node.state == "failed" and rec.state in ("requested", "pending"))
         return
     if rec.instance_id in world.misses:
         plan.actions.append(ClearMiss(rec.instance_id))
@@ -431,13 +453,15 @@ def _ended_unasked(rec: InstanceRecord, node: CloudNode) -> bool:
     replica of the API answers TERMINATED. Such a listing counts as one that did not show the
     node alive — a miss, toward a presumption (``_absent``) — and never closes the record: a
     closed record's node is destroyed by the next reconciliation, with whatever runs on it.
-    Two exceptions: ERROR for a node no listing has shown running yet (still ``pending``) — a
-    boot that failed, which the cloud reports once and means — and an end the driver saw itself
-    (``CloudNode.end_observed``)."""
+    ERROR for a node no listing has shown running yet (still ``pending``) is a boot that failed
+    only once the listings agree: it counts toward the same run, and ``_absent`` closes the record
+    ``failed`` and destroys the node (it holds a quota slot) when the run is long enough and the
+    latest listing shows ERROR — a listing that lags a create may show a booted node in ERROR.
+    The exception: an end the driver saw itself (``CloudNode.end_observed``)."""
     if node.end_observed:
         return False
     if node.state == "failed":
-        return rec.state not in ("requested", "pending", "terminating") and _moves(rec.state, "failed")
+        return rec.state != "terminating" and _moves(rec.state, "failed")
     return (node.state == "terminated" and not node.preempted and rec.state != "terminating"
             and _moves(rec.state, "terminated"))
 
@@ -453,8 +477,10 @@ def _next_miss(world: World, rec: InstanceRecord) -> Miss | None:
                 prev.first_at if prev else world.listed_at, world.listed_at)
 
 
-def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, shown: str | None = None) -> None:
-    """A listing without the record's node (``shown``: with it in that state, see ``_ended_unasked``)."""
+def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, shown: str | None = None,
+            failed_boot: bool = False) -> None:
+    """A listing without the record's node (``shown``: with it in that state, see ``_ended_unasked``;
+    ``failed_boot``: in ERROR, of a record no listing showed running)."""
     miss = _next_miss(world, rec)
     if miss is None:
         return
@@ -462,6 +488,14 @@ def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, shown: 
     if enough and rec.state == "terminating":
         plan.actions.append(CloseGone(rec.instance_id, f"node {rec.cloud_id} gone after terminate: not listed by "
                                                        f"site {world.site} {miss.count} times"))
+        plan.actions.append(ClearMiss(rec.instance_id))
+        return
+    if enough and shown is not None and failed_boot:
+        span = world.listed_at - miss.first_at
+        plan.actions.append(Follow(rec.instance_id, "failed", f"node in state {shown}: not listed running in "
+                                   f"{miss.count} consecutive listings over {span:.0f} s, boot failed", "transient"))
+        plan.actions.append(Destroy(rec.cloud_id or "", rec.instance_id, "closed",
+                                    f"record {rec.instance_id} failed: node {shown} in {miss.count} listings"))
         plan.actions.append(ClearMiss(rec.instance_id))
         return
     plan.actions.append(CountMiss(miss))
@@ -495,6 +529,12 @@ def reconcile(world: World, rules: Rules) -> Plan:
         elif rec.terminal:
             if node.state == "terminated":
                 continue
+            if rec.state == "failed" and (node.live or rec.cloud_id is None):
+                # a launch that failed without ever seeing its node (a lost create answer), or
+                # whose node the cloud lists alive again: hand it to the engine, never destroy it.
+                # (A node listed ERROR of a record closed on repeated ERROR listings still goes.)
+                _reopen(plan, world, rec, node)
+                continue
             if rec.presumed_gone:
                 _sight(plan, world, node, lid, "reappeared",
                        f"node {node.cloud_id} of launch {lid} is listed again after its record was closed as "
@@ -521,6 +561,15 @@ def _sight(plan: Plan, world: World, node: CloudNode, lid: str, kind: str, first
     if prev is None or prev.kind != kind:
         plan.actions.append(Alert(_ALERT_KIND[kind], first_message, (node.cloud_id,)))
     return seen
+
+
+def _reopen(plan: Plan, world: World, rec: InstanceRecord, node: CloudNode) -> None:
+    state = "started" if node.state == "started" else "pending"
+    plan.actions.append(Reopen(rec.instance_id, node, state))
+    plan.actions.append(Alert("failed-launch-alive", f"node {node.cloud_id} of launch {rec.instance_id}, closed "
+                              f"failed ({rec.reason}), is listed {node.native_state} by site {world.site}: "
+                              f"reopened as {state} and handed to the engine, which keeps or retires it; "
+                              "never destroyed on the cloud's word alone", (node.cloud_id,)))
 
 
 _ALERT_KIND = {"orphan": "orphan-seen", "foreign": "foreign-node", "reappeared": "node-reappeared"}

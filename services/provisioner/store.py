@@ -496,6 +496,38 @@ class Store:
                 return Transition(tid, new, rec.state, now)
         return None
 
+    def reopen(self, instance_id: str, state: str, now: float, reason: str, *, cloud_id: str,
+               ip: str | None = None) -> Transition | None:
+        """The one move backwards: a ``failed`` record whose node the cloud lists alive (a create
+        that took effect though its answer was lost, then errors until the retries ran out) is
+        reopened in the state the cloud shows (``pending``/``started``), with the next ``seq``.
+        Its event says ``previous: failed``; the engine takes the instance back as live — it may
+        have joined the batch system by itself — and keeps it or retires it the safe way.
+        ``None`` when the record is not ``failed`` (any more)."""
+        if state not in ("pending", "started"):
+            raise ValueError(f"a failed record is reopened as pending or started, not {state!r}")
+        with self._tx() as conn:
+            for _ in range(20):
+                row = conn.execute(_SEL_INSTANCE, {"iid": instance_id}).first()
+                if row is None:
+                    return None
+                rec = _instance(row)
+                if rec.state != "failed":
+                    return None
+                values: dict[str, Any] = {"state": state, "seq": rec.seq + 1, "updated_at": now, "reason": reason,
+                                          "error_kind": None, "presumed_gone_at": None, "cloud_id": cloud_id,
+                                          "ip": ip if ip is not None else rec.ip}
+                res = conn.execute(update(instances).where(
+                    instances.c.instance_id == instance_id, instances.c.seq == rec.seq,
+                    instances.c.state == "failed").values(**values))
+                if res.rowcount != 1:
+                    continue  # someone else moved it: re-read and re-check
+                tid = conn.execute(_INS_TRANSITION, dict(
+                    instance_id=instance_id, seq=rec.seq + 1, from_state="failed", to_state=state, at=now,
+                    reason=reason, error_kind=None, published=False, presumed_gone=False)).inserted_primary_key[0]
+                return Transition(tid, InstanceRecord(**{**rec.__dict__, **values}), "failed", now)
+        return None
+
     def records_for(self, site: str, launch_ids: Iterable[str]) -> dict[str, InstanceRecord]:
         """What reconciliation compares a listing with: the site's live records and every record a
         listed node names by its launch id (live or not), in one read."""

@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -263,6 +265,87 @@ def test_metrics_and_health_endpoint(broker: Broker) -> None:
         assert "epu_broker_connected 1.0" in metrics
     finally:
         stop(svc, t)
+
+
+def _old_store(tmp_path: Path) -> Path:
+    """A database an older release made: this release's code reads a column it lacks."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE instances (instance_id TEXT PRIMARY KEY, state TEXT)")
+    return path
+
+
+def _healthz(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_permanent_infrastructure_error_stops_the_consumer_with_one_line_and_an_unhealthy_healthz(
+        broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 26, defect 9. Was: every ``sqlite3.OperationalError`` counted as "the database is
+    away" and was retried in place forever — a schema older than the code ("no such column")
+    blocked the queue behind it, with a warning per attempt and ``/healthz`` green. Now the
+    message goes back to its queue (nothing lost), the consumer stops, one error line says why
+    and ``/healthz`` answers 503 with the reason; the service's other work goes on."""
+    path = _old_store(tmp_path)
+    calls: list[str] = []
+    ticks: list[float] = []
+
+    def handler(msg: PolicyChange, env: Envelope) -> None:
+        calls.append(msg.change_id)
+        with sqlite3.connect(path) as conn:
+            conn.execute("SELECT removed FROM instances").fetchall()
+
+    svc = Service("decision", broker, settings=RuntimeSettings(metrics_port=0, retry_base_seconds=0.01,
+                                                               retry_max_seconds=0.05))
+    svc.consume(broker.topology.decision_control_spec(), handler, prefetch=5)
+    svc.every(0.05, lambda: ticks.append(time.monotonic()), name="tick")
+    queue = broker.topology.n("epu.decision.control")
+    caplog.set_level(logging.WARNING, logger="epu.decision")
+    t = start(svc)
+    try:
+        port = svc._health_server.port
+        for i in range(3):
+            svc.publish(change(i))
+        status, health = wait_for(lambda: (h := _healthz(port))[0] == 503 and h, 15,
+                                  message="/healthz unhealthy")
+        assert health["status"] == "failed" and health["consumers"][queue] == "stopped"
+        assert "no such column: removed" in health["stopped"][queue]
+        wait_for(lambda: queue_depth(broker, queue) == 3, 15, message="every message back in its queue")
+        assert calls == ["c0"], "tried once: no retry cures it"
+        before = len(ticks)
+        wait_for(lambda: len(ticks) > before + 3, 5, message="the service's timers go on")
+    finally:
+        stop(svc, t)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "no such column: removed" in errors[0].getMessage()
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+def test_a_periodic_task_failing_permanently_stops_and_fails_healthz(broker: Broker, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    path = _old_store(tmp_path)
+    runs: list[int] = []
+
+    def iterate() -> None:
+        runs.append(1)
+        with sqlite3.connect(path) as conn:
+            conn.execute("SELECT removed FROM instances").fetchall()
+
+    svc = Service("decision", broker)
+    svc.every(0.02, iterate, name="iterate")
+    caplog.set_level(logging.WARNING, logger="epu.decision")
+    t = start(svc)
+    try:
+        health = wait_for(lambda: svc.health().get("stopped"), 10, message="the task stopped")
+        assert "no such column" in health["timer iterate"] and not svc.health()["healthy"]
+        assert runs == [1]
+    finally:
+        stop(svc, t)
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
 
 
 def test_periodic_timers_fire_between_deliveries(broker: Broker) -> None:

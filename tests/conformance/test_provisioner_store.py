@@ -126,6 +126,25 @@ def test_presumed_gone_is_a_flag_with_its_own_seq_and_survives_the_outbox(store:
     assert store.note_presence("l1", True, 108.0, "x") is None
 
 
+def test_a_failed_record_is_reopened_once_with_the_next_seq_and_the_outbox_says_so(store: Store) -> None:
+    """Issue 26, defect 6: the one move backwards, ``failed`` → the state the cloud shows."""
+    store.record_launch(req(), 100.0)
+    store.advance("l1", "failed", 101.0, reason="transient: 503", error_kind="transient")
+    other = reopen(store)
+    t = store.reopen("l1", "started", 102.0, "reopened: listed running", cloud_id="c-1", ip="10.0.0.9")
+    assert t is not None and t.previous == "failed" and t.record.seq == 3
+    rec = store.get("l1")
+    assert (rec.state, rec.cloud_id, rec.ip, rec.error_kind) == ("started", "c-1", "10.0.0.9", None)
+    assert other.reopen("l1", "started", 103.0, "again", cloud_id="c-1") is None  # not failed any more
+    assert store.active_count("sim") == 1
+    evt = [x for x in store.unpublished(1000.0) if x.record.seq == 3][0].event()
+    assert (evt.previous, evt.state) == ("failed", "started")
+    with pytest.raises(ValueError, match="pending or started"):
+        store.reopen("l1", "joined", 104.0, "x", cloud_id="c-1")
+    if other is not store:
+        other.close()
+
+
 def test_identity_is_made_once_shared_and_checked(store: Store) -> None:
     ids = iter(["aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb"])
     first = store.claim_identity(None, new_id=lambda: next(ids))

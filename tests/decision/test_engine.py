@@ -28,7 +28,7 @@ def test_full_life_cycle_launch_add_join_offline_remove_terminate():
     (rec,) = e.iterate()
     launches = bus.of("instance.launch")
     assert len(launches) == 2 and rec.saw.queued_jobs == 2 and [a.kind for a in rec.actions] == ["launch"] * 2
-    assert launches[0].node_name == f"d-{launches[0].launch_id[:8]}"
+    assert launches[0].node_name == f"d-{launches[0].launch_id[:16]}"
     bus.clear()
     for n, launch in enumerate(launches):
         e.on_instance_event(event(launch, "pending", 1, clock.now()))
@@ -280,3 +280,33 @@ def test_a_burst_goes_out_as_one_batch_and_a_failed_batch_is_resent_whole():
     assert [len(b) for b in batches] == [3]
     assert {m.launch_id for m in bus.of("instance.launch")} == {a["action_id"] for a in stored}
     assert all(a["sent_at"] == clock.now() for a in e.store.actions("d", "launch"))
+
+
+def test_a_reopened_failed_launch_is_taken_back_as_live_and_added():
+    """Issue 26, defect 6: the provisioner reopens a launch it closed ``failed`` when the cloud
+    lists its node alive (``previous: failed``); the engine takes the instance back — it may have
+    joined by itself — rather than leaving a node nobody drains."""
+    e, bus, clock = make_engine()
+    e.on_snapshot(snapshot(queued=jobs(1)))
+    e.iterate()
+    (launch,) = bus.of("instance.launch")
+    bus.clear()
+    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient", reason="503"))
+    assert e.store.instance(launch.launch_id).state == "failed"
+    # a plain later event of a live state does not undo an end (rule 4)...
+    e.on_instance_event(event(launch, "started", 3, clock.now()))
+    assert e.store.instance(launch.launch_id).state == "failed"
+    # ...a reopening does
+    clock.advance(60)
+    reopened = event(launch, "started", 4, clock.now(), ip="10.0.0.7").model_copy(update={"previous": "failed"})
+    e.on_instance_event(reopened)
+    inst = e.store.instance(launch.launch_id)
+    assert (inst.state, inst.ip, inst.seq, inst.launched_at) == ("started", "10.0.0.7", 4, clock.now())
+    assert launch.launch_id in {i.instance_id for i in e.store.instances("d")}
+    # the failure it undid, late (a delayed event, an older report entry): older than the reopening
+    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient", reason="503"))
+    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient"), repair=True)
+    assert e.store.instance(launch.launch_id).state == "started"
+    step(e, clock, queued=jobs(1))
+    adds = [c for c in bus.of("node.command") if c.action == "add"]
+    assert [(c.instance_id, c.address) for c in adds] == [(launch.launch_id, "10.0.0.7")]

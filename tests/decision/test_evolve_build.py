@@ -17,7 +17,7 @@ _CHOICES: dict[str, list[Any]] = {
     "joined_at": [None, 4.0], "idle_since": [None, 5.0], "drain_at": [None, 6.0], "add_sent_at": [None, 7.0],
     "removed": [False, True], "terminate_sent": [False, True], "reason": ["", "why"],
     "missing_since": [None, 8.0], "seen_at": [None, 9.0], "retire": ["", "scale-down"],
-    "instance_type": ["", "m1"], "gang": ["", "g:2"],
+    "instance_type": ["", "m1"], "gang": ["", "g:2"], "reopened_seq": [None, 3],
 }
 
 

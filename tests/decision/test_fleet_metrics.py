@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from epu.services.decision.fleet_metrics import FleetCollector, FleetObserver
-from epu.services.decision.memstore import MemoryDecisionDatabase
 from prometheus_client import CollectorRegistry
 
+from epu.sim.decision_memstore import MemoryDecisionDatabase
 from tests.decision.helpers import T0, config, event, jobs, make_engine, snapshot
 
 

@@ -221,8 +221,13 @@ def test_boot_failure_reported(make_provisioner, cloud, clock: ManualClock) -> N
     prov.handle_launch(launch())
     assert prov.wait_idle()
     clock.advance(30)
-    prov.poll("sim")
+    prov.poll("sim")  # one listing of ERROR is one listing's word (issue 26): not yet
+    assert events.states("launch-1")[-1] == "pending" and cloud.ex_count() == 1
+    for _ in range(3):  # the run of listings a presumption takes: a failed boot, the node destroyed
+        clock.advance(30)
+        prov.poll("sim")
     assert events.states("launch-1")[-1] == "failed"
+    assert events.for_("launch-1")[-1].error_kind == "transient" and "boot failed" in events.for_("launch-1")[-1].reason
 
 
 def test_reconcile_adopts_known_and_sweeps_unknown_after_grace(make_provisioner, cloud, clock: ManualClock) -> None:

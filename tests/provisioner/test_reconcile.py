@@ -105,11 +105,18 @@ PRESENCE = [
     ("never backwards: a started record listed pending", rec("a", "started", "c1"), node("c1", "a", "pending"), None,
      []),
     ("stopped tells nothing", rec("a", "started", "c1"), node("c1", "a", None), None, []),
-    ("a failed boot (error before any listing showed it running): failed (transient), and the node "
-     "destroyed at once (it holds a quota slot)",
-     rec("a", "pending", "c1"), node("c1", "a", "failed"), None,
-     [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1"),
-      core.Destroy("c1", "a", "closed", "record a failed: node error")]),
+    ("error before any listing showed it running, listed once: a miss, never destroyed on that one "
+     "listing (a listing lagging the create may show a booted node so)",
+     rec("a", "pending", "c1"), node("c1", "a", "failed"), None, [core.CountMiss(Miss("a", "s", 1, T, T))]),
+    ("a failed boot: error again, the run long enough: failed (transient), and the node destroyed "
+     "(it holds a quota slot)",
+     rec("a", "pending", "c1"), node("c1", "a", "failed"), miss("a", 2, T - 70, T - 30),
+     [core.Follow("a", "failed", "node in state error: not listed running in 3 consecutive listings over 70 s, "
+                  "boot failed", "transient"),
+      core.Destroy("c1", "a", "closed", "record a failed: node error in 3 listings"),
+      core.ClearMiss("a")]),
+    ("error again, but the run too short: still a miss", rec("a", "pending", "c1"), node("c1", "a", "failed"),
+     miss("a", 2, T - 20, T - 10), [core.CountMiss(Miss("a", "s", 3, T - 20, T))]),
     ("error on a node listed running before: one listing's word (a failed migration leaves a running "
      "server in ERROR), counted as a miss; nothing followed, nothing destroyed",
      rec("a", "started", "c1"), node("c1", "a", "failed"), None, [core.CountMiss(Miss("a", "s", 1, T, T))]),
@@ -210,7 +217,14 @@ SWEEP = [
     ("another deployment: never looked at", [node("f1", "x", dep="staging")], [], [], [], [], []),
     ("untagged by launch: never", [node("u1", None)], [], [], [], [], []),
     ("unknown but not live: nothing", [node("o1", "x", "terminated")], [], [], [], [], []),
-    ("node of a failed record: destroyed", [node("c1", "a")], [rec("a", "failed", "c1")], [], ["c1"], [], []),
+    ("live node of a failed record: never destroyed, reopened and announced", [node("c1", "a")],
+     [rec("a", "failed", "c1")], [], [], ["failed-launch-alive"], []),
+    ("live node of a launch that failed before it saw a node (a lost create answer): reopened",
+     [node("c1", "a")], [rec("a", "failed")], [], [], ["failed-launch-alive"], []),
+    ("ERROR node of a launch that failed before it saw a node: reopened too (the poll judges ERROR)",
+     [node("c1", "a", "failed")], [rec("a", "failed")], [], [], ["failed-launch-alive"], []),
+    ("ERROR node of a record closed failed on its own ERROR listings: destroyed", [node("c1", "a", "failed")],
+     [rec("a", "failed", "c1")], [], ["c1"], [], []),
     ("node of a terminated record: destroyed", [node("c1", "a")], [rec("a", "terminated", "c1")], [], ["c1"], [], []),
     ("terminated node of a terminated record: nothing", [node("c1", "a", "terminated")],
      [rec("a", "terminated", "c1")], [], [], [], []),
@@ -270,7 +284,7 @@ def test_sweep_cap_refuses_every_orphan_when_too_many_are_due() -> None:
 
 
 def test_sweep_cap_defers_closed_launches_beyond_it() -> None:
-    records = [rec(f"a{i}", "failed", f"c{i}") for i in range(3)]
+    records = [rec(f"a{i}", "terminated", f"c{i}") for i in range(3)]
     orphan = Sighting("s", "o1", "x", "orphan", T - 700, T - 300)
     plan = core.reconcile(world([node(f"c{i}", f"a{i}") for i in range(3)] + [node("o1", "x")], records,
                                 sightings=[orphan]), RULES)
@@ -280,8 +294,22 @@ def test_sweep_cap_defers_closed_launches_beyond_it() -> None:
 
 
 def test_cap_zero_destroys_nothing() -> None:
-    plan = core.reconcile(world([node("c1", "a")], [rec("a", "failed", "c1")]), replace(RULES, max_destroys=0))
+    plan = core.reconcile(world([node("c1", "a")], [rec("a", "terminated", "c1")]), replace(RULES, max_destroys=0))
     assert plan.of(core.Destroy) == [] and plan.of(core.Alert)[0].kind == "destroy-deferred"
+
+
+def test_a_failed_launchs_live_node_is_reopened_in_the_state_the_cloud_shows_never_destroyed() -> None:
+    """Issue 26, defect 6: a create that took effect but whose answer was lost, then API errors
+    until the retries ran out, leaves a ``failed`` record and a live node that may have joined
+    the batch system by itself (an HTCondor startd does). The engine decides, not the listing."""
+    for listed, state in ((node("c1", "a"), "started"), (node("c1", "a", "pending"), "pending"),
+                          (node("c1", "a", "failed"), "pending")):
+        plan = core.reconcile(world([listed], [rec("a", "failed")]), RULES)
+        assert plan.of(core.Destroy) == []
+        assert plan.of(core.Reopen) == [core.Reopen("a", listed, state)]
+    # nor is it destroyed when its record had seen it (closed failed, listed alive again)
+    plan = core.reconcile(world([node("c1", "a")], [rec("a", "failed", "c1")]), RULES)
+    assert plan.of(core.Destroy) == [] and [r.state for r in plan.of(core.Reopen)] == ["started"]
 
 
 # --------------------------------------------------------------------------- reconcile: adopt and re-drive

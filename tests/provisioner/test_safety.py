@@ -331,3 +331,90 @@ def test_presumption_and_sightings_are_durable_on_both_stores(backend, request, 
     other = Store(url)
     assert other.claim_identity() == again.identity
     other.close()
+
+
+# --------------------------------------------------------------------------- failed launches with live nodes
+
+def test_a_lost_create_answer_then_exhausted_retries_never_closes_the_launch_or_destroys_its_node(
+        build, sqlite_url, cloud, clock) -> None:
+    """Issue 26, defect 6. Was: a create that took effect but whose answer was lost, then API
+    errors until the retries ran out, closed the launch ``failed`` while its node booted — on
+    HTCondor a startd that joins by itself and takes jobs — and the next reconciliation destroyed
+    it (the engine had replaced it meanwhile). Now the outcome is unknown: the launch stays
+    ``requested`` (the engine keeps counting it), and reconciliation adopts its node once listed."""
+    prov, events = build(cloud, sqlite_url)
+    for runner in prov.runners.values():
+        runner.retry = FAST_RETRY
+    cloud.inject("lost", 1)  # created, the answer lost...
+    cloud.inject("transient", 10)  # ...then errors until the retries ran out
+    drop_from_listing(prov, "sim", {"x1"})  # and the lookup after them misses it (listings lag creates)
+    launch(prov, "x1")
+    rec = prov.store.get("x1")
+    assert rec.state == "requested" and "create outcome unknown" in rec.reason and live(cloud) == {"x1"}
+    assert "failed" not in events.states("x1")
+    clock.advance(60)  # booted (and, on HTCondor, joined by itself)
+    report = prov.reconcile("sim")
+    assert report.swept == [] and report.adopted == ["x1"] and live(cloud) == {"x1"}
+    assert prov.store.get("x1").state == "started"
+
+
+def test_a_failed_launchs_live_node_is_reopened_never_destroyed(build, sqlite_url, cloud, clock) -> None:
+    """Issue 26, defect 6: a launch closed ``failed`` whose node the cloud lists alive (a create
+    answered 503 that took effect all the same, a record of an older release) is reopened in the
+    state the cloud shows and announced (``previous: failed``) — never destroyed on the cloud's
+    word. Was: the next reconciliation destroyed it."""
+    prov, events = build(cloud, sqlite_url)
+    for runner in prov.runners.values():
+        runner.retry = FAST_RETRY
+    cloud.inject("transient", 10)  # refused, every attempt: closed failed
+    launch(prov, "x1")
+    assert prov.store.get("x1").state == "failed" and live(cloud) == set()
+    cloud._injected["create"].clear()  # the errors not used up by the retries
+    # ...but one of those creates took effect: the node carries the launch's tags
+    tags = {TAG_DEPLOYMENT: prov.identity.deployment, TAG_STORE: prov.identity.store_id, TAG_LAUNCH: "x1",
+            "epu-domain": "alpha"}
+    cloud.create_node("w-x1", cloud.list_sizes()[0], cloud.list_images()[0], ex_metadata=tags)
+    clock.advance(60)
+    report = prov.reconcile("sim")
+    assert report.swept == [] and live(cloud) == {"x1"}
+    rec = prov.store.get("x1")
+    assert rec.state == "started" and rec.cloud_id is not None and "reopened" in rec.reason
+    last = [e for e in events.items if e.instance_id == "x1"][-1]
+    assert (last.previous, last.state, last.seq) == ("failed", "started", rec.seq)
+    assert [a.kind for a in prov.published_alerts] == ["failed-launch-alive"]
+    for _ in range(4):  # and it stays: polled and reconciled like any live node
+        clock.advance(300)
+        prov.poll("sim")
+        assert prov.reconcile("sim").swept == []
+    assert live(cloud) == {"x1"} and prov.store.get("x1").state == "started"
+
+
+def test_a_create_whose_retries_ran_out_is_looked_up_before_it_is_closed_failed(build, sqlite_url, cloud,
+                                                                               clock) -> None:
+    """After timeouts or 5xx the node may exist: one lookup by its launch-id tag before the launch
+    is closed ``failed`` (the engine would replace it, and the node it never counted would run)."""
+    prov, events = build(cloud, sqlite_url)
+    for runner in prov.runners.values():
+        runner.retry = FAST_RETRY
+    cloud.inject("lost", 1)
+    cloud.inject("transient", 10)
+    launch(prov, "x1")
+    rec = prov.store.get("x1")
+    assert rec.state == "pending" and rec.cloud_id is not None and live(cloud) == {"x1"}
+    assert "failed" not in events.states("x1")
+
+
+def test_a_pending_node_listed_once_in_error_is_not_destroyed(build, sqlite_url, cloud, clock) -> None:
+    """Issue 26, defect 6. Was: one listing of ERROR for a ``pending`` record closed it ``failed``
+    and destroyed the node at once; a listing lagging a create may show a booted node so. Now it
+    takes the run of listings a presumption takes; then the boot counts as failed."""
+    prov, events = build(cloud, sqlite_url)
+    launch(prov, "x1")
+    assert prov.store.get("x1").state == "pending"
+    show_ended(prov, "sim", {"x1"}, "error", times=1)
+    prov.poll("sim")
+    assert live(cloud) == {"x1"} and prov.store.get("x1").state == "pending"
+    clock.advance(60)
+    prov.poll("sim")  # booted: listed running, the miss forgotten
+    assert live(cloud) == {"x1"} and prov.store.get("x1").state == "started"
+    assert "failed" not in events.states("x1")

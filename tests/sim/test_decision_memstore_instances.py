@@ -30,6 +30,7 @@ def test_kept_instance_lists_are_the_sorted_working_set(seed: int) -> None:
     for i in range(400):
         op = rng.random()
         writer = other if rng.random() < 0.2 else mine
+        writer.sync()  # an engine reads the store before it writes (a write on a stale read is refused)
         if op < 0.2:
             iid = f"i{i}"
             known.append(iid)
