@@ -516,13 +516,7 @@ class Engine:
         elif res.action == "online" and not res.ok and inst.state == "joined":
             # still drained in the batch system: back on the way out (drain, remove, terminate)
             new = replace(inst, state="draining", drain_at=self.clock.now(), retire=inst.retire or "scale-down")
-        record = getattr(self.store, "record_node_result", None)
-        if record is not None:
-            record(res.command_id, outcome, new)
-            return
-        self.store.complete(action_id=res.command_id, outcome=outcome)
-        if new is not None:
-            self.store.save_instances([new])
+        self.store.record_node_result(res.command_id, outcome, new)
 
     def _late_offline(self, res: NodeCommandResult, row: dict[str, Any]) -> None:
         """A command is sent again while no answer came (the sensor was down), so one command can

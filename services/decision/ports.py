@@ -168,6 +168,11 @@ class DecisionStore(Protocol):
         """Close open actions (by id, or by target and kind); returns how many were open."""
         ...
 
+    def record_node_result(self, action_id: str, outcome: str, inst: Instance | None) -> None:
+        """A node command's answer and the instance row it changes, in one transaction (a
+        compare-and-set: ``StaleWrite`` when another engine wrote since this one read)."""
+        ...
+
     def action(self, action_id: str) -> dict[str, Any] | None:
         ...
 

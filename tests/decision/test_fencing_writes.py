@@ -12,8 +12,8 @@ import pytest
 from epu.common.clock import ManualClock
 from epu.common.messages import InstanceEvent, NodeCommandResult
 
+from tests.conformance.test_decision_fencing import engine
 from tests.decision.helpers import T0, event, jobs, snapshot
-from tests.decision.test_fencing import engine
 
 
 def _started_with_add_sent(a: Any, bus: Any, clock: ManualClock) -> tuple[Any, Any]:
