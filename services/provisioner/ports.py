@@ -87,6 +87,12 @@ class ProvisionerStore(Protocol):
         """The site's live records and every record of ``launch_ids`` (what a listing is compared with)."""
         ...
 
+    def reopen(self, instance_id: str, state: str, now: float, reason: str, *, cloud_id: str,
+               ip: str | None = None) -> Transition | None:
+        """The one move backwards: a ``failed`` record whose node the cloud lists alive, reopened
+        in the state the cloud shows with the next ``seq`` (``None``: not ``failed`` any more)."""
+        ...
+
     def set_cloud_fields(self, instance_id: str, *, cloud_id: str | None = None, ip: str | None = None,
                          now: float | None = None, site: str | None = None) -> None:
         ...
