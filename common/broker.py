@@ -277,6 +277,10 @@ class Publisher:
         self._batch: _Batch | None = None
         self._keepalive: threading.Thread | None = None
         self._closed = threading.Event()
+        self.expire_after: dict[str, float] = {}
+        """Message type → seconds a message of it may wait in a queue before the broker drops it
+        (AMQP ``expiration``, by the broker's clock): a sensor's snapshot that no engine took within
+        the active window says nothing any more (services/decision/snaporder.py)."""
 
     # ------------------------------------------------------------------ typed messages
     def publish(self, message: Message, correlation_id: str | None = None, *,
@@ -309,6 +313,9 @@ class Publisher:
                                  "content_type": CONTENT_TYPE, "content_encoding": "binary"}
         if correlation_id:
             props["correlation_id"] = correlation_id
+        ttl = self.expire_after.get(envelope.type)
+        if ttl is not None:
+            props["expiration"] = str(max(1, int(ttl * 1000)))  # milliseconds, as AMQP says
         return Outgoing(packb(envelope.model_dump(mode="python")), topo.exchange_for(message).name,
                         message.routing_key(), props, {}, mandatory=envelope.type in COMMAND_TYPES)
 
@@ -477,6 +484,8 @@ class Publisher:
                     producer = Producer(self._conn)
                     for it in items:
                         props = {k: v for k, v in it.properties.items() if k not in ("content_type", "content_encoding")}
+                        if "expiration" in props:  # kombu's Producer takes seconds
+                            props["expiration"] = int(props["expiration"]) / 1000
                         producer.publish(it.body, exchange=it.exchange, routing_key=it.routing_key,
                                          content_type=it.properties.get("content_type", CONTENT_TYPE),
                                          content_encoding=it.properties.get("content_encoding", "binary"),

@@ -70,6 +70,11 @@ class SimQueue:
     backlog: deque[tuple[Message, int]] = field(default_factory=deque)
     latest_value: bool = False
     """One message deep (x-max-length 1, drop-head): a waiting message is replaced by a newer one."""
+    ttl: float | None = None
+    """Seconds a message may wait before the broker drops it (the sensors publish snapshots with
+    the active window as their AMQP ``expiration``); judged by the broker's clock, the world's."""
+    waiting_since: float = 0.0
+    """When the message now waiting in a latest-value queue began to wait."""
     rr: int = 0
     active: Consumer | None = None
     """The single active consumer, as the broker chose it (sac queues)."""
@@ -165,6 +170,8 @@ class Bus:
 
     def _wait(self, q: SimQueue, msg: Message, attempt: int) -> None:
         if q.latest_value:
+            if not q.backlog or q.backlog[-1][0] is not msg:
+                q.waiting_since = self.world.t
             q.backlog.clear()  # drop-head: the newest replaces what waited
         q.backlog.append((msg, attempt))
 
@@ -263,6 +270,9 @@ class Bus:
             if not queue.backlog:
                 continue
             waiting, queue.backlog = queue.backlog, deque()
+            if queue.latest_value and queue.ttl is not None and self.world.t - queue.waiting_since > queue.ttl:
+                self.world.note(f"expired {len(waiting)} message(s) in {queue.name} (ttl {queue.ttl:.0f}s)")
+                continue
             for i, (msg, attempt) in enumerate(waiting):
                 self._send(queue, msg, 0.001 * (i + 1), attempt)
 

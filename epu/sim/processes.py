@@ -38,6 +38,7 @@ from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChang
 from epu.services.decision.engine import Engine
 from epu.services.decision.memstore import MemoryDecisionDatabase, MemoryLeases
 from epu.services.decision.memstore import MemoryStore as MemoryDecisionStore
+from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.store import Store as DecisionStore
 from epu.services.provisioner.app import ReportCache, build_provisioner
 from epu.services.provisioner.memstore import MemoryDatabase, MemoryStore
@@ -354,6 +355,7 @@ class EngineProc(Proc):
         bus.subscribe("decision.input", "sac", self, self._input)
         for domain in config.domains:
             bus.subscribe(snapshot_queue(domain), "sac", self, self._snapshot, latest_value=True)
+            bus.queue(snapshot_queue(domain)).ttl = config.decision.active_window_seconds  # the sensor's TTL
         bus.subscribe("decision.control", "sac", self, self._control)
 
     def boot(self) -> None:
@@ -399,7 +401,7 @@ class EngineProc(Proc):
 
     def _snapshot(self, msg: Message) -> None:
         assert self.engine is not None
-        if self.clock.now() - msg.taken_at > self.config.decision.active_window_seconds:  # type: ignore[attr-defined]
+        if stale_on_arrival(msg, self.clock.now(), self.config.decision.active_window_seconds) is not None:  # type: ignore[arg-type]
             self.stale_snapshots += 1  # as services.decision.app: not acted on
             return
         self.engine.handle_input(msg)
@@ -560,7 +562,8 @@ class SensorProc(Proc):
     def boot(self) -> None:
         self.core = SensorCore(self.domain, self.batch, self.clock, self.command_log,
                                lambda msg, _corr: self.publish(msg),
-                               PollSchedule(poll_seconds=self.poll_seconds, retry_initial_seconds=2.0))
+                               PollSchedule(poll_seconds=self.poll_seconds, retry_initial_seconds=2.0),
+                               incarnation=f"{self.world.rng(f'incarnation/{self.name}').getrandbits(64):016x}")
         self._arm(0.0)
 
     def _arm(self, delay: float) -> None:

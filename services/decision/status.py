@@ -34,6 +34,10 @@ def queue_of(snap: SensorSnapshot) -> tuple[int, int]:
     return sum(j.count for j in q), sum(j.count * j.cores * j.nodes for j in q)
 
 
+#: A sensor clock skew at least this large (seconds) is shown by ``epu status``.
+SKEW_SHOWN = 2.0
+
+
 @dataclass
 class DomainStatus:
     name: str
@@ -120,7 +124,8 @@ class DomainStatus:
                                                                     key=lambda i: (i.site, i.instance_id))],
             "engine": None if e is None else {
                 "status_at": e.at, "policy": e.policy, "version": e.policy_version, "paused": e.paused,
-                "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker},
+                "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker,
+                "sensor_skew_seconds": e.sensor_skew_seconds},
             "instances_by_type": {} if d is None else d.saw.instances_by_type,
             "unsatisfiable": [] if d is None else [u.model_dump() for u in d.saw.unsatisfiable],
             "last_decision": None if d is None else {
@@ -185,8 +190,12 @@ def render(board: Board) -> Any:
         t = Table.grid(padding=(0, 2))
         t.add_column(style="bold")
         t.add_column()
-        age = f"{time.time() - st.snapshot_at:.0f}s ago" if st.snapshot_at else "none yet"
-        t.add_row("sensor", ("ok" if st.available else "[red]UNAVAILABLE[/]") + f", snapshot {age}")
+        skew = st.engine.sensor_skew_seconds if st.engine is not None else None
+        taken = st.snapshot_at - (skew or 0.0) if st.snapshot_at else None  # in the engine's clock
+        age = f"{time.time() - taken:.0f}s ago" if taken else "none yet"
+        t.add_row("sensor", ("ok" if st.available else "[red]UNAVAILABLE[/]") + f", snapshot {age}"
+                  + (f", [yellow]clock {skew:+.0f}s off the engine's[/]" if skew is not None and abs(skew) >= SKEW_SHOWN
+                     else ""))
         t.add_row("queue", f"{st.queued_jobs} jobs, {st.queued_cores} cores")
         t.add_row("nodes", ", ".join(f"{k}={v}" for k, v in sorted(st.nodes.items())) or "-")
         for site, states in st.instances_by().items():
