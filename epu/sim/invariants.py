@@ -208,7 +208,10 @@ class Checker:
         domain = self.sim.domain
         if proc.leases is not None:
             row = proc.leases.row(domain)  # the shared store's lease, as every engine sees it
-            if row is None or row[0] != proc.leases.holder or row[2] < self.world.t:
+            # expiry by the engine's own clock, the one its lease was written in (with per-process
+            # clocks true time would blame a lease no other engine could have taken: the holder and
+            # epoch are the fence, checked here and below)
+            if row is None or row[0] != proc.leases.holder or row[2] < proc.clock.now():
                 self.fail(4, f"{proc.name} {what} without holding the lease of {domain} "
                              f"(held by {row[0] if row else 'nobody'})")
                 return

@@ -291,6 +291,15 @@ def late_registration() -> Scenario:
 
 
 @scenario
+def process_clocks() -> Scenario:
+    return Scenario("process-clocks", "every sensor, engine and provisioner on its own clock: skew, drift, "
+                    "NTP steps of up to an hour either way",
+                    hours=4.0, engines=2, sites=list(TWO_SITES),
+                    faults=[F.process_clocks(), F.crashes("decision", 0.5), F.crashes("sensor", 0.5)],
+                    stresses="issue 26: snapshots ordered and aged by the head node's clock froze a domain")
+
+
+@scenario
 def batch_faults() -> Scenario:
     return Scenario("batch-faults", "available=false snapshots, stale snapshots, a sensor clock stepping back, "
                     "commands failing transiently",
