@@ -33,6 +33,7 @@ The simulator's bus carries each process's identity itself (docs/simulation.md).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 _SERVICE_USER = r"epu-(sensor-.+|decision|provisioner|ctxbroker|operator)"
 
 
+@functools.lru_cache(maxsize=4096)
+def _allowed(prefix: str, type_: str, domain: str) -> tuple[str, ...]:
+    return tuple(prefix + r.format(domain=domain) for r in ALLOWED.get(type_, ()))
+
+
 @dataclass(frozen=True)
 class SenderPolicy:
     """How strictly inbound messages are bound to their senders (``[broker]`` settings)."""
@@ -73,8 +79,7 @@ class SenderPolicy:
 
     def allowed_users(self, type_: str, domain: str | None) -> tuple[str, ...]:
         """The user names that may send a message of ``type_`` about ``domain``."""
-        roles = ALLOWED.get(type_, ())
-        return tuple(self.user_prefix + r.format(domain=domain or "") for r in roles)
+        return _allowed(self.user_prefix, type_, domain or "")
 
     def is_service_user(self, user: str) -> bool:
         return re.fullmatch(re.escape(self.user_prefix) + _SERVICE_USER, user) is not None

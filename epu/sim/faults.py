@@ -264,6 +264,43 @@ def process_clocks(skew: tuple[float, float] = (-600.0, 600.0), drift_ppm: tuple
     return fault
 
 
+def adversary(per_hour: float = 2.0, length: tuple[float, float] = (300.0, 1800.0),
+              domain: str = "intruder") -> Fault:
+    """A stolen credential: the sensor of another domain (``domain``) forges, in episodes, well-
+    formed messages within its own permissions against the simulated domain (``adversary.py``):
+    a ``remove ok`` for every node command at once, idle snapshots, terminated events. The bus
+    gives every process its own broker user from the generated definitions."""
+
+    def fault(sim: Simulation) -> None:
+        from epu.sim.adversary import AdversaryProc
+        from epu.sim.bus import Identities
+
+        sim.bus.identities = Identities([sim.domain, domain])
+        adv = AdversaryProc(sim.world, sim.bus, domain, sim.domain)
+        sim.adversary = adv  # type: ignore[attr-defined]
+
+        def forge() -> None:
+            if not adv.active:
+                return
+            core = sim.sensor.core
+            last = core.last_snapshot if core is not None else None
+            live = [(vm.launch_id, cloud.name) for cloud in sim.clouds.values() for vm in cloud.live_vms()
+                    if vm.domain == sim.domain and vm.launch_id]
+            adv.forge_state(list(last.nodes) if last is not None else [], live)  # type: ignore[arg-type]
+            sim.world.after(60.0, forge, "adversary forges state")
+
+        def start() -> None:
+            adv.active = True
+            forge()
+
+        def stop() -> None:
+            adv.active = False
+
+        _episodes(sim, "adversary", per_hour, length, start, stop, first_after=300.0)
+
+    return fault
+
+
 def sensor_clock_steps(per_hour: float, step: tuple[float, float] = (30.0, 3600.0),
                        length: tuple[float, float] = (60.0, 1800.0)) -> Fault:
     """The sensor host's clock steps back by ``step`` seconds (NTP correction), then forward."""

@@ -1,4 +1,4 @@
-"""The six invariants, checked against the world's truth at every step of a run.
+"""The invariants, checked against the world's truth at every step of a run.
 
 The checker never asks a core what it believes; it looks at what physically happened in the
 world (which VM was destroyed, by whom, with which jobs on its node) and at what the
@@ -26,6 +26,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    sensor down between two polls is invisible to anyone downstream).
 7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
    engine commits a new action for the domain, whatever restarts and file edits happen.
+8. **No process acts on another's authority** — at every delivery: no handler is handed a
+   message whose true sender (the process that published it, not its body or headers) was not
+   allowed to send it — a command, state change or result on another's behalf.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ NAMES = {
     5: "convergence",
     6: "no blame for our own outage",
     7: "operators are obeyed",
+    8: "no process acts on another's authority",
 }
 MAX_PER_RUN = 25
 
@@ -98,6 +102,7 @@ class Checker:
             e.on_commit.append(self.on_commit)
             e.on_send.append(self.on_send)
         sim.bus.taps.append(self.on_message)
+        sim.bus.on_foreign.append(self.on_foreign)
         sim.batch.inner.on_kill.append(self.on_kill)
 
     # ------------------------------------------------------------------ recording
@@ -120,6 +125,11 @@ class Checker:
                 and sender is not None and getattr(sender, "kind", "") == "decision" \
                 and msg.change_id in self.sim.operator.changes:
             self.paused = bool(msg.config.get("paused"))
+
+    def on_foreign(self, msg: Message, sent: Any, queue: str) -> None:
+        domain = getattr(msg, "domain", "")
+        self.fail(8, f"{queue} handed {msg.TYPE} of {domain} sent by {sent.user} "
+                     f"({getattr(sent.sender, 'name', '?')}) to its handler")
 
     def on_kill(self, job_id: str, node: str, why: str) -> None:
         """A batch node removed with ``force`` takes its jobs down: nothing in EPU may do that

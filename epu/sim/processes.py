@@ -98,6 +98,9 @@ class Proc:
     """One simulated OS process (see the module docstring)."""
 
     kind = "proc"
+    identity: str | None = None
+    """The broker user it publishes as (deploy/rabbitmq's least-privilege users): the bus refuses
+    what that user may not publish and stamps the rest with it (None: no user, anything goes)."""
 
     def __init__(self, world: World, bus: Bus, name: str) -> None:
         self.world = world
@@ -337,6 +340,7 @@ class EngineProc(Proc):
     runtime notices the broker connection is gone."""
 
     kind = "decision"
+    identity = "epu-decision"
 
     def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig,
                  db: SqlEngine | MemoryDecisionDatabase, store_faults: StoreFaults) -> None:
@@ -428,6 +432,7 @@ def release_store(store: ProvisionerStore | MemoryStore | None) -> None:
 
 class ProvisionerProc(Proc):
     kind = "provisioner"
+    identity = "epu-provisioner"
 
     def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig, store_url: str,
                  clouds: dict[str, SimCloud], store_faults: StoreFaults,
@@ -551,6 +556,7 @@ class SensorProc(Proc):
                  poll_seconds: float) -> None:
         super().__init__(world, bus, name)
         self.domain = domain
+        self.identity = f"epu-sensor-{domain}"
         self.batch = batch
         self.clock = WorldClock(world)
         self.poll_seconds = poll_seconds
@@ -607,6 +613,7 @@ class OperatorProc(Proc):
     """An operator at a terminal: ``epu policy ...`` and ``epu instances terminate``."""
 
     kind = "operator"
+    identity = "epu-operator"
 
     def __init__(self, world: World, bus: Bus) -> None:
         super().__init__(world, bus, "operator")

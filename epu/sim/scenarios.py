@@ -300,6 +300,15 @@ def process_clocks() -> Scenario:
 
 
 @scenario
+def untrusted_bus() -> Scenario:
+    return Scenario("untrusted-bus", "every process publishes as its own broker user; another domain's sensor "
+                    "forges results, snapshots and instance events within its permissions",
+                    hours=4.0, sites=list(TWO_SITES),
+                    faults=[F.adversary(3.0), F.crashes("decision", 0.5), F.command_failures(1.0)],
+                    stresses="issue 26: a message's domain taken from its body (a forged remove ok kills jobs)")
+
+
+@scenario
 def batch_faults() -> Scenario:
     return Scenario("batch-faults", "available=false snapshots, stale snapshots, a sensor clock stepping back, "
                     "commands failing transiently",
