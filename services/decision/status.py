@@ -23,6 +23,7 @@ from epu.common.messages import (
     Message,
     SensorSnapshot,
 )
+from epu.services.decision.snaporder import SnapshotOrder
 
 #: Seconds an instance event is given to reach the engine before a status not listing it counts.
 UNLISTED_GRACE = 5.0
@@ -52,6 +53,7 @@ class DomainStatus:
     """Ended instances → the seq that ended them (an older status must not bring them back)."""
     last_decision: DecisionRecord | None = None
     engine: EngineStatus | None = None
+    order: SnapshotOrder = field(default_factory=SnapshotOrder, repr=False)
     """The newest status the engine published (policy, bounds, breaker); None: none seen."""
 
     def instances_by(self) -> dict[str, dict[str, int]]:
@@ -77,7 +79,10 @@ class DomainStatus:
         return True
 
     def apply_snapshot(self, snap: SensorSnapshot) -> bool:
-        if self.snapshot_at is not None and snap.taken_at < self.snapshot_at:
+        if snap.incarnation:  # by the sensor's count, as the engine orders them (snaporder.py)
+            if not self.order.admit(snap):
+                return False
+        elif self.snapshot_at is not None and snap.taken_at < self.snapshot_at:
             return False
         self.snapshot_at, self.available = snap.taken_at, snap.available
         if snap.available:
