@@ -552,6 +552,12 @@ class Engine:
         row = self.store.action(res.command_id)
         if row is None:
             return
+        if row["domain"] != res.domain or row["kind"] != res.action:
+            # bound to its sender (common.senders): a sensor answers only its own domain's commands
+            log.warning("node result does not answer its command: ignored", extra={
+                "command_id": res.command_id, "result": f"{res.domain}/{res.action}",
+                "command": f"{row['domain']}/{row['kind']}"})
+            return
         if row["done"]:
             self._late_offline(res, row)
             return
