@@ -36,6 +36,8 @@ from epu.common.messages import SensorSnapshot
 RETIRED_KEPT = 16
 #: Snapshots the skew estimate looks back over.
 SKEW_WINDOW = 8
+#: Seconds of measured skew below which ``taken_at`` is used as it is (transit, not a clock off).
+SKEW_TOLERANCE = 2.0
 
 
 @dataclass
@@ -94,9 +96,13 @@ class ClockSkew:
         return max(offsets) if offsets else None
 
     def engine_time(self, domain: str, taken_at: float, received_at: float) -> float:
-        """``taken_at`` in the engine's clock: never later than the snapshot was received."""
+        """``taken_at`` in the engine's clock: never later than the snapshot was received. A skew
+        within ``SKEW_TOLERANCE`` is taken for transit and left alone (the estimate errs late by
+        the quickest transit: with clocks in step, ``taken_at`` itself is the better answer)."""
         skew = self.skew(domain)
-        return min(received_at, taken_at - skew) if skew is not None else min(received_at, taken_at)
+        if skew is None or abs(skew) < SKEW_TOLERANCE:
+            return min(received_at, taken_at)
+        return min(received_at, taken_at - skew)
 
 
 def stale_on_arrival(snap: SensorSnapshot, now: float, window: float) -> float | None:
