@@ -7,8 +7,10 @@ engines send, as an attacker reading the victim's logs would):
 
 * for every node command sent to the victim domain's sensor, at once, a result saying the
   command succeeded — on its own key (``node.result.<its domain>``, which the engines' input
-  queue is bound to) with the victim's domain in the body. Believed, a ``remove ok`` for a node
-  still running jobs gets its VM terminated;
+  queue is bound to), once with the victim's domain in the body (refused by the consumers'
+  check) and once with its own (a message it may send, which the engine must not take for the
+  answer to another domain's command). Believed, a ``remove ok`` for a node still running jobs
+  gets its VM terminated;
 * a snapshot of the victim domain showing every node idle and no job queued, with a clock a day
   ahead and a huge sequence, on its own key — and the same on the victim's key, which the broker
   refuses;
@@ -67,9 +69,11 @@ class AdversaryProc(Proc):
     def _watch(self, msg: Message, sender: object) -> None:
         if not self.active or sender is self or not isinstance(msg, NodeCommand) or msg.domain != self.victim:
             return
-        forged = NodeCommandResult(command_id=msg.command_id, domain=self.victim, action=msg.action, node=msg.node,
-                                   ok=True, output="forged")
-        self.world.after(0.0, lambda: self._try(forged, f"node.result.{self.domain}"), f"forge result {self.name}")
+        key = f"node.result.{self.domain}"
+        for domain in (self.victim, self.domain):  # the victim's word, then its own about the victim's command
+            forged = NodeCommandResult(command_id=msg.command_id, domain=domain, action=msg.action, node=msg.node,
+                                       ok=True, output="forged")
+            self.world.after(0.0, lambda m=forged: self._try(m, key), f"forge result {self.name}")
 
     def forge_state(self, nodes: list[NodeInfo], live: list[tuple[str, str]]) -> None:
         """One round of forged state: an idle snapshot of the victim (own key, then the victim's)

@@ -229,6 +229,9 @@ class Bus:
         self.on_foreign: list[Callable[[Message, Sent, str], None]] = []
         """Called (message, how it was sent, queue) when a handler is about to act on a message its
         true sender was not allowed to send: invariant 8's hook."""
+        self.around: list[Callable[[Message, Sent, Any], Callable[[], None] | None]] = []
+        """Called (message, how it was sent, consuming process) before a handler runs; a callable
+        it returns runs after the handler returned (invariant 8: what the handler did with it)."""
 
     def queue(self, name: str, mode: str = "single", latest_value: bool = False) -> SimQueue:
         q = self.queues.get(name)
@@ -360,8 +363,12 @@ class Bus:
         if self._refused(q, msg, sent):
             return
         self.stats.delivered += 1
+        after = [a for fn in self.around if (a := fn(msg, sent, c.owner)) is not None] \
+            if self.around and sent is not None else ()
         try:
             c.handler(msg)
+            for a in after:
+                a()
         except Crash:
             self.stats.redelivered += 1
             c.owner.crash("while handling " + msg.TYPE)

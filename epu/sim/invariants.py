@@ -36,7 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyOutcome, TerminateRequest
+from epu.common.messages import (
+    LaunchRequest,
+    Message,
+    NodeCommand,
+    NodeCommandResult,
+    PolicyOutcome,
+    TerminateRequest,
+)
 from epu.sim.bus import snapshot_queue
 
 if TYPE_CHECKING:
@@ -103,6 +110,9 @@ class Checker:
             e.on_send.append(self.on_send)
         sim.bus.taps.append(self.on_message)
         sim.bus.on_foreign.append(self.on_foreign)
+        sim.bus.around.append(self.around_result)
+        self.command_domain: dict[str, str] = {}
+        """Command id → the domain of every node command an engine sent (whose sensor may answer it)."""
         sim.batch.inner.on_kill.append(self.on_kill)
 
     # ------------------------------------------------------------------ recording
@@ -208,6 +218,29 @@ class Checker:
     def on_send(self, proc: EngineProc, msg: Message) -> None:
         if isinstance(msg, LaunchRequest | TerminateRequest | NodeCommand):
             self._one_brain(proc, f"sent {msg.TYPE}")
+        if isinstance(msg, NodeCommand):
+            self.command_domain[msg.command_id] = msg.domain
+
+    def around_result(self, msg: Message, sent: Any, owner: Any) -> Any:
+        """Invariant 8 for a result that is its sender's to send but answers another domain's
+        command: the engine must not complete the command on its word."""
+        if not isinstance(msg, NodeCommandResult):
+            return None
+        domain = self.command_domain.get(msg.command_id)
+        engine = getattr(owner, "engine", None)
+        if domain is None or engine is None or sent.user == f"epu-sensor-{domain}":
+            return None
+        row = engine.store.action(msg.command_id)
+        if row is None or row["done"]:
+            return None
+
+        def after() -> None:
+            now = engine.store.action(msg.command_id)
+            if now is not None and now["done"]:
+                self.fail(8, f"{owner.name} completed {domain}'s {row['kind']} {msg.command_id[:8]} on a result "
+                             f"sent by {sent.user}")
+
+        return after
 
     def _one_brain(self, proc: EngineProc, what: str) -> None:
         """Two brains. With fencing (every engine since issue 12): an engine acts only while the

@@ -81,3 +81,22 @@ def test_per_process_clocks_do_not_freeze_a_domain() -> None:
     assert result.violations == []
     assert max(abs(p.clock.error()) for p in sim.procs) > 1.0, "the clocks were off"
     assert sum(e.stale_snapshots for e in sim.engines) == 0
+
+
+def test_invariant_8_catches_an_engine_that_takes_any_result_for_its_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adversary also answers the victim's commands in its own name (a message it may send):
+    an engine that took any result with the right command id for the answer completes alpha's
+    commands on the intruder's word — which the engine's own check (domain and action) refuses."""
+    from epu.services.decision.engine import Engine
+
+    original = Engine.on_node_result
+
+    def unguarded(self: Engine, res: object) -> None:
+        row = self.store.action(res.command_id)  # type: ignore[attr-defined]
+        if row is not None:
+            res = res.model_copy(update={"domain": row["domain"]})  # type: ignore[attr-defined]
+        original(self, res)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "on_node_result", unguarded)
+    _sim, violations = run(1)
+    assert any("completed alpha's" in v.detail for v in violations if v.invariant == 8), violations[:3]
