@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 from amqp.exceptions import ChannelError, MessageNacked
 from epu.common.codec import CONTENT_TYPE, packb
 from epu.common.messages import Envelope, Message
+from epu.common.senders import SenderPolicy
 from epu.common.topology import COMMAND_TYPES, DEAD_LETTER_EXCHANGE, DEFAULT_TOPOLOGY, Topology
 from kombu import Connection, Producer
 
@@ -154,6 +155,8 @@ class Broker:
     """How long a publish waits for the broker's confirms before taking the connection for dead."""
     nack_retry_seconds: float = 15.0
     """How long nacked messages are resent (with backoff) before the publish fails."""
+    senders: SenderPolicy = field(default_factory=SenderPolicy)
+    """How consumers bind each inbound message to the sender allowed to send it (common.senders)."""
     _failover: _Failover = field(default_factory=_Failover, compare=False, repr=False)
 
     @property
@@ -274,6 +277,10 @@ class Publisher:
         self._batch: _Batch | None = None
         self._keepalive: threading.Thread | None = None
         self._closed = threading.Event()
+        self.expire_after: dict[str, float] = {}
+        """Message type → seconds a message of it may wait in a queue before the broker drops it
+        (AMQP ``expiration``, by the broker's clock): a sensor's snapshot that no engine took within
+        the active window says nothing any more (services/decision/snaporder.py)."""
 
     # ------------------------------------------------------------------ typed messages
     def publish(self, message: Message, correlation_id: str | None = None, *,
@@ -306,6 +313,9 @@ class Publisher:
                                  "content_type": CONTENT_TYPE, "content_encoding": "binary"}
         if correlation_id:
             props["correlation_id"] = correlation_id
+        ttl = self.expire_after.get(envelope.type)
+        if ttl is not None:
+            props["expiration"] = str(max(1, int(ttl * 1000)))  # milliseconds, as AMQP says
         return Outgoing(packb(envelope.model_dump(mode="python")), topo.exchange_for(message).name,
                         message.routing_key(), props, {}, mandatory=envelope.type in COMMAND_TYPES)
 
@@ -409,6 +419,7 @@ class Publisher:
         """Publish ``items[chunk]`` on the confirm channel and wait until each is settled."""
         channel = self._confirm_channel()
         assert self._conn is not None
+        user = self._conn.userid if isinstance(self._conn.userid, str) else None
         self._batch = batch
         try:
             for i in chunk:
@@ -416,11 +427,12 @@ class Publisher:
                 batch.tag_to_index[self._next_tag] = i
                 batch.id_to_index[it.message_id] = i
                 self._next_tag += 1
+                props = {k: v for k, v in it.properties.items() if k not in ("content_type", "content_encoding")}
+                if user:  # RabbitMQ checks it is this connection's user: receivers may trust it
+                    props["user_id"] = user
                 msg = channel.prepare_message(it.body, content_type=it.properties.get("content_type"),
                                               content_encoding=it.properties.get("content_encoding"),
-                                              headers=it.headers,
-                                              properties={k: v for k, v in it.properties.items()
-                                                          if k not in ("content_type", "content_encoding")})
+                                              headers=it.headers, properties=props)
                 channel.basic_publish(msg, exchange=it.exchange, routing_key=it.routing_key,
                                       mandatory=it.mandatory)
             deadline = time.monotonic() + self.broker.confirm_timeout
@@ -472,6 +484,8 @@ class Publisher:
                     producer = Producer(self._conn)
                     for it in items:
                         props = {k: v for k, v in it.properties.items() if k not in ("content_type", "content_encoding")}
+                        if "expiration" in props:  # kombu's Producer takes seconds
+                            props["expiration"] = int(props["expiration"]) / 1000
                         producer.publish(it.body, exchange=it.exchange, routing_key=it.routing_key,
                                          content_type=it.properties.get("content_type", CONTENT_TYPE),
                                          content_encoding=it.properties.get("content_encoding", "binary"),

@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 0
+SCHEMA_MINOR = 1
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 
 #: Domain and context names appear in routing keys and queue names, so no dots or spaces.
@@ -282,7 +282,14 @@ class SensorSnapshot(Message):
     error: str | None = None
     """Why the batch system could not be read."""
     taken_at: float
-    """When the batch system was read (epoch seconds)."""
+    """When the batch system was read (epoch seconds, by the head node's clock: shown, and
+    translated into the engine's clock, never used to order snapshots or judge their age)."""
+    incarnation: str = Field("", max_length=64)
+    """This run of the sensor (random at its start). With ``sequence`` it orders snapshots
+    without any clock: a new incarnation supersedes every earlier one (a restart is not "older").
+    Empty from senders older than schema 1.1, which are ordered by ``taken_at`` as before."""
+    sequence: NonNegInt = 0
+    """Counts the snapshots of one incarnation from 1: a higher one is newer."""
     jobs: list[QueuedJob] = Field(default_factory=list)
     """Per-job records, for senders that have no shapes; the EPU sensors send ``shapes`` and
     leave this empty."""
@@ -728,7 +735,11 @@ class EngineStatus(Message):
     mode: str = "act"
     """``act``, or ``observe`` (shadow mode: decisions recorded, nothing done)."""
     snapshot_at: float | None = None
-    """When the newest snapshot the engine holds was taken (None: none)."""
+    """When the newest snapshot the engine holds was taken (None: none): its ``taken_at``, by the
+    sensor's clock (see ``sensor_skew_seconds``)."""
+    sensor_skew_seconds: float | None = None
+    """How far the sensor's clock runs ahead of the engine's (negative: behind), measured from the
+    snapshots' ``taken_at`` and their arrival (None: not measured yet)."""
     sensor_available: bool = True
     queued_jobs: NonNegInt = 0
     """Queued jobs a new node could start (the demand the policy sees)."""

@@ -36,6 +36,10 @@ class ServiceMetrics:
                                  ["type"], registry=r)
         self.dead_lettered = Counter("epu_messages_dead_lettered_total", "Messages sent to the dead-letter queue",
                                      ["queue"], registry=r)
+        self.refused_senders = Counter("epu_messages_refused_sender_total",
+                                       "Messages dead-lettered because their sender may not send them "
+                                       "(key or broker user not the one allowed, common.senders)", ["queue"],
+                                       registry=r)
         self.handler_seconds = Histogram("epu_handler_seconds", "Time spent in message handlers",
                                          ["queue"], registry=r)
         self.reconnects = Counter("epu_broker_reconnects_total", "Successful reconnections after a lost broker connection",

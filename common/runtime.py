@@ -603,6 +603,7 @@ class Service:
             envelope, msg = open_delivery(inbound.delivery, self.broker.limits)
             if c.types is not None and envelope.type not in c.types:
                 raise DecodeError(f"unexpected message type {_clip(envelope.type)!r} on {queue_name}")
+            refused = self._refused_sender(c, inbound, envelope.type, msg)
         except DecodeError as exc:
             reason = str(exc)
             outcome = self.dead_letter(inbound, queue_name, reason)
@@ -612,6 +613,9 @@ class Service:
                 except Exception:
                     self.log.exception("on_invalid hook failed", extra={"queue": queue_name})
             return outcome
+        if refused is not None:
+            self.metrics.refused_senders.labels(queue_name).inc()
+            return self.dead_letter(inbound, queue_name, f"sender not allowed: {refused}")
         attempts = 0
         delay = self.settings.retry_base_seconds
         while True:
@@ -658,6 +662,13 @@ class Service:
         self.metrics.handler_retries.labels(what, "permanent").inc()
         self.log.error(f"{what} stopped: {why[:500]} — a failure no retry cures (fix it, then restart "
                        f"{self.name}); /healthz reports it", extra={"stopped": what, "error": why[:500]})
+
+    def _refused_sender(self, c: _ConsumerSpec, inbound: Inbound, type_: str, msg: Message) -> str | None:
+        """Why the sender of a message off a durable queue of the topology may not send it
+        (``common.senders``), or None. Ad-hoc queues (an operator's tap) only watch."""
+        if c.spec is None:
+            return None
+        return self.broker.senders.check(self.broker.topology, inbound.delivery, type_, msg)
 
     def dead_letter(self, inbound: Inbound, queue_name: str, reason: str, attempts: int = 1) -> str:
         """Keep the message — the bytes that were sent, with why — in the dead-letter queue.

@@ -81,6 +81,7 @@ class EpuConfig(Section):
 
     def broker_obj(self) -> Any:
         from epu.common.broker import Broker, MessageLimits, TlsSettings
+        from epu.common.senders import SenderPolicy
         from epu.common.topology import Topology
 
         b = self.broker
@@ -88,7 +89,8 @@ class EpuConfig(Section):
         return Broker(url, Topology(prefix=b.prefix, quorum=b.quorum), heartbeat=b.heartbeat, declare=b.declare,
                       tls=TlsSettings(**b.tls.model_dump()), connect_timeout=b.connect_timeout,
                       confirm_timeout=b.confirm_timeout,
-                      limits=MessageLimits(b.max_message_bytes, b.max_message_bytes))
+                      limits=MessageLimits(b.max_message_bytes, b.max_message_bytes),
+                      senders=SenderPolicy(b.user_prefix, b.require_sender_user))
 
 
 def _literal(text: str) -> Any:

@@ -61,6 +61,14 @@ class BrokerConfig(Section):
     """Seconds a publish waits for the broker's confirm before taking the connection for dead."""
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest message a consumer takes, before and after decompression; larger is dead-lettered."""
+    user_prefix: str = ""
+    """Prefix of the service users' names, as deploy/rabbitmq's definitions were generated with
+    (``epu-sensor-alpha`` with none): a message sent as one of them must be sent by the user
+    allowed to send it (docs/messages.md, "Who may send what")."""
+    require_sender_user: bool = False
+    """True with deploy/rabbitmq's least-privilege users: refuse (dead-letter) every message whose
+    broker-validated user is not the service user allowed to send it. False accepts messages from
+    users that are none of EPU's (``guest`` in development)."""
     tls: TlsConfig = Field(default_factory=TlsConfig)
 
     @field_validator("url")

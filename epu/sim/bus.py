@@ -18,7 +18,13 @@ What it models (and why each matters to the invariants):
   runtime's backoff, then dead-lettered (``common.runtime.Service._handle``);
 * faults (``MessageFaults``): every delivery may be delayed, duplicated or lost, and with
   enough jitter messages overtake each other (reordering); the broker itself may be down
-  (publishes fail, nothing is delivered) and one process's connection may drop.
+  (publishes fail, nothing is delivered) and one process's connection may drop;
+* identities (``Identities``): every process publishes as its own broker user
+  (``Proc.identity``), with the topic permissions deploy/rabbitmq's definitions give that user
+  (``common.definitions``): a publish beyond them is refused as RabbitMQ refuses it. The bus
+  stamps each message with its sender's user (the broker-validated ``user_id``) and the key it
+  was published on, routes by that key, and before any handler runs checks the message against
+  its sender with the runtime's own rule (``common.senders``): a mismatch is dead-lettered.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from functools import partial
 from typing import Any
 
 from epu.common.messages import Message
+from epu.common.senders import SenderPolicy
+from epu.common.topology import DEFAULT_TOPOLOGY
 from epu.sim.world import World
 
 
@@ -54,6 +62,42 @@ class MessageFaults:
     """Extra uniform jitter per delivery (seconds): enough of it and messages overtake."""
 
 
+@dataclass(frozen=True)
+class Sent:
+    """How a message was published: what the broker knows of it, beside its body."""
+
+    routing_key: str
+    user: str | None
+    """The sender's broker user (RabbitMQ validates ``user_id``: a sender cannot claim another)."""
+    sender: Any
+    """The process that published it (the world's truth, for the invariants; no core sees it)."""
+
+
+class Identities:
+    """Each broker user's topic permissions, from the generated definitions (least privilege).
+
+    Why from ``common.definitions``: the simulated broker must refuse exactly what the real one
+    would, so the adversary can do only what a stolen credential of that user could."""
+
+    def __init__(self, domains: list[str]) -> None:
+        import re
+
+        from epu.common.definitions import service_users
+
+        self.topic_write: dict[str, dict[str, re.Pattern[str]]] = {
+            u.name: {ex: re.compile(pattern) for ex, pattern in u.topic_write.items()}
+            for u in service_users(DEFAULT_TOPOLOGY, sorted(set(domains)))}
+        self._memo: dict[tuple[str, str, str], bool] = {}
+
+    def may_publish(self, user: str, exchange: str, key: str) -> bool:
+        memo = self._memo.get((user, exchange, key))
+        if memo is None:
+            perms = self.topic_write.get(user)
+            pattern = perms.get(exchange) if perms is not None else None
+            memo = self._memo[(user, exchange, key)] = pattern is not None and pattern.match(key) is not None
+        return memo
+
+
 @dataclass
 class Consumer:
     owner: Any
@@ -67,9 +111,14 @@ class SimQueue:
     mode: str
     """``sac`` (single active consumer), ``competing`` or ``single``."""
     consumers: list[Consumer] = field(default_factory=list)
-    backlog: deque[tuple[Message, int]] = field(default_factory=deque)
+    backlog: deque[tuple[Message, int, Sent | None]] = field(default_factory=deque)
     latest_value: bool = False
     """One message deep (x-max-length 1, drop-head): a waiting message is replaced by a newer one."""
+    ttl: float | None = None
+    """Seconds a message may wait before the broker drops it (the sensors publish snapshots with
+    the active window as their AMQP ``expiration``); judged by the broker's clock, the world's."""
+    waiting_since: float = 0.0
+    """When the message now waiting in a latest-value queue began to wait."""
     rr: int = 0
     active: Consumer | None = None
     """The single active consumer, as the broker chose it (sac queues)."""
@@ -111,10 +160,33 @@ class BusStats:
     lost: int = 0
     dead_lettered: int = 0
     redelivered: int = 0
+    refused_publishes: int = 0
+    """Publishes beyond the sender's permissions (refused by the broker)."""
+    refused_senders: int = 0
+    """Deliveries whose sender may not send them (dead-lettered by the consumer's runtime)."""
 
 
 def snapshot_queue(domain: str) -> str:
     return f"decision.snapshot.{domain}"
+
+
+def route_key(type_: str, key: str) -> tuple[str, ...]:
+    """The queues a message of ``type_`` published with routing key ``key`` reaches (the topology's
+    bindings, by key: the broker never reads a body)."""
+    if DEFAULT_TOPOLOGY.exchange_for(type_).name == DEFAULT_TOPOLOGY.commands_exchange.name:
+        if key in ("provisioner.launch", "provisioner.terminate"):
+            return ("provisioner",)
+        if key == "decision.control":
+            return ("decision.control",)
+        if key.startswith("sensor.") and key.count(".") == 1:
+            return (key,)
+        return ()
+    if key.startswith("sensor.snapshot.") and key.count(".") == 2:
+        return (snapshot_queue(key.rsplit(".", 1)[1]),)
+    if (key.startswith("node.result.") and key.count(".") == 2) or key.startswith("instance.state.") \
+            or (key.startswith("instance.report.") and key.count(".") == 2):
+        return ("decision.input",)
+    return ()
 
 
 def route(msg: Message) -> tuple[str, ...]:
@@ -148,6 +220,18 @@ class Bus:
         """Called with (message, sender) for every message accepted by the broker."""
         self.stats = BusStats()
         self._rng = world.rng("bus")
+        self.identities: Identities | None = None
+        """Broker users and their permissions (None: every publisher may publish anything)."""
+        self.senders = SenderPolicy(require_sender_user=True)
+        """The consumers' rule (``common.senders``), as production runs it with deploy/rabbitmq's users."""
+        self.bind_senders = True
+        """Consumers check each message against its sender (False: as before issue 26)."""
+        self.on_foreign: list[Callable[[Message, Sent, str], None]] = []
+        """Called (message, how it was sent, queue) when a handler is about to act on a message its
+        true sender was not allowed to send: invariant 10's hook."""
+        self.around: list[Callable[[Message, Sent, Any], Callable[[], None] | None]] = []
+        """Called (message, how it was sent, consuming process) before a handler runs; a callable
+        it returns runs after the handler returned (invariant 10: what the handler did with it)."""
 
     def queue(self, name: str, mode: str = "single", latest_value: bool = False) -> SimQueue:
         q = self.queues.get(name)
@@ -163,44 +247,58 @@ class Bus:
         q.consumers.append(c)
         return c
 
-    def _wait(self, q: SimQueue, msg: Message, attempt: int) -> None:
+    def _wait(self, q: SimQueue, msg: Message, attempt: int, sent: Sent | None) -> None:
         if q.latest_value:
+            if not q.backlog or q.backlog[-1][0] is not msg:
+                q.waiting_since = self.world.t
             q.backlog.clear()  # drop-head: the newest replaces what waited
-        q.backlog.append((msg, attempt))
+        q.backlog.append((msg, attempt, sent))
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, sender: Any, msg: Message) -> None:
+    def publish(self, sender: Any, msg: Message, routing_key: str | None = None) -> None:
         """What a process's ``publish`` does: refused while the broker or the sender's connection
-        is down (the caller sees an error, as with a failed confirm)."""
+        is down (the caller sees an error, as with a failed confirm), or when the sender's user may
+        not publish on the key (``PermissionError``, as RabbitMQ's ACCESS_REFUSED). ``routing_key``
+        is the key the sender chose; EPU's publishers always use the body's own."""
         if not self.broker_up or (sender is not None and not sender.connected):
             raise ConnectionError(f"simulated: {'broker down' if not self.broker_up else 'connection lost'}")
+        user = getattr(sender, "identity", None)
+        key = routing_key if routing_key is not None else msg.routing_key()
+        if self.identities is not None and user is not None:
+            exchange = DEFAULT_TOPOLOGY.exchange_for(msg.TYPE).name
+            if not self.identities.may_publish(user, exchange, key):
+                self.stats.refused_publishes += 1
+                self.world.note(f"refused {msg.TYPE} from {user} on {exchange} {key}")
+                raise PermissionError(f"simulated: ACCESS_REFUSED: {user} may not publish to {exchange} with {key}")
+        sent = Sent(key, user, sender)
         self.stats.published += 1
         for tap in self.taps:
             tap(msg, sender)
+        names = route(msg) if routing_key is None else tuple(n for n in route_key(msg.TYPE, key) if n in self.queues)
         f = self.faults
         if self.enabled and (f.loss_rate or f.duplicate_rate or f.reorder_jitter or f.delay_rate):
-            self._publish_faulty(msg)
+            self._publish_faulty(msg, names, sent)
             return
         # no fault applies: ``_publish_faulty`` with its tests false and ``_delay``'s one draw
         # (a run publishes hundreds of thousands of messages)
         lo, hi = f.latency
         rnd = self._rng.random
-        for name in route(msg):
-            self._send(self.queues.get(name) or self.queue(name), msg, lo + rnd() * (hi - lo))
+        for name in names:
+            self._send(self.queues.get(name) or self.queue(name), msg, lo + rnd() * (hi - lo), 1, sent)
 
-    def _publish_faulty(self, msg: Message) -> None:
+    def _publish_faulty(self, msg: Message, names: tuple[str, ...], sent: Sent) -> None:
         """``publish``'s routing while message faults apply (loss, duplicates, extra delays)."""
         f = self.faults
-        for name in route(msg):
+        for name in names:
             if self.enabled and f.loss_rate and msg.TYPE != "policy.change" and self._rng.random() < f.loss_rate:
                 self.stats.lost += 1
                 self.world.note(f"lost {msg.TYPE} to {name}")
                 continue
             q = self.queue(name)
-            self._send(q, msg, self._delay())
+            self._send(q, msg, self._delay(), 1, sent)
             if self.enabled and f.duplicate_rate and self._rng.random() < f.duplicate_rate:
                 self.stats.duplicated += 1
-                self._send(q, msg, self._delay() + self._rng.uniform(0.0, 5.0))
+                self._send(q, msg, self._delay() + self._rng.uniform(0.0, 5.0), 1, sent)
 
     def _delay(self) -> float:
         f = self.faults
@@ -214,39 +312,67 @@ class Bus:
                 d += a + self._rng.random() * (b - a)
         return d
 
-    def _send(self, q: SimQueue, msg: Message, delay: float, attempt: int = 1) -> None:
+    def _send(self, q: SimQueue, msg: Message, delay: float, attempt: int = 1, sent: Sent | None = None) -> None:
         label = q.labels.get(msg.TYPE)
         if label is None:
             label = q.labels[msg.TYPE] = f"deliver {msg.TYPE} to {q.name}"
-        self.world.call_after(delay, partial(self._deliver, q, msg, attempt), label)
+        self.world.call_after(delay, partial(self._deliver, q, msg, attempt, sent), label)
 
     # ------------------------------------------------------------------ delivery
-    def _deliver(self, q: SimQueue, msg: Message, attempt: int) -> None:
+    def _deliver(self, q: SimQueue, msg: Message, attempt: int, sent: Sent | None = None) -> None:
         if not self.broker_up:
-            self._wait(q, msg, attempt)
+            self._wait(q, msg, attempt, sent)
             return
         c = q.pick()
         if c is None or not c.owner.receiving:
             # nobody to deliver to, or the broker's consumer cannot be reached (its link is
             # down and the broker has not noticed yet): the message waits, unacked
-            self._wait(q, msg, attempt)
+            self._wait(q, msg, attempt, sent)
             return
-        self._deliver_to(q, c, msg, attempt)
+        self._deliver_to(q, c, msg, attempt, sent)
 
-    def _retry(self, q: SimQueue, c: Consumer, msg: Message, attempt: int) -> None:
+    def _retry(self, q: SimQueue, c: Consumer, msg: Message, attempt: int, sent: Sent | None) -> None:
         if not (self.broker_up and c.owner.receiving and c.owner.registered):
-            self._wait(q, msg, attempt)  # unacked when the connection went: redelivered
+            self._wait(q, msg, attempt, sent)  # unacked when the connection went: redelivered
             return
-        self._deliver_to(q, c, msg, attempt)
+        self._deliver_to(q, c, msg, attempt, sent)
 
-    def _deliver_to(self, q: SimQueue, c: Consumer, msg: Message, attempt: int) -> None:
+    def _refused(self, q: SimQueue, msg: Message, sent: Sent | None) -> bool:
+        """The consumer's runtime checks the sender (``Service._refused_sender``) — the same rule —
+        and dead-letters a message its sender may not send; a message that passes but whose true
+        sender was not allowed is reported to ``on_foreign`` (invariant 10)."""
+        if sent is None:
+            return False
+        if self.bind_senders:
+            key_ok = sent.routing_key == msg.routing_key()  # the exchange is the type's: publish chose it
+            why = None if key_ok else f"came by {sent.routing_key!r}, body is for {msg.routing_key()!r}"
+            why = why or self.senders.check_user(sent.user, msg.TYPE, msg)
+            if why is not None:
+                self.stats.refused_senders += 1
+                self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: sender not allowed: {why}")
+                return True
+        if self.on_foreign and sent.user is not None:
+            domain = getattr(msg, "domain", None)
+            allowed = self.senders.allowed_users(msg.TYPE, domain if isinstance(domain, str) else None)
+            if allowed and sent.user not in allowed:
+                for fn in self.on_foreign:
+                    fn(msg, sent, q.name)
+        return False
+
+    def _deliver_to(self, q: SimQueue, c: Consumer, msg: Message, attempt: int, sent: Sent | None = None) -> None:
+        if self._refused(q, msg, sent):
+            return
         self.stats.delivered += 1
+        after = [a for fn in self.around if (a := fn(msg, sent, c.owner)) is not None] \
+            if self.around and sent is not None else ()
         try:
             c.handler(msg)
+            for a in after:
+                a()
         except Crash:
             self.stats.redelivered += 1
             c.owner.crash("while handling " + msg.TYPE)
-            self._wait(q, msg, 1)
+            self._wait(q, msg, 1, sent)
             self.flush(q)
         except Exception as exc:
             if attempt >= self.MAX_ATTEMPTS:
@@ -255,7 +381,7 @@ class Bus:
                 c.owner.dead_letter(msg, exc)
                 return
             self.world.call_after(self.RETRY_BASE * 2 ** (attempt - 1),
-                                  lambda: self._retry(q, c, msg, attempt + 1), f"retry {msg.TYPE}")
+                                  lambda: self._retry(q, c, msg, attempt + 1, sent), f"retry {msg.TYPE}")
 
     def flush(self, q: SimQueue | None = None) -> None:
         """A consumer (re)connected or the broker is back: deliver what waited, in order."""
@@ -263,8 +389,11 @@ class Bus:
             if not queue.backlog:
                 continue
             waiting, queue.backlog = queue.backlog, deque()
-            for i, (msg, attempt) in enumerate(waiting):
-                self._send(queue, msg, 0.001 * (i + 1), attempt)
+            if queue.latest_value and queue.ttl is not None and self.world.t - queue.waiting_since > queue.ttl:
+                self.world.note(f"expired {len(waiting)} message(s) in {queue.name} (ttl {queue.ttl:.0f}s)")
+                continue
+            for i, (msg, attempt, sent) in enumerate(waiting):
+                self._send(queue, msg, 0.001 * (i + 1), attempt, sent)
 
     def set_broker(self, up: bool) -> None:
         self.broker_up = up

@@ -21,6 +21,8 @@ injected, and check the invariants at every step:
   3 never twice, never over quota     7 operators are obeyed (a pause holds)
   4 one brain (one engine acts per domain)  8 spend within the cap (budget_per_hour)
                                       9 context views are true (the context broker)
+                                     10 no process acts on another's authority (a message
+                                        its sender may not send)
 
 One integer seed fixes a whole run: the same seed replays the same run bit for bit, and
 every violation prints the command that replays it.
@@ -36,7 +38,8 @@ examples:
   epu sim -c /etc/epu/epu.toml --domain alpha --seeds 50    every scenario, with your domain's
                                                    policy, parameters and bounds
 
-output (--json): {"runs", "simulated_hours", "violations", "by_invariant", "wall_seconds",
+output (--json): {"runs", "simulated_hours", "violations", "by_invariant", "invariants": {N: {"name",
+  "violations"}} (every invariant, 0 included), "wall_seconds",
   "cpu_seconds", "simulated_hours_per_cpu_minute", "scenarios": {NAME: {the same per
   scenario, "failing_seeds", "replay"}}}
 
@@ -160,8 +163,11 @@ def _summary(results: dict[str, Any], wall: float) -> dict[str, Any]:
             by_inv[k] = by_inv.get(k, 0) + v
     cpu = sum(s.cpu_seconds for s in results.values())
     hours = sum(s.simulated_hours for s in results.values())
+    from epu.sim.invariants import NAMES
+
     return {"runs": sum(s.runs for s in results.values()), "simulated_hours": round(hours, 2),
             "violations": sum(s.violations for s in results.values()), "by_invariant": by_inv,
+            "invariants": {str(k): {"name": name, "violations": by_inv.get(str(k), 0)} for k, name in NAMES.items()},
             "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
             "simulated_hours_per_cpu_minute": round(hours / cpu * 60, 1) if cpu else None,
             "scenarios": per}

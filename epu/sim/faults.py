@@ -299,6 +299,77 @@ def stale_snapshots(per_hour: float, age: tuple[float, float] = (60.0, 600.0),
     return fault
 
 
+def process_clocks(skew: tuple[float, float] = (-600.0, 600.0), drift_ppm: tuple[float, float] = (-300.0, 300.0),
+                   steps_per_hour: float = 1.5, step: tuple[float, float] = (30.0, 3600.0),
+                   length: tuple[float, float] = (120.0, 1800.0)) -> Fault:
+    """Every sensor, engine and provisioner has its own wall clock: a steady skew and a drift
+    drawn per process at the start, and now and then one process's clock is stepped by ``step``
+    seconds, forward or back, until NTP steps it back the other way (``length`` later). What
+    each process's core sees is its own clock; the world (and the broker's TTLs) keep true time."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("clocks/process")
+        procs = [p for p in sim.procs if hasattr(p, "clock")]
+        for p in procs:
+            p.clock.offset += rng.uniform(*skew)  # type: ignore[attr-defined]
+            p.clock.set_drift(rng.uniform(*drift_ppm) * 1e-6)  # type: ignore[attr-defined]
+        stepped: list[tuple[Proc, float]] = []
+
+        def start() -> None:
+            p = procs[rng.randrange(len(procs))]
+            delta = rng.uniform(*step) * rng.choice((-1.0, 1.0))
+            p.clock.step(delta)  # type: ignore[attr-defined]
+            stepped.append((p, delta))
+            sim.world.note(f"clock of {p.name} stepped {delta:+.0f}s")
+
+        def stop() -> None:
+            while stepped:
+                p, delta = stepped.pop()
+                p.clock.step(-delta)  # type: ignore[attr-defined]
+                sim.world.note(f"clock of {p.name} stepped {-delta:+.0f}s (NTP)")
+
+        _episodes(sim, "clocks/step", steps_per_hour, length, start, stop, first_after=300.0)
+
+    return fault
+
+
+def adversary(per_hour: float = 2.0, length: tuple[float, float] = (300.0, 1800.0),
+              domain: str = "intruder") -> Fault:
+    """A stolen credential: the sensor of another domain (``domain``) forges, in episodes, well-
+    formed messages within its own permissions against the simulated domain (``adversary.py``):
+    a ``remove ok`` for every node command at once, idle snapshots, terminated events. The bus
+    gives every process its own broker user from the generated definitions."""
+
+    def fault(sim: Simulation) -> None:
+        from epu.sim.adversary import AdversaryProc
+        from epu.sim.bus import Identities
+
+        sim.bus.identities = Identities([sim.domain, domain])
+        adv = AdversaryProc(sim.world, sim.bus, domain, sim.domain)
+        sim.adversary = adv  # type: ignore[attr-defined]
+
+        def forge() -> None:
+            if not adv.active:
+                return
+            core = sim.sensor.core
+            last = core.last_snapshot if core is not None else None
+            live = [(vm.launch_id, cloud.name) for cloud in sim.clouds.values() for vm in cloud.live_vms()
+                    if vm.domain == sim.domain and vm.launch_id]
+            adv.forge_state(list(last.nodes) if last is not None else [], live)  # type: ignore[arg-type]
+            sim.world.after(60.0, forge, "adversary forges state")
+
+        def start() -> None:
+            adv.active = True
+            forge()
+
+        def stop() -> None:
+            adv.active = False
+
+        _episodes(sim, "adversary", per_hour, length, start, stop, first_after=300.0)
+
+    return fault
+
+
 def sensor_clock_steps(per_hour: float, step: tuple[float, float] = (30.0, 3600.0),
                        length: tuple[float, float] = (60.0, 1800.0)) -> Fault:
     """The sensor host's clock steps back by ``step`` seconds (NTP correction), then forward."""

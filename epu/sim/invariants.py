@@ -33,6 +33,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    every join the broker accepts and at the end: every member's cluster view (the broker's list
    folded as an agent folds it) names each host only with the names and the address its own
    instance has (the head node: its own), and no address twice.
+10. **No process acts on another's authority** — at every delivery: no handler is handed a
+   message whose true sender (the process that published it, not its body or headers) was not
+   allowed to send it — a command, state change or result on another's behalf.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from epu.common.messages import (
     LaunchRequest,
     Message,
     NodeCommand,
+    NodeCommandResult,
     PolicyChange,
     PolicyOutcome,
     TerminateRequest,
@@ -65,6 +69,7 @@ NAMES = {
     7: "operators are obeyed",
     8: "spend within the cap",
     9: "context views are true",
+    10: "no process acts on another's authority",
 }
 MAX_PER_RUN = 25
 
@@ -119,6 +124,10 @@ class Checker:
             e.on_commit.append(self.on_commit)
             e.on_send.append(self.on_send)
         sim.bus.taps.append(self.on_message)
+        sim.bus.on_foreign.append(self.on_foreign)
+        sim.bus.around.append(self.around_result)
+        self.command_domain: dict[str, str] = {}
+        """Command id → the domain of every node command an engine sent (whose sensor may answer it)."""
         sim.batch.inner.on_kill.append(self.on_kill)
         self.finishers: list[Any] = []
         """Extra end-of-run checks of the world's optional parts (the context broker)."""
@@ -150,6 +159,11 @@ class Checker:
             # counting it at once, while its drain may wait — its node lost from the collector, the
             # breaker open; ``epu sim --seed 5008 --scenario htcondor-two-views``)
             self.retiring.update(self._retire_asked.pop(msg.change_id, ()))
+
+    def on_foreign(self, msg: Message, sent: Any, queue: str) -> None:
+        domain = getattr(msg, "domain", "")
+        self.fail(10, f"{queue} handed {msg.TYPE} of {domain} sent by {sent.user} "
+                     f"({getattr(sent.sender, 'name', '?')}) to its handler")
 
     def on_kill(self, job_id: str, node: str, why: str) -> None:
         """A batch node removed with ``force`` takes its jobs down, and a drain that evicts them
@@ -252,6 +266,29 @@ class Checker:
     def on_send(self, proc: EngineProc, msg: Message) -> None:
         if isinstance(msg, LaunchRequest | TerminateRequest | NodeCommand):
             self._one_brain(proc, f"sent {msg.TYPE}")
+        if isinstance(msg, NodeCommand):
+            self.command_domain[msg.command_id] = msg.domain
+
+    def around_result(self, msg: Message, sent: Any, owner: Any) -> Any:
+        """Invariant 10 for a result that is its sender's to send but answers another domain's
+        command: the engine must not complete the command on its word."""
+        if not isinstance(msg, NodeCommandResult):
+            return None
+        domain = self.command_domain.get(msg.command_id)
+        engine = getattr(owner, "engine", None)
+        if domain is None or engine is None or sent.user == f"epu-sensor-{domain}":
+            return None
+        row = engine.store.action(msg.command_id)
+        if row is None or row["done"]:
+            return None
+
+        def after() -> None:
+            now = engine.store.action(msg.command_id)
+            if now is not None and now["done"]:
+                self.fail(10, f"{owner.name} completed {domain}'s {row['kind']} {msg.command_id[:8]} on a result "
+                             f"sent by {sent.user}")
+
+        return after
 
     def _one_brain(self, proc: EngineProc, what: str) -> None:
         """Two brains. With fencing (every engine since issue 12): an engine acts only while the
@@ -262,7 +299,10 @@ class Checker:
         domain = self.sim.domain
         if proc.leases is not None:
             row = proc.leases.row(domain)  # the shared store's lease, as every engine sees it
-            if row is None or row[0] != proc.leases.holder or row[2] < self.world.t:
+            # expiry by the engine's own clock, the one its lease was written in (with per-process
+            # clocks true time would blame a lease no other engine could have taken: the holder and
+            # epoch are the fence, checked here and below)
+            if row is None or row[0] != proc.leases.holder or row[2] < proc.clock.now():
                 self.fail(4, f"{proc.name} {what} without holding the lease of {domain} "
                              f"(held by {row[0] if row else 'nobody'})")
                 return

@@ -36,6 +36,7 @@ from sqlalchemy.exc import OperationalError
 from epu.common.config import EpuConfig
 from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
 from epu.services.decision.engine import Engine
+from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.store import Store as DecisionStore
 from epu.services.provisioner.app import ReportCache, build_provisioner
 from epu.services.provisioner.provisioner import Provisioner
@@ -97,6 +98,9 @@ class Proc:
     """One simulated OS process (see the module docstring)."""
 
     kind = "proc"
+    identity: str | None = None
+    """The broker user it publishes as (deploy/rabbitmq's least-privilege users): the bus refuses
+    what that user may not publish and stamps the rest with it (None: no user, anything goes)."""
 
     def __init__(self, world: World, bus: Bus, name: str) -> None:
         self.world = world
@@ -336,6 +340,7 @@ class EngineProc(Proc):
     runtime notices the broker connection is gone."""
 
     kind = "decision"
+    identity = "epu-decision"
 
     def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig,
                  db: SqlEngine | MemoryDecisionDatabase, store_faults: StoreFaults) -> None:
@@ -354,6 +359,7 @@ class EngineProc(Proc):
         bus.subscribe("decision.input", "sac", self, self._input)
         for domain in config.domains:
             bus.subscribe(snapshot_queue(domain), "sac", self, self._snapshot, latest_value=True)
+            bus.queue(snapshot_queue(domain)).ttl = config.decision.active_window_seconds  # the sensor's TTL
         bus.subscribe("decision.control", "sac", self, self._control)
 
     def boot(self) -> None:
@@ -399,7 +405,7 @@ class EngineProc(Proc):
 
     def _snapshot(self, msg: Message) -> None:
         assert self.engine is not None
-        if self.clock.now() - msg.taken_at > self.config.decision.active_window_seconds:  # type: ignore[attr-defined]
+        if stale_on_arrival(msg, self.clock.now(), self.config.decision.active_window_seconds) is not None:  # type: ignore[arg-type]
             self.stale_snapshots += 1  # as services.decision.app: not acted on
             return
         self.engine.handle_input(msg)
@@ -426,6 +432,7 @@ def release_store(store: ProvisionerStore | MemoryStore | None) -> None:
 
 class ProvisionerProc(Proc):
     kind = "provisioner"
+    identity = "epu-provisioner"
 
     def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig, store_url: str,
                  clouds: dict[str, SimCloud], store_faults: StoreFaults,
@@ -549,6 +556,7 @@ class SensorProc(Proc):
                  poll_seconds: float) -> None:
         super().__init__(world, bus, name)
         self.domain = domain
+        self.identity = f"epu-sensor-{domain}"
         self.batch = batch
         self.clock = WorldClock(world)
         self.poll_seconds = poll_seconds
@@ -560,7 +568,8 @@ class SensorProc(Proc):
     def boot(self) -> None:
         self.core = SensorCore(self.domain, self.batch, self.clock, self.command_log,
                                lambda msg, _corr: self.publish(msg),
-                               PollSchedule(poll_seconds=self.poll_seconds, retry_initial_seconds=2.0))
+                               PollSchedule(poll_seconds=self.poll_seconds, retry_initial_seconds=2.0),
+                               incarnation=f"{self.world.rng(f'incarnation/{self.name}').getrandbits(64):016x}")
         self._arm(0.0)
 
     def _arm(self, delay: float) -> None:
@@ -604,6 +613,7 @@ class OperatorProc(Proc):
     """An operator at a terminal: ``epu policy ...`` and ``epu instances terminate``."""
 
     kind = "operator"
+    identity = "epu-operator"
 
     def __init__(self, world: World, bus: Bus) -> None:
         super().__init__(world, bus, "operator")

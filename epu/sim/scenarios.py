@@ -352,6 +352,24 @@ def late_registration() -> Scenario:
 
 
 @scenario
+def process_clocks() -> Scenario:
+    return Scenario("process-clocks", "every sensor, engine and provisioner on its own clock: skew, drift, "
+                    "NTP steps of up to an hour either way",
+                    hours=4.0, engines=2, sites=list(TWO_SITES),
+                    faults=[F.process_clocks(), F.crashes("decision", 0.5), F.crashes("sensor", 0.5)],
+                    stresses="issue 26: snapshots ordered and aged by the head node's clock froze a domain")
+
+
+@scenario
+def untrusted_bus() -> Scenario:
+    return Scenario("untrusted-bus", "every process publishes as its own broker user; another domain's sensor "
+                    "forges results, snapshots and instance events within its permissions",
+                    hours=4.0, sites=list(TWO_SITES),
+                    faults=[F.adversary(3.0), F.crashes("decision", 0.5), F.command_failures(1.0)],
+                    stresses="issue 26: a message's domain taken from its body (a forged remove ok kills jobs)")
+
+
+@scenario
 def batch_faults() -> Scenario:
     return Scenario("batch-faults", "available=false snapshots, stale snapshots, a sensor clock stepping back, "
                     "commands failing transiently",

@@ -25,7 +25,7 @@ from epu.common.config import EpuConfig, parse_config
 from epu.common.db import make_engine
 from epu.services.decision.store import Store as DecisionStore
 from epu.sim.batch import SimBatchSystem
-from epu.sim.bus import Bus
+from epu.sim.bus import Bus, Identities
 from epu.sim.cloud import SimCloud
 from epu.sim.decision_memstore import MemoryDecisionDatabase
 from epu.sim.invariants import Checker, Violation, max_cores
@@ -112,6 +112,7 @@ class Simulation:
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.workdir = workdir or tempfile.mkdtemp(prefix=f"epu-sim-{seed}-", dir=base)
         self.bus = Bus(self.world, scenario.messages)
+        self.bus.identities = Identities([scenario.domain.name])  # each process its own broker user
         self.outages = Outages()
         self.fault_end = self.world.start + scenario.hours * 3600.0
         self.end = self.fault_end + scenario.quiet_seconds()

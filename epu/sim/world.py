@@ -214,15 +214,37 @@ class World:
 
 
 class WorldClock:
-    """The ``Clock`` every simulated process gets: virtual time, plus an optional offset (a
-    host whose clock was stepped back). Nothing may sleep in the simulator."""
+    """The ``Clock`` every simulated process gets: its host's wall clock — virtual time plus an
+    ``offset`` (a skew, or a step by NTP either way) and a ``drift`` (a crystal running fast or
+    slow) — and a ``monotonic`` clock that neither steps nor drifts (as CLOCK_MONOTONIC does not
+    step; its real drift, the same crystal's, is not modelled). Nothing may sleep in the simulator."""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.offset = 0.0
+        self.drift = 0.0
+        """Seconds the wall clock gains per second (1e-4: a crystal 100 ppm fast)."""
+        self._drift_since = 0.0
 
     def now(self) -> float:
-        return self.world.t + self.offset
+        t = self.world.t
+        if self.drift:
+            return t + self.offset + self.drift * (t - self._drift_since)
+        return t + self.offset
+
+    def set_drift(self, rate: float) -> None:
+        """Run ``rate`` seconds per second fast (negative: slow) from now on; ``now()`` does not jump."""
+        t = self.world.t
+        self.offset += self.drift * (t - self._drift_since)
+        self._drift_since, self.drift = t, rate
+
+    def step(self, seconds: float) -> None:
+        """The clock is set ``seconds`` forward (negative: back), as NTP steps it."""
+        self.offset += seconds
+
+    def error(self) -> float:
+        """How far this wall clock is from the world's true time now (seconds, + ahead)."""
+        return self.now() - self.world.t
 
     def monotonic(self) -> float:
         return self.world.t

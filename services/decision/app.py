@@ -10,7 +10,10 @@ shared store (``lease``), re-checked by every committed plan. When the broker co
 lost the engine drops its cached snapshots and releases its leases (the engine the broker
 now delivers to takes over at once); on a clean stop it releases them too. A snapshot older
 than ``active_window_seconds`` when it arrives — the one left in the queue while no engine ran —
-is not acted on. ``/healthz`` says per domain ``active``, ``standby`` or ``fenced``.
+is not acted on: it expired there (the sensor publishes it with the active window as its TTL,
+judged by the broker's clock, not the head node's); snapshots are ordered by their sensor's count
+and aged by when this engine received them (snaporder.py). ``/healthz`` says per domain
+``active``, ``standby`` or ``fenced``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from epu.services.decision import fleet_metrics
 from epu.services.decision.engine import Engine
 from epu.services.decision.heap import HeapKeeper
 from epu.services.decision.lease import Leases
+from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.statusfeed import StatusFeed
 from epu.services.decision.store import Store
 from prometheus_client import Counter, Gauge, Histogram
@@ -75,8 +79,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
 
     def on_snapshot(msg: Any, _env: Envelope) -> None:
         assert isinstance(msg, SensorSnapshot)
-        age = service.clock.now() - msg.taken_at
-        if age > config.decision.active_window_seconds:
+        age = stale_on_arrival(msg, service.clock.now(), config.decision.active_window_seconds)
+        if age is not None:  # only a sender without an incarnation (snaporder.py): others expire in the queue
             stale.labels(msg.domain).inc()
             service.log.info("stale snapshot not acted on", extra={"domain": msg.domain, "age_seconds": round(age)})
             return
@@ -113,6 +117,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
 
     snapshot_age = Gauge("epu_decision_snapshot_age_seconds", "Age of the newest snapshot this engine holds "
                          "(absent: none)", ["domain"], registry=r)
+    skew = Gauge("epu_decision_sensor_clock_skew_seconds", "How far the domain's sensor clock runs ahead of "
+                 "the engine's (negative: behind), from its snapshots' taken_at and arrival", ["domain"], registry=r)
     available = Gauge("epu_decision_sensor_available", "1 if the newest snapshot could read the batch system",
                       ["domain"], registry=r)
     demand = Gauge("epu_decision_queued_demand_jobs", "Pending jobs a new node could start, newest snapshot",
@@ -141,7 +147,9 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
                 with contextlib.suppress(KeyError):  # no snapshot: no age (not a stale number)
                     snapshot_age.remove(d)
                 continue
-            snapshot_age.labels(d).set(max(0.0, now - snap.taken_at))
+            snapshot_age.labels(d).set(max(0.0, now - (engine.snapshot_taken(d) or now)))
+            if (off := engine.skew.skew(d)) is not None:
+                skew.labels(d).set(off)
             available.labels(d).set(1 if snap.available else 0)
             demand.labels(d).set(snap.queued_count())
         for name, h in store.site_health().items():

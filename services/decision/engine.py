@@ -73,6 +73,7 @@ from epu.services.decision.planner import PlacementInput, Plan, node_name_for, p
 from epu.services.decision.policies import Params, PolicyError, get_policy, validate_params
 from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
+from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
 from epu.services.decision.store import PlanWrite
 from epu.services.decision.view import (
     Census,
@@ -192,6 +193,10 @@ class Engine:
         """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
         self.budget_held: dict[str, str] = {}
         """Domain → why the spend cap held launches at its last iteration (status and metric)."""
+        self.order = SnapshotOrder()
+        """Which snapshot of a domain is newer, by its sensor's count (snaporder.py)."""
+        self.skew = ClockSkew()
+        """How far each domain's sensor clock is off: its ``taken_at`` in the engine's clock."""
         self.leases: DecisionLeases | None = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
         self._health: dict[str, _Health] = {}
@@ -258,8 +263,9 @@ class Engine:
         if snap.domain not in self.config.domains:
             return False
         prev = self._latest.get(snap.domain)
-        if prev is not None and prev.snapshot.taken_at > snap.taken_at:
-            return False  # an older snapshot arriving late says nothing new
+        if not self.order.admit(snap):
+            return False  # an older snapshot arriving late says nothing new (by its sensor's count)
+        self.skew.observe(snap.domain, snap.taken_at, self.clock.now())
         digest = JobDigest.of_snapshot(snap)
         nodes = NodeIndex(snap.nodes if snap.available else [], before=prev.nodes if prev is not None else None)
         latest = self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
@@ -309,6 +315,13 @@ class Engine:
     def latest_snapshot(self, domain: str) -> SensorSnapshot | None:
         latest = self._latest.get(domain)
         return latest.snapshot if latest is not None else None
+
+    def snapshot_taken(self, domain: str) -> float | None:
+        """When the newest snapshot of ``domain`` was taken, in this engine's clock (None: none)."""
+        latest = self._latest.get(domain)
+        if latest is None:
+            return None
+        return self.skew.engine_time(domain, latest.snapshot.taken_at, latest.received_at)
 
     def forget_snapshots(self) -> None:
         """The runtime lost its broker connection: whatever this engine knew may be another
@@ -493,6 +506,12 @@ class Engine:
         after a conflict find the action done and drop the change (a removal lost)."""
         row = self.store.action(res.command_id)
         if row is None:
+            return
+        if row["domain"] != res.domain or row["kind"] != res.action:
+            # bound to its sender (common.senders): a sensor answers only its own domain's commands
+            log.warning("node result does not answer its command: ignored", extra={
+                "command_id": res.command_id, "result": f"{res.domain}/{res.action}",
+                "command": f"{row['domain']}/{row['kind']}"})
             return
         if row["done"]:
             self._late_offline(res, row)
@@ -835,6 +854,7 @@ class Engine:
                           breaker="" if health_.released else health_.breaker,
                           cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free,
                           gangs=gangs)
+        view.snapshot_at = self.skew.engine_time(domain, snap.taken_at, latest.received_at)  # vs. drain_at
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
             view.catalogue = self.catalogue(domain, cfg, live, now)

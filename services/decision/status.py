@@ -23,6 +23,7 @@ from epu.common.messages import (
     Message,
     SensorSnapshot,
 )
+from epu.services.decision.snaporder import SnapshotOrder
 
 #: Seconds an instance event is given to reach the engine before a status not listing it counts.
 UNLISTED_GRACE = 5.0
@@ -32,6 +33,10 @@ def queue_of(snap: SensorSnapshot) -> tuple[int, int]:
     """(jobs, cores) of the queued demand of a snapshot: what the board and the engine's status call queued."""
     q = snap.demand_shapes()
     return sum(j.count for j in q), sum(j.count * j.cores * j.nodes for j in q)
+
+
+#: A sensor clock skew at least this large (seconds) is shown by ``epu status``.
+SKEW_SHOWN = 2.0
 
 
 @dataclass
@@ -48,6 +53,7 @@ class DomainStatus:
     """Ended instances → the seq that ended them (an older status must not bring them back)."""
     last_decision: DecisionRecord | None = None
     engine: EngineStatus | None = None
+    order: SnapshotOrder = field(default_factory=SnapshotOrder, repr=False)
     """The newest status the engine published (policy, bounds, breaker); None: none seen."""
 
     def instances_by(self) -> dict[str, dict[str, int]]:
@@ -73,7 +79,10 @@ class DomainStatus:
         return True
 
     def apply_snapshot(self, snap: SensorSnapshot) -> bool:
-        if self.snapshot_at is not None and snap.taken_at < self.snapshot_at:
+        if snap.incarnation:  # by the sensor's count, as the engine orders them (snaporder.py)
+            if not self.order.admit(snap):
+                return False
+        elif self.snapshot_at is not None and snap.taken_at < self.snapshot_at:
             return False
         self.snapshot_at, self.available = snap.taken_at, snap.available
         if snap.available:
@@ -122,7 +131,8 @@ class DomainStatus:
                 "status_at": e.at, "policy": e.policy, "version": e.policy_version, "paused": e.paused,
                 "min_nodes": e.min_nodes, "max_nodes": e.max_nodes, "breaker": e.breaker,
                 "budget_held": e.budget_held, "mode": e.mode, "spend_per_hour": e.spend_per_hour,
-                "budget_per_hour": e.config.get("budget_per_hour")},
+                "budget_per_hour": e.config.get("budget_per_hour"),
+                "sensor_skew_seconds": e.sensor_skew_seconds},
             "instances_by_type": {} if d is None else d.saw.instances_by_type,
             "unsatisfiable": [] if d is None else [u.model_dump() for u in d.saw.unsatisfiable],
             "last_decision": None if d is None else {
@@ -187,8 +197,12 @@ def render(board: Board) -> Any:
         t = Table.grid(padding=(0, 2))
         t.add_column(style="bold")
         t.add_column()
-        age = f"{time.time() - st.snapshot_at:.0f}s ago" if st.snapshot_at else "none yet"
-        t.add_row("sensor", ("ok" if st.available else "[red]UNAVAILABLE[/]") + f", snapshot {age}")
+        skew = st.engine.sensor_skew_seconds if st.engine is not None else None
+        taken = st.snapshot_at - (skew or 0.0) if st.snapshot_at else None  # in the engine's clock
+        age = f"{time.time() - taken:.0f}s ago" if taken else "none yet"
+        t.add_row("sensor", ("ok" if st.available else "[red]UNAVAILABLE[/]") + f", snapshot {age}"
+                  + (f", [yellow]clock {skew:+.0f}s off the engine's[/]" if skew is not None and abs(skew) >= SKEW_SHOWN
+                     else ""))
         t.add_row("queue", f"{st.queued_jobs} jobs, {st.queued_cores} cores")
         t.add_row("nodes", ", ".join(f"{k}={v}" for k, v in sorted(st.nodes.items())) or "-")
         for site, states in st.instances_by().items():

@@ -95,6 +95,7 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
         spend_per_hour=round(spend_rate(((i.site, i.instance_type, i.state) for i in insts), price_table(
             {n: i.price_per_hour for n, i in engine.site_infos.items()}, engine.types)), 6),
         snapshot_at=float(snap.taken_at) if snap is not None else None,
+        sensor_skew_seconds=_skew(engine, domain),
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,
         nodes_by_state=dict(Counter(n.state for n in snap.nodes)) if snap is not None and snap.available else {},
         instances=[], last_decision=last, config=cfg.model_dump(mode="json"),
@@ -140,3 +141,10 @@ class StatusFeed:
             self._sent[domain] = (now, body)
             out.append(status)
         return out
+
+
+def _skew(engine: Any, domain: str) -> float | None:
+    """The sensor clock's measured offset (``snaporder.ClockSkew``), rounded for reading."""
+    skew = getattr(engine, "skew", None)
+    value = skew.skew(domain) if skew is not None else None
+    return round(value, 3) if value is not None else None

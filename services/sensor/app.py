@@ -22,7 +22,7 @@ from typing import Any
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
 from epu.common.config.sensor import command_log_path
-from epu.common.messages import NodeCommand
+from epu.common.messages import NodeCommand, SensorSnapshot
 from epu.common.runtime import RuntimeSettings, Service
 from epu.services.sensor.backend import BatchBackend
 from epu.services.sensor.core import PollSchedule, SensorCore
@@ -46,6 +46,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None, backend: Bat
     log_store = command_log or make_command_log(config, backend)
     settings = RuntimeSettings(metrics_port=sc.metrics_port, metrics_host=sc.metrics_host)
     service = Service(f"sensor-{sc.domain}", config.broker_obj(), clock=clock, settings=settings)
+    # a snapshot no engine took within its active window expires in the queue, by the broker's clock
+    service.publisher.expire_after[SensorSnapshot.TYPE] = config.decision.active_window_seconds
     schedule = PollSchedule(poll_seconds=sc.poll_seconds,
                             retry_initial_seconds=float(sc.options.get("retry_initial_seconds", 2.0)),
                             refresh_seconds=float(sc.options.get("refresh_seconds", 1.0)),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import operator
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -174,7 +175,8 @@ class PollSchedule:
 
 class SensorCore:
     def __init__(self, domain: str, backend: BatchBackend, clock: Clock, command_log: CommandLog,
-                 publish: Callable[[Message, str | None], object], schedule: PollSchedule | None = None) -> None:
+                 publish: Callable[[Message, str | None], object], schedule: PollSchedule | None = None,
+                 incarnation: str | None = None) -> None:
         self.domain = domain
         self.backend = backend
         self.clock = clock
@@ -188,6 +190,10 @@ class SensorCore:
         self.reads = 0
         self.oversize_snapshots = 0
         self._since = StateSince()
+        self.incarnation = incarnation or uuid.uuid4().hex[:16]
+        """This run of the sensor (random; the simulator's from its seed): with ``sequence``,
+        orders its snapshots without a clock."""
+        self.sequence = 0
         self._node_bytes: dict[int, tuple[NodeInfo, int]] = {}
         """``estimated_bytes``' memo of the last snapshot's nodes."""
 
@@ -206,7 +212,9 @@ class SensorCore:
 
     def poll(self) -> SensorSnapshot:
         self.refresh_at = None
-        snap = self.bounded(self.read())
+        self.sequence += 1
+        snap = self.bounded(self.read()).model_copy(update={"incarnation": self.incarnation,
+                                                              "sequence": self.sequence})
         self.failures = 0 if snap.available else self.failures + 1
         self.next_poll_at = self.clock.monotonic() + self.schedule.delay(self.failures)
         if not snap.available:
