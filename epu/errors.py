@@ -21,9 +21,20 @@ def _broker() -> str:
     return f"RabbitMQ at {cliargs.loaded_broker_url}" if cliargs.loaded_broker_url else "RabbitMQ"
 
 
+#: top-level module → the extra of pyproject.toml that installs it (docs/deploy.md, "Install")
+EXTRA_OF = {"httpx": "operator", "sqlalchemy": "control", "libcloud": "control", "tenacity": "control",
+            "fastapi": "ctxbroker", "starlette": "ctxbroker", "uvicorn": "ctxbroker", "cryptography": "ctxbroker",
+            "yaml": "agent", "matplotlib": "plots", "psycopg": "postgres", "htcondor": "htcondor"}
+
+
 def explain(exc: BaseException) -> tuple[int, str] | None:
     """(exit status, message) for an expected failure; None for a bug."""
     from epu.common.config import ConfigError
+
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in EXTRA_OF:
+        extra = EXTRA_OF[(exc.name or "").split(".")[0]]
+        return 1, (f"this command needs {exc.name}, which this install does not have: "
+                   f"pip install 'epu[{extra}]' (docs/deploy.md, Install)")
 
     if isinstance(exc, ConfigError):
         return 2, f"bad configuration:\n{exc}"

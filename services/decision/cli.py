@@ -56,26 +56,11 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
 def send_change(config: Any, change: PolicyChange, timeout: float) -> Any:
     """Publish ``change`` once a tap for its outcome is bound, and wait for the outcome (None
     on timeout). The tap is an ``epu.tap.*`` queue: all the operator user may create."""
-    from epu.common.broker import Publisher
-    from epu.common.tap import follow
+    from epu.common.answers import request
 
-    broker = config.broker_obj()
-    found: list[Any] = []
-
-    def on_event(_rk: str, _env: Any, msg: Any, _err: Any) -> None:
-        if getattr(msg, "change_id", None) == change.change_id:
-            found.append(msg)
-
-    def send() -> None:
-        pub = Publisher(broker, source=f"cli:{getpass.getuser()}")
-        try:
-            pub.publish(change)
-        finally:
-            pub.close()
-
-    follow(broker, f"policy.outcome.{change.domain}", on_event, stop=lambda: bool(found), seconds=timeout,
-           on_bound=send)
-    return found[0] if found else None
+    return request(config.broker_obj(), change, f"policy.outcome.{change.domain}",
+                   lambda msg: getattr(msg, "change_id", None) == change.change_id,
+                   timeout=timeout, source=f"cli:{getpass.getuser()}")
 
 
 def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
@@ -139,29 +124,37 @@ def _from_engine_status(config: Any, domain: str) -> tuple[int, Any, str] | str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from epu.common.db import missing_sqlite_file
+    from epu.common.storeaccess import read_store
     from epu.services.decision.policies import PolicyError, validate_params
-    from epu.services.decision.store import Store
 
     config = load_or_exit(args.config)
-    missing = missing_sqlite_file(config.decision.store_url)
-    if missing is not None:  # not where the engine's store is: ask the engine (over the broker)
-        got = _from_engine_status(config, args.domain)
-        if isinstance(got, str):
-            print(f"epu policy show: no engine store at {missing} (decision.store_url) and {got}", file=sys.stderr)
-            return 1
-        version, cfg, source = got
-    else:
+
+    def from_store() -> tuple[int, Any, str] | None:
+        from epu.services.decision.store import Store
+
         store = Store(config.decision.store_url).create()
-        current = store.current_config(args.domain)
-        if current is None:
-            if args.domain not in config.domains:
-                print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
-                return 1
-            version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
-        else:
-            version, cfg = current
-            source = store.config_history(args.domain)[-1]["source"]
+        try:
+            current = store.current_config(args.domain)
+            if current is None:
+                return None
+            return current[0], current[1], store.config_history(args.domain)[-1]["source"]
+        finally:
+            store.engine.dispose()
+
+    got, why = read_store(config.decision.store_url, "decision.store_url", from_store)
+    if why is not None:  # not where the engine's store is, or not ours to read: ask the engine
+        answer = _from_engine_status(config, args.domain)
+        if isinstance(answer, str):
+            print(f"epu policy show: {why}, and {answer}", file=sys.stderr)
+            return 1
+        version, cfg, source = answer
+    elif got is None:
+        if args.domain not in config.domains:
+            print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+            return 1
+        version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+    else:
+        version, cfg, source = got
     try:
         effective = validate_params(cfg.policy, cfg.params).model_dump()
     except PolicyError as exc:
