@@ -28,8 +28,13 @@ ever succeed:
 
 Broker loss, at start or later, any number of times: the service stays up, reports "waiting
 for broker" / "reconnecting" on /healthz (HTTP 503), reconnects with exponential backoff and
-jitter (trying every URL of the list), redeclares and resumes. Nothing that happens on the
-connection ends the process; only ``stop()`` does.
+jitter (trying every URL of the list), redeclares and resumes. A refusal that retrying cannot
+mend — a wrong password, a user without permission on the vhost or a queue, a vhost that does
+not exist, a TLS certificate that cannot be read (``common.broker.permanent_reason``) — is
+retried ``permanent_attempts`` times in a row (a password being changed, definitions being
+loaded), then ``run()`` raises ``BrokerRefused``: the process exits 1 and its supervisor
+(systemd's ``Restart=``) sees it, instead of a unit that stays active forever while logging
+"waiting for broker". /healthz says which kind each failure is (``error_kind``).
 
 Shutdown (SIGTERM/SIGINT, or ``stop()``): the message in hand is finished and acked, then the
 connection closes; prefetched but unhandled messages return to the queue via the broker.
@@ -55,7 +60,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from epu.common.broker import Broker, BrokerUnavailable, Publisher, PublishError, PublishRefused
+from epu.common.broker import (
+    PERMANENT_HINTS,
+    Broker,
+    BrokerRefused,
+    BrokerUnavailable,
+    Publisher,
+    PublishError,
+    PublishRefused,
+    permanent_reason,
+)
 from epu.common.clock import Clock, RealClock
 from epu.common.consuming import Inbound, RawConsumer
 from epu.common.inbound import allow_deep_headers, open_delivery, safe_headers
@@ -148,6 +162,9 @@ class RuntimeSettings:
     """More exception types a service's handlers raise for infrastructure trouble."""
     max_busy_seconds: float = 600.0
     """A handler or timer running longer than this makes the service unhealthy (a hang)."""
+    permanent_attempts: int = 5
+    """Connection attempts the broker refuses permanently (wrong password, no permission, no such
+    vhost, unreadable TLS files), in a row, before ``run()`` gives up with ``BrokerRefused``."""
 
 
 class Service:
@@ -173,6 +190,8 @@ class Service:
         self._health_server: HealthServer | None = None
         self._status = "starting"
         self._last_error: str | None = None
+        self._error_kind: str | None = None
+        self._refusals = 0
         self._lost_at: float | None = None
         self._inbox: deque[tuple[_ConsumerSpec, str, Inbound]] = deque()
         self._consuming: dict[str, bool] = {}
@@ -268,6 +287,7 @@ class Service:
             "consumers": consumers,
             "reconnects": self.reconnect_count,
             "last_error": self._last_error,
+            "error_kind": self._error_kind,
             "loop_age_seconds": round(age, 3),
             "busy_seconds": busy,
             "busy_with": self._busy_with,
@@ -306,6 +326,7 @@ class Service:
         self._status = "waiting for broker"
         self.start_health_server()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
+        refused: BrokerRefused | None = None
         try:
             for hook in self.on_start:
                 hook()
@@ -330,6 +351,22 @@ class Service:
                         self.metrics.connect_failures.inc()
                     self._status = "reconnecting" if ever_connected else "waiting for broker"
                     self._last_error = f"{type(exc).__name__}: {exc}"[:500]
+                    kind = permanent_reason(exc)
+                    self._refusals = self._refusals + 1 if kind else 0
+                    if kind is not None:
+                        self._error_kind = f"permanent ({kind})"
+                        left = self.settings.permanent_attempts - self._refusals
+                        self.log.error("the broker refused this service (%s): %s; %s", kind,
+                                       "giving up" if left <= 0 else f"{left} more attempt(s), then exit",
+                                       PERMANENT_HINTS[kind],
+                                       extra={"error": self._last_error, "broker": self.broker.redacted_url()})
+                        if left <= 0:
+                            self._status = f"refused by the broker ({kind}): exiting"
+                            refused = BrokerRefused(kind, self._last_error, self._refusals)
+                            break
+                        self._status = f"refused by the broker ({kind}): retrying"
+                    else:
+                        self._error_kind = "transient"
                     sleep_for = min(self.settings.reconnect_max, delay) * (0.5 + random.random() / 2)
                     if was_connected and time.monotonic() - self._serving_since > STABLE_SECONDS:
                         sleep_for = 0.0  # a connection that had held: try the other nodes at once
@@ -354,6 +391,8 @@ class Service:
             if self._health_server:
                 self._health_server.stop()
             self.log.info("stopped")
+        if refused is not None:
+            raise refused
 
     def _mark_disconnected(self) -> None:
         self._connected.clear()
@@ -399,6 +438,8 @@ class Service:
             self._status = "serving"
             self._serving_since = time.monotonic()
             self._last_error = None
+            self._error_kind = None
+            self._refusals = 0
             self._ready.set()
             url = redact_current(self.broker)
             if reconnect:

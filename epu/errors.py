@@ -41,7 +41,10 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
     name = type(exc).__name__
     if name in ("UserdataError", "SiteConfigError"):  # the provisioner's configuration errors
         return 2, f"bad configuration: {exc}"
-    from epu.common.broker import BrokerUnavailable
+    from epu.common.broker import PERMANENT_HINTS, BrokerRefused, BrokerUnavailable
+
+    if isinstance(exc, BrokerRefused):
+        return 1, f"{_broker()} refused this service ({exc}): {PERMANENT_HINTS[exc.kind]}"
 
     if isinstance(exc, BrokerUnavailable):  # every URL tried; the message says how each failed
         text = str(exc)
