@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import epu.checks  # noqa: F401  (registers the services' own config checks)
-from epu.common.cliargs import RAW, add_config_arg, config_path, load_or_exit
+from epu.common.cliargs import RAW, add_config_arg, config_path, load_or_exit, nonneg_float, nonneg_int
 from epu.common.config import ConfigError, check_config, load_config
 from epu.common.logs import setup_logging
 
@@ -191,8 +191,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                "be reached (or the events exchange does not exist: load the definitions); 2 bad configuration.")
     p.add_argument("pattern", nargs="?", default="#", help="topic pattern (default: #, everything)")
     p.add_argument("--json", action="store_true", help="one JSON object per message (envelope + routing_key)")
-    p.add_argument("--count", type=int, default=0, help="exit after N messages")
-    p.add_argument("--seconds", type=float, default=0, help="exit after S seconds")
+    p.add_argument("--count", type=nonneg_int, default=0, help="exit after N messages")
+    p.add_argument("--seconds", type=nonneg_float, default=0, help="exit after S seconds")
     add_config_arg(p)
     p.set_defaults(func=cmd_tap)
 

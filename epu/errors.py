@@ -41,8 +41,12 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
     name = type(exc).__name__
     if name in ("UserdataError", "SiteConfigError"):  # the provisioner's configuration errors
         return 2, f"bad configuration: {exc}"
-    from epu.common.broker import PERMANENT_HINTS, BrokerRefused, BrokerUnavailable
+    from epu.common.broker import PERMANENT_HINTS, BrokerRefused, BrokerUnavailable, PublishRefused
 
+    if isinstance(exc, PublishRefused):  # nothing was delivered: the reason is the broker's
+        why = "; ".join(sorted(set(exc.refused.values()))) or str(exc)
+        return 1, (f"{_broker()} refused the request ({why}); nothing was sent. Are the RabbitMQ definitions "
+                   "loaded (docs/deploy.md, step 3) and is this the operator's user?")
     if isinstance(exc, BrokerRefused):
         return 1, f"{_broker()} refused this service ({exc}): {PERMANENT_HINTS[exc.kind]}"
 

@@ -14,7 +14,7 @@ import sys
 import tomllib
 from typing import Any
 
-from epu.common.cliargs import RAW, add_config_arg, load_or_exit
+from epu.common.cliargs import RAW, add_config_arg, load_or_exit, nonneg_float, validation_line
 from epu.common.messages import PolicyChange, new_id
 
 FIELDS = ("policy", "min_nodes", "max_nodes", "sites", "placement", "paused")
@@ -68,7 +68,7 @@ def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
     try:
         change = PolicyChange(change_id=new_id(), domain=args.domain, operator=getpass.getuser(), **fields)
     except Exception as exc:
-        print(f"epu policy: invalid change: {exc}", file=sys.stderr)
+        print(f"epu policy: invalid change: {validation_line(exc)}", file=sys.stderr)
         return 2
     outcome = send_change(config, change, args.timeout)
     if outcome is None:
@@ -301,7 +301,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("domain", help="the domain to change")
     s.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
                    help="what to change; values are parsed as TOML scalars (2, 0.5, true, text)")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+    s.add_argument("--timeout", type=nonneg_float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_set)
@@ -321,7 +321,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             epilog=f"Example: epu policy {name} alpha -c /etc/epu/epu.toml\n"
                                    "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
         s.add_argument("domain", help="the domain to " + name)
-        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+        s.add_argument("--timeout", type=nonneg_float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
         s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
         add_config_arg(s)
         s.set_defaults(func=cmd_pause, pause=pause)
@@ -337,7 +337,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="Example: epu policy release-breaker alpha -c /etc/epu/epu.toml\n"
                                "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
     s.add_argument("domain", help="the domain whose breaker to release")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+    s.add_argument("--timeout", type=nonneg_float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_release_breaker)
@@ -370,7 +370,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true",
                    help="JSON instead of the board: a list of domains; with --watch one line per change")
     s.add_argument("--watch", action="store_true", help="keep updating until Ctrl-C")
-    s.add_argument("--seconds", type=float, default=3.0,
+    s.add_argument("--seconds", type=nonneg_float, default=3.0,
                    help="how long to listen for events without --watch (default 3; 0: print the retained status at once)")
     add_config_arg(s)
     s.set_defaults(func=cmd_status)

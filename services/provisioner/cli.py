@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from epu.common.cliargs import add_config_arg, load_or_exit
+from epu.common.cliargs import add_config_arg, load_or_exit, nonneg_float
 from epu.common.messages import (
     INSTANCE_STATE_ORDER,
     TERMINAL_INSTANCE_STATES,
@@ -374,7 +374,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="the instance id (= its launch id), or its first characters as `epu status` shows them")
     tp.add_argument("--domain", metavar="D", help="the instance's domain (default: looked up in the store or the engine's status)")
     tp.add_argument("--reason", default="terminated by an operator", help="recorded with the transition")
-    tp.add_argument("--timeout", type=float, default=30.0,
+    tp.add_argument("--timeout", type=nonneg_float, default=30.0,
                     help="seconds to wait for the answer of the engine (or, with --force, a provisioner); default 30")
     tp.add_argument("--force", action="store_true",
                     help="terminate at once through the provisioners, even with jobs running "
