@@ -67,6 +67,8 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
         return 1, f"cannot reach {_broker()}: connection refused (is it running? {BROKER_HINT})"
     if isinstance(exc, OSError):
         if exc.errno == errno.EADDRINUSE:
+            if "metrics_port" in str(exc.strerror):  # common.observability names the port and the service
+                return 1, f"a port is already in use: {exc.strerror}"
             return 1, f"a port is already in use ({exc.strerror}): check metrics_port and [ctxbroker] port"
         if exc.filename:
             return 1, f"{exc.filename}: {exc.strerror}"
