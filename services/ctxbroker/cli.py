@@ -168,7 +168,12 @@ def cmd_create(args: argparse.Namespace) -> int:
         print(f"epu ctx: {args.secret_file} exists; give a new file for the secret", file=sys.stderr)
         return 2
 
-    def go(client: Any) -> None:
+    def go(client: Any) -> int:
+        same = [c for c in client.list() if c["name"] == args.name]
+        if same:  # a second context of one name splits a cluster's nodes between two lists
+            print(f"epu ctx: a context named {args.name!r} exists already (id {same[0]['id']}, {same[0]['nodes']} "
+                  f"node(s)): use it, or `epu ctx delete {same[0]['id']}` first; nothing created", file=sys.stderr)
+            return 1
         ctx = client.create(args.name)
         if args.secret_file:
             write_secret(args.secret_file, ctx["secret"])
@@ -182,6 +187,7 @@ def cmd_create(args: argparse.Namespace) -> int:
                   f"key:    {ctx['key']}\nsecret: {shown['secret']}\n"
                   "(the broker keeps only a digest of the secret; give it to the provisioner:\n"
                   f" [workers.DOMAIN] context_uri = \"{ctx['uri']}\", context_secret_file = ...)")
+        return 0
 
     return _run(args, go)
 
@@ -353,7 +359,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "for its userdata. The secret itself never goes into userdata.",
                         epilog=_admin_epilog("epu ctx create alpha --secret-file /etc/epu/contexts/alpha.secret",
                                              "epu ctx create mycluster --json | jq -r .uri")
-                        + "\nAn existing --secret-file is never overwritten (exit 2).")
+                        + "\nAn existing --secret-file is never overwritten (exit 2). A name already taken by a\n"
+                          "context is refused (exit 1, naming its id): one cluster, one context.")
     c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
     c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
     c.add_argument("--secret-file", metavar="FILE",
