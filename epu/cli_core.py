@@ -134,8 +134,14 @@ def cmd_rabbitmq_definitions(args: argparse.Namespace) -> int:
             print(f"epu deploy: {args.passwords_file} is not valid TOML (user = \"password\" lines): {exc}",
                   file=sys.stderr)
             return 2
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", args.user_prefix):
+        print(f"epu deploy: --user-prefix {args.user_prefix!r}: letters, digits, '.', '_' and '-' only", file=sys.stderr)
+        return 2
     try:
-        doc = rabbitmq_definitions(topology, domains, vhost=args.vhost, passwords=passwords)
+        doc = rabbitmq_definitions(topology, domains, vhost=args.vhost, passwords=passwords,
+                                   user_prefix=args.user_prefix)
     except DefinitionsError as exc:
         print(f"epu deploy: {args.passwords_file}: {exc}", file=sys.stderr)
         return 2
@@ -247,15 +253,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "bindings and policies (queue bounds). Users have no password unless --passwords-file\n"
                     "is given: a TOML file of user = \"password\" naming every user exactly (a missing or\n"
                     "unknown user is an error, exit 2); the hashes, never the passwords, are written, and\n"
-                    "the -o file is created readable by its owner only (0600).",
+                    "the -o file is created readable by its owner only (0600).\n\n"
+                    "User names are global to a RabbitMQ server, vhosts or not: importing a second EPU's\n"
+                    "definitions with the same names gives the first EPU's users the second one's\n"
+                    "passwords. Give each EPU on one broker its own --vhost and its own --user-prefix\n"
+                    "(site2- makes site2-epu-decision, ...); its services then log in as those users.",
         epilog="Example:\n  epu deploy rabbitmq-definitions -c /etc/epu/epu.toml --passwords-file pw.toml -o defs.json\n"
                "  sudo rabbitmqctl import_definitions < defs.json   # on standard input: the server would\n"
                "                                                   # resolve a file path itself\n"
-               "  epu deploy rabbitmq-definitions --domain alpha -o deploy/rabbitmq/definitions.json\n\n"
+               "  epu deploy rabbitmq-definitions --domain alpha -o deploy/rabbitmq/definitions.json\n"
+               "  epu deploy rabbitmq-definitions -c /etc/epu2/epu.toml --vhost epu2 --user-prefix site2- \\\n"
+               "      --passwords-file pw2.toml -o defs2.json      # a second EPU on the same RabbitMQ\n\n"
                "Exit status: 0 written; 2 bad configuration, or a passwords file that cannot be read or\n"
                "does not name every user exactly (the message names them).")
     d.add_argument("--domain", action="append", metavar="NAME", help="a domain (repeatable; default: config's)")
     d.add_argument("--vhost", default="epu", help="virtual host (default: epu)")
+    d.add_argument("--user-prefix", default="", metavar="PREFIX",
+                   help="put PREFIX before every user name (PREFIXepu-decision, ...): RabbitMQ users are global to "
+                        "the broker, so a second EPU on it needs its own (default: none)")
     d.add_argument("--passwords-file", metavar="FILE", help="TOML: user name = password")
     d.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     add_config_arg(d, optional_note="optional: the domains and name prefix come from it")
