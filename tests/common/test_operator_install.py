@@ -211,6 +211,10 @@ def test_every_operator_command_runs_from_each_roles_install(venvs: dict[str, Pa
         else:  # no HTTPS client here: one line saying what to install, not a traceback
             assert ctx.returncode == 1 and "pip install 'epu[operator]'" in ctx.stderr, (role, ctx.stderr)
             assert "Traceback" not in ctx.stderr
+    # the guides the systemd units name ship in the wheel, where docs/deploy.md copies them from
+    shipped = Path(ok(as_nobody(venvs["operator"], cfg, "deploy", "path")).strip()).parent / "docs"
+    assert {"deploy.md", "decision.md", "sensor.md", "provisioner.md", "ctxbroker.md"} <= {
+        p.name for p in shipped.glob("*.md")}
     # an unforced terminate waits for the engine's answer: accepted here
     out = ok(as_nobody(venvs["operator"], cfg, "instances", "terminate", "i-retire-0123456789"))
     assert "accepted by the decision engine" in out
