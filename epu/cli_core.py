@@ -172,12 +172,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run one EPU service in the foreground until SIGTERM/SIGINT.\n\n"
                     "On SIGTERM the message in hand is finished and acknowledged, then the service\n"
                     "closes its broker connection and exits 0. Broker loss is survived: the service\n"
-                    "reconnects with backoff and resumes.",
+                    "reconnects with backoff and resumes. A refusal retrying cannot mend (a wrong password,\n"
+                    "no permission on the vhost or a queue, no such vhost, an unreadable TLS certificate)\n"
+                    "is retried 5 times in a row, then the service exits 1 for its supervisor to see;\n"
+                    "/healthz says which kind each failure is (error_kind: permanent (KIND) or transient).",
         epilog="Examples:\n  epu run decision -c /etc/epu/epu.toml\n"
                "  EPU_CONFIG=/etc/epu/epu.toml epu run sensor --json-logs   # as the systemd units do\n\n"
                "Exit status: 0 stopped by SIGTERM/SIGINT; 1 a runtime failure it cannot survive (one line:\n"
-               "RabbitMQ refused the login, a port is in use, a file cannot be read); 2 bad configuration\n"
-               "(one line per problem, what `epu config check --service SERVICE` prints).")
+               "RabbitMQ refused the login, a permission or the vhost, a port is in use (named), a file\n"
+               "cannot be read); 2 bad configuration (one line per problem, what `epu config check\n"
+               "--service SERVICE` prints).")
     p.add_argument("service", choices=sorted(SERVICES), help="which service to run")
     add_config_arg(p)
     p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
