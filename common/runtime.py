@@ -31,8 +31,8 @@ for broker" / "reconnecting" on /healthz (HTTP 503), reconnects with exponential
 jitter (trying every URL of the list), redeclares and resumes. A refusal that retrying cannot
 mend — a wrong password, a user without permission on the vhost or a queue, a vhost that does
 not exist, a TLS certificate that cannot be read (``common.broker.permanent_reason``) — is
-retried ``permanent_attempts`` times in a row (a password being changed, definitions being
-loaded), then ``run()`` raises ``BrokerRefused``: the process exits 1 and its supervisor
+retried ``permanent_attempts`` times in a row and ``permanent_seconds`` long (a password being
+changed, definitions being loaded), then ``run()`` raises ``BrokerRefused``: the process exits 1 and its supervisor
 (systemd's ``Restart=``) sees it, instead of a unit that stays active forever while logging
 "waiting for broker". /healthz says which kind each failure is (``error_kind``).
 
@@ -164,7 +164,9 @@ class RuntimeSettings:
     """A handler or timer running longer than this makes the service unhealthy (a hang)."""
     permanent_attempts: int = 5
     """Connection attempts the broker refuses permanently (wrong password, no permission, no such
-    vhost, unreadable TLS files), in a row, before ``run()`` gives up with ``BrokerRefused``."""
+    vhost, unreadable TLS files), in a row, before ``run()`` gives up with ``BrokerRefused``..."""
+    permanent_seconds: float = 10.0
+    """...and for at least this long (a password being changed, definitions being imported)."""
 
 
 class Service:
@@ -192,6 +194,7 @@ class Service:
         self._last_error: str | None = None
         self._error_kind: str | None = None
         self._refusals = 0
+        self._refused_since = 0.0
         self._lost_at: float | None = None
         self._inbox: deque[tuple[_ConsumerSpec, str, Inbound]] = deque()
         self._consuming: dict[str, bool] = {}
@@ -354,8 +357,12 @@ class Service:
                     kind = permanent_reason(exc)
                     self._refusals = self._refusals + 1 if kind else 0
                     if kind is not None:
+                        if self._refusals == 1:
+                            self._refused_since = time.monotonic()
                         self._error_kind = f"permanent ({kind})"
                         left = self.settings.permanent_attempts - self._refusals
+                        if left <= 0 and time.monotonic() - self._refused_since < self.settings.permanent_seconds:
+                            left = 1  # not refused for long enough yet
                         self.log.error("the broker refused this service (%s): %s; %s", kind,
                                        "giving up" if left <= 0 else f"{left} more attempt(s), then exit",
                                        PERMANENT_HINTS[kind],

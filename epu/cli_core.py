@@ -174,8 +174,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "closes its broker connection and exits 0. Broker loss is survived: the service\n"
                     "reconnects with backoff and resumes. A refusal retrying cannot mend (a wrong password,\n"
                     "no permission on the vhost or a queue, no such vhost, an unreadable TLS certificate)\n"
-                    "is retried 5 times in a row, then the service exits 1 for its supervisor to see;\n"
-                    "/healthz says which kind each failure is (error_kind: permanent (KIND) or transient).",
+                    "is retried 5 times in a row over 10 s or more, then the service exits 1 for its\n"
+                    "supervisor (systemd's Restart=) to see. /healthz says which kind each failure is\n"
+                    "(error_kind: permanent (KIND) or transient).",
         epilog="Examples:\n  epu run decision -c /etc/epu/epu.toml\n"
                "  EPU_CONFIG=/etc/epu/epu.toml epu run sensor --json-logs   # as the systemd units do\n\n"
                "Exit status: 0 stopped by SIGTERM/SIGINT; 1 a runtime failure it cannot survive (one line:\n"
