@@ -81,7 +81,7 @@ def read_store(url: str, key: str, read: Callable[[], T]) -> tuple[T | None, str
 
 
 def _is_store_error(exc: BaseException) -> bool:
-    if isinstance(exc, OSError):
+    if isinstance(exc, OSError | ImportError):  # ImportError: a PostgreSQL store without the 'postgres' extra
         return True
     try:
         from sqlalchemy.exc import SQLAlchemyError

@@ -211,6 +211,11 @@ def test_every_operator_command_runs_from_each_roles_install(venvs: dict[str, Pa
         else:  # no HTTPS client here: one line saying what to install, not a traceback
             assert ctx.returncode == 1 and "pip install 'epu[operator]'" in ctx.stderr, (role, ctx.stderr)
             assert "Traceback" not in ctx.stderr
+    rec = world.top / "rec"
+    rec.mkdir(mode=0o777)
+    rec.chmod(0o777)
+    ok(as_nobody(venvs["operator"], cfg, "record", "--seconds", "2", "--out", str(rec / "run")))
+    assert (rec / "run" / "timeline.csv").exists() and (rec / "run" / "summary.json").exists()
     # the guides the systemd units name ship in the wheel, where docs/deploy.md copies them from
     shipped = Path(ok(as_nobody(venvs["operator"], cfg, "deploy", "path")).strip()).parent / "docs"
     assert {"deploy.md", "decision.md", "sensor.md", "provisioner.md", "ctxbroker.md"} <= {
