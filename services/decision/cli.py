@@ -2,7 +2,8 @@
 
 ``set``/``pause``/``resume`` publish a PolicyChange to the engine's control queue and wait for
 its PolicyOutcome on an exclusive queue bound to ``policy.outcome.DOMAIN`` (bound *before*
-publishing, so the answer cannot be missed). ``show`` reads the engine's store.
+publishing, so the answer cannot be missed). ``show`` reads the engine's store where this host and
+user can, the engine's retained status over the broker elsewhere (``common.storeaccess``).
 """
 
 from __future__ import annotations
@@ -279,7 +280,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         formatter_class=RAW,
                         description="Read DOMAIN's current policy, version, bounds and sites from the engine's\n"
                                     "store (decision.store_url), with every parameter's effective value;\n"
-                                    "parameters left at their default are marked (default).",
+                                    "parameters left at their default are marked (default). Where the store\n"
+                                    "cannot be read (another host, no SQL layer installed, a directory closed\n"
+                                    "to this user) it reads the engine's retained status over the broker and\n"
+                                    "says so (source: engine status).",
                         epilog="Example: epu policy show alpha -c /etc/epu/epu.toml\n"
                                "Exit status: 0; 1 unknown domain; 2 bad configuration.")
     s.add_argument("domain", help="the domain, as named under [domains] in the configuration")

@@ -1,11 +1,14 @@
 """``epu instances``: what the provisioner knows about instances, and terminating one.
 
-``list`` reads the provisioner's store directly (read-only; works while the service runs,
-SQLite WAL or PostgreSQL). ``terminate`` does not touch a cloud. Without ``--force`` it asks
-the decision engine to take the instance out the way the engine takes out any worker — drain
-it, wait for its jobs, remove its node from the batch system, then terminate — by sending a
-``PolicyChange`` with ``retire=[ID]`` to the engine's control queue. With ``--force`` it sends a
-``TerminateRequest`` to the provisioners' work queue: the instance goes at once, jobs or not.
+``list`` reads the provisioner's store directly where this host and user can (read-only; works
+while the service runs, SQLite WAL or PostgreSQL), the decision engine's retained status over
+the broker elsewhere (``common.storeaccess``). ``terminate`` does not touch a cloud. Without
+``--force`` it asks the decision engine to take the instance out the way the engine takes out
+any worker — drain it, wait for its jobs, remove its node from the batch system, then terminate
+— by sending a ``PolicyChange`` with ``retire=[ID]`` to the engine's control queue. With
+``--force`` it sends a ``TerminateRequest`` to the provisioners' work queue: the instance goes at
+once, jobs or not. Either way it waits for the answer (``common.answers``) and exits non-zero on
+a refusal or none; an id neither the store nor the engine knows is never sent.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ when it is not, "-" when the engine does not list the instance (ended, or not se
 when the engine's status could not be read (the reason is printed on standard error).
 
 On a host without the provisioner's store (an operator's workstation: the SQLite file named by
-provisioner.store_url does not exist) it lists the engine's live instances from its status
-alone, says so on standard error, and creates nothing.
+provisioner.store_url does not exist, or this install has no SQL layer) or where this user may
+not read it (/var/lib/epu-provisioner is closed to a non-root operator), it lists the engine's
+live instances from its status alone, says why on standard error, and creates nothing.
 """
 
 LIST_EPILOG = """\
