@@ -179,11 +179,7 @@ class Simulation:
                                  "sites": [x.name for x in s.sites],
                                  **({"partitions": d.partitions} if d.partitions else {}),
                                  **({"default_partition": d.default_partition} if d.default_partition else {}),
-                                 **({"allow_spot": True} if d.allow_spot else {}),
-                                 # a bound above the sites' quotas is deliberate (demand beyond quota):
-                                 # say so, as a site would, or the file is refused (nodes_ceiling)
-                                 **({"max_nodes_ceiling": d.max_nodes}
-                                    if d.max_nodes > sum(x.quota for x in s.sites) else {})}},
+                                 **({"allow_spot": True} if d.allow_spot else {})}},
             "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "image": "sim-image",
                                **({"types": x.types} if x.types else
                                   {"price_per_hour": x.price, "cores": x.cores, "size": f"sim.{x.cores}core"})}
