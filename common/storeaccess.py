@@ -77,7 +77,7 @@ def read_store(url: str, key: str, read: Callable[[], T]) -> tuple[T | None, str
         if not _is_store_error(exc):
             raise
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0][:200]
-        return None, f"the store ({key}) cannot be read by this user: {type(exc).__name__}: {first}"
+        return None, f"the store ({key}) cannot be read here: {type(exc).__name__}: {first}"
 
 
 def _is_store_error(exc: BaseException) -> bool:
