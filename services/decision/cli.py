@@ -144,9 +144,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     got, why = read_store(config.decision.store_url, "decision.store_url", from_store)
     if why is not None:  # not where the engine's store is, or not ours to read: ask the engine
+        print(f"epu policy show: {why}: reading the decision engine's status over the broker", file=sys.stderr)
         answer = _from_engine_status(config, args.domain)
         if isinstance(answer, str):
-            print(f"epu policy show: {why}, and {answer}", file=sys.stderr)
+            print(f"epu policy show: {answer}", file=sys.stderr)
             return 1
         version, cfg, source = answer
     elif got is None:
