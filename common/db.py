@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from epu.common.storeaccess import missing_sqlite_file  # noqa: F401  (kept here for callers)
 from sqlalchemy import MetaData, event
 from sqlalchemy.engine import Engine, create_engine
 from sqlalchemy.exc import DBAPIError

@@ -27,21 +27,6 @@ def sqlite_path(url: str) -> str | None:
     return None if not path or path == ":memory:" else path
 
 
-def missing_sqlite_file(url: str) -> str | None:
-    """The path of the SQLite file ``url`` names when that file does not exist (None: it exists,
-    or ``url`` is not a SQLite file)."""
-    path = sqlite_path(url)
-    if path is None:
-        return None
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        return path
-    except OSError:
-        return None  # there, but not ours to see: store_unreadable says so
-    return None
-
-
 def store_unreadable(url: str, key: str) -> str | None:
     """Why this host cannot read the store ``url`` (config key ``key``); None when it can try."""
     if importlib.util.find_spec("sqlalchemy") is None:
