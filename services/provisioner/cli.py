@@ -89,8 +89,8 @@ Either way the command waits for the answer (--timeout) and prints it: the engin
 its reason for refusing; with --force, the instance's move to terminating reported by a
 provisioner. The instance must be one this host can see — in the provisioner's store, or among
 the engine's live instances (its retained status, over the broker) — so a mistyped id sends
-nothing. ID may be the first characters of the id, as `epu status` shows it, when they name one
-instance only. Asking twice is harmless, and an instance already terminated stays so. Watch it
+nothing. ID may be the first characters of the id, as `epu status` shows it, or the batch node
+name of a live instance, when they name one instance only. Asking twice is harmless, and an instance already terminated stays so. Watch it
 with `epu tap 'instance.state.#'` or `epu instances list`.
 """
 
@@ -252,6 +252,7 @@ class Known:
     instance_id: str
     domain: str
     state: str
+    node_name: str = ""
 
 
 def find_instances(config: Any, domain: str | None) -> tuple[dict[str, Known], list[str]]:
@@ -263,7 +264,7 @@ def find_instances(config: Any, domain: str | None) -> tuple[dict[str, Known], l
     if why is not None:
         notes.append(why)
     for r in records:
-        known[r.instance_id] = Known(r.instance_id, r.domain, r.state)
+        known[r.instance_id] = Known(r.instance_id, r.domain, r.state, r.node_name or "")
     domains = sorted({domain} if domain else set(config.domains) | {r.domain for r in records})
     if domains:
         view = engine_view(config, domains)
@@ -272,18 +273,22 @@ def find_instances(config: Any, domain: str | None) -> tuple[dict[str, Known], l
             rec = known.get(iid)
             if rec is None or (rec.state not in TERMINAL_INSTANCE_STATES
                                and INSTANCE_STATE_ORDER[entry.state] > INSTANCE_STATE_ORDER[rec.state]):
-                known[iid] = Known(iid, view.domain_of[iid], entry.state)
+                known[iid] = Known(iid, view.domain_of[iid], entry.state, entry.node_name or (rec.node_name if rec else ""))
     elif why is not None:
         notes.append("the configuration names no domain: give --domain to ask the decision engine")
     return known, notes
 
 
 def resolve(ident: str, known: dict[str, Known]) -> Known | list[str]:
-    """The instance ``ident`` names: its full id, or a prefix of one id only (``epu status`` shows
-    the first 12 characters). The ids it could mean otherwise ([]: none)."""
+    """The instance ``ident`` names, as ``epu status`` and ``epu instances list`` show it: its
+    full id, a prefix of one id only (the board shows the first 12 characters), or the batch node
+    name of one live instance only. The ids it could mean otherwise ([]: none)."""
     if ident in known:
         return known[ident]
     matches = sorted(i for i in known if i.startswith(ident))
+    if not matches:
+        matches = sorted(k.instance_id for k in known.values()
+                         if k.node_name == ident and k.state not in TERMINAL_INSTANCE_STATES)
     return known[matches[0]] if len(matches) == 1 else matches
 
 
@@ -375,7 +380,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description=TERMINATE_DESCRIPTION, epilog=TERMINATE_EPILOG, formatter_class=RAW)
     add_config_arg(tp)
     tp.add_argument("instance_id", metavar="ID",
-                    help="the instance id (= its launch id), or its first characters as `epu status` shows them")
+                    help="the instance id (= its launch id), its first characters as `epu status` shows them, "
+                         "or its batch node name")
     tp.add_argument("--domain", metavar="D", help="the instance's domain (default: looked up in the store or the engine's status)")
     tp.add_argument("--reason", default="terminated by an operator", help="recorded with the transition")
     tp.add_argument("--timeout", type=nonneg_float, default=30.0,

@@ -162,11 +162,16 @@ def test_unforced_terminate_asks_the_engine_to_drain_first(tmp_path, sqlite_url,
 
 
 def test_an_id_as_epu_status_shows_it_is_accepted() -> None:
-    """``epu status`` shows the first 12 characters of an id: a unique prefix names the instance."""
+    """``epu status`` shows the first 12 characters of an id and the node name: either names the
+    instance when it names one only."""
     from epu.services.provisioner.cli import Known, resolve
 
-    known = {i: Known(i, "alpha", "started") for i in ("3f2a9c1e0b7d4e21aa", "3f2a9c1e0b7d9999", "77aa")}
+    known = {i: Known(i, "alpha", "started", f"wn-{i[-2:]}") for i in ("3f2a9c1e0b7d4e21aa", "3f2a9c1e0b7d9999",
+                                                                       "77aa")}
+    known["dead"] = Known("dead", "alpha", "terminated", "wn-aa")
     assert resolve("3f2a9c1e0b7d4e", known).instance_id == "3f2a9c1e0b7d4e21aa"
+    assert resolve("wn-99", known).instance_id == "3f2a9c1e0b7d9999", "the node name the board shows"
+    assert resolve("wn-aa", known) == ["3f2a9c1e0b7d4e21aa", "77aa"], "ambiguous (the ended one is not counted)"
     assert resolve("77aa", known).instance_id == "77aa"
     assert resolve("3f2a9c1e0b7d", known) == ["3f2a9c1e0b7d4e21aa", "3f2a9c1e0b7d9999"]
     assert resolve("nope", known) == []
