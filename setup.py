@@ -5,7 +5,8 @@ they are ``epu.common`` and ``epu.services`` beside the composition layer ``epu/
 generic top-level name such as ``common`` lands in site-packages. Computed rather than listed
 so a new subpackage is never left out of the wheel.
 
-``deploy/`` is installed as ``epu/deploy/``: what the code reads at run time (the cloud-init
+``docs/*.md`` is installed as ``epu/docs/`` (what the systemd units' ``Documentation=`` points to,
+once copied to ``/usr/share/doc/epu``). ``deploy/`` is installed as ``epu/deploy/``: what the code reads at run time (the cloud-init
 template the provisioner renders) and what an operator installs from it (context scripts,
 systemd units, RabbitMQ definitions, example configs; ``epu deploy path`` prints where). The
 code finds it at the same place relative to itself in a checkout and in a wheel.
@@ -15,12 +16,13 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-ROOTS = {"epu": "epu", "epu.common": "common", "epu.services": "services", "epu.deploy": "deploy"}
+ROOTS = {"epu": "epu", "epu.common": "common", "epu.services": "services", "epu.deploy": "deploy",
+         "epu.docs": "docs"}
 HERE = Path(__file__).parent
 
 packages = ["epu", *(f"epu.{p}" for p in find_packages("epu"))]
 for name, folder in ROOTS.items():
-    if name not in ("epu", "epu.deploy"):
+    if name not in ("epu", "epu.deploy", "epu.docs"):
         packages += [name, *(f"{name}.{p}" for p in find_packages(folder))]
 
 # Each deploy/ file belongs to the deepest "package" holding it: folders whose names are Python
@@ -37,5 +39,9 @@ for path in sorted((HERE / "deploy").rglob("*")):
     package = ".".join(("epu.deploy", *parts[:depth]))
     package_data.setdefault(package, []).append("/".join(parts[depth:]))
 packages += sorted(package_data)
+# The guides (docs/*.md) are installed as epu/docs/, beside epu/deploy/: the systemd units'
+# Documentation= names them where docs/deploy.md's install step copies them (/usr/share/doc/epu).
+package_data["epu.docs"] = sorted(p.name for p in (HERE / "docs").glob("*.md"))
+packages.append("epu.docs")
 
 setup(packages=packages, package_dir=ROOTS, package_data=package_data)

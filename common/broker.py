@@ -62,7 +62,59 @@ class PublishError(Exception):
 
 
 class BrokerUnavailable(PublishError, ConnectionError):
-    """No broker URL could be reached (or the retries across an outage ran out)."""
+    """No broker URL could be reached (or the retries across an outage ran out). ``causes``:
+    how each URL failed (the exceptions), for ``permanent_reason``."""
+
+    def __init__(self, message: str, causes: Sequence[BaseException] = ()) -> None:
+        super().__init__(message)
+        self.causes = tuple(causes)
+
+
+class BrokerRefused(ConnectionError):
+    """The broker keeps refusing this service for a reason retrying cannot mend (``kind``:
+    authentication, permission, vhost, tls): the service gives up so its supervisor sees it."""
+
+    def __init__(self, kind: str, detail: str, attempts: int) -> None:
+        super().__init__(f"{kind} refused {attempts} times in a row: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+#: What each kind of permanent refusal asks the operator to fix.
+PERMANENT_HINTS = {
+    "authentication": "check the user name and password in [broker] url (or EPU_BROKER__URL)",
+    "permission": "the user lacks a permission: load the definitions of deploy/rabbitmq (docs/deploy.md, step 3)",
+    "vhost": "the virtual host in [broker] url does not exist: create it or load the definitions",
+    "tls": "a certificate or key of [broker.tls] cannot be read or is not valid",
+}
+
+
+def permanent_reason(exc: BaseException) -> str | None:
+    """The kind of a broker error that retrying cannot mend — ``authentication`` (login
+    refused), ``permission`` (access to the vhost or an entity refused), ``vhost`` (no such
+    virtual host), ``tls`` (a certificate file that cannot be read, or is refused) — or None for
+    a transient one (refused connection, timeout, a node restarting). A failure over several
+    URLs is permanent only when every URL failed permanently (one node down is transient)."""
+    import ssl
+
+    from amqp import exceptions as amqp_exc
+
+    if isinstance(exc, BrokerUnavailable):
+        kinds = [permanent_reason(c) for c in exc.causes]
+        return kinds[0] if kinds and all(kinds) else None
+    cause = exc.__cause__ if exc.__cause__ is not None and type(exc).__module__.startswith("kombu") else exc
+    if isinstance(cause, amqp_exc.AccessRefused):
+        return "authentication" if "login" in str(cause).lower() else "permission"
+    if isinstance(cause, amqp_exc.NotAllowed):
+        return "vhost" if "not found" in str(cause).lower() else "permission"
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return "tls"
+    if isinstance(cause, ssl.SSLError):
+        text = str(cause)
+        return "tls" if any(k in text for k in ("PEM", "NO_CERTIFICATE", "KEY_VALUES_MISMATCH", "CA_MD")) else None
+    if isinstance(cause, FileNotFoundError | PermissionError | IsADirectoryError):
+        return "tls"  # the only files a connection reads are the TLS ones
+    return None
 
 
 class PublishRefused(PublishError, MessageNacked):
@@ -95,6 +147,14 @@ class TlsSettings:
     """Private key of ``cert_file``."""
     server_name: str | None = None
     """Name to expect in the broker's certificate (default: each URL's host)."""
+
+    def check_files(self) -> None:
+        """Open each file given, so one that cannot be read fails naming itself (``ssl`` raises
+        "No such file or directory" without a file name)."""
+        for path in (self.ca_file, self.cert_file, self.key_file):
+            if path:
+                with open(path, "rb"):
+                    pass
 
     def sslopts(self, host: str) -> dict[str, Any]:
         """py-amqp's ``ssl`` options for a connection to ``host``."""
@@ -197,8 +257,16 @@ class Broker:
         urls = self.urls
         start = self._failover.index
         errors = []
+        causes: list[BaseException] = []
         for step in range(len(urls)):
             i = (start + step) % len(urls)
+            try:
+                if urls[i].startswith("amqps://"):
+                    self.tls.check_files()
+            except OSError as exc:
+                errors.append(f"{redact(urls[i])}: {type(exc).__name__}: {exc}")
+                causes.append(exc)
+                continue
             conn = self._connection_for(urls[i], name)
             try:
                 # one attempt, no sleep (kombu's connect() sleeps 2 s and retries): the next URL is
@@ -206,6 +274,7 @@ class Broker:
                 conn.ensure_connection(max_retries=0, reraise_as_library_errors=False)
             except Exception as exc:  # refused, timeout, TLS, auth: try the next node
                 errors.append(f"{redact(urls[i])}: {type(exc).__name__}: {exc}")
+                causes.append(exc)
                 try:
                     conn.release()
                 except Exception:
@@ -216,7 +285,7 @@ class Broker:
             return conn
         with self._failover.lock:  # next time start with the one after
             self._failover.index = (start + 1) % len(urls)
-        raise BrokerUnavailable("cannot reach the broker: " + "; ".join(errors))
+        raise BrokerUnavailable("cannot reach the broker: " + "; ".join(errors), causes)
 
     def redacted_url(self) -> str:
         """The URL(s) without passwords, for logs and health."""

@@ -26,6 +26,44 @@ DEFAULT_CONFIG = "/etc/epu/epu.toml"
 loaded_broker_url: str | None = None
 
 
+def nonneg_int(text: str) -> int:
+    """An argparse type: a whole number ≥ 0 (a negative count is a usage error, one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    """An argparse type: seconds ≥ 0 (finite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def validation_line(exc: Exception) -> str:
+    """A pydantic ValidationError as one line: each field with what is wrong and the value given
+    (never the pydantic dump of several lines and a URL)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    parts = []
+    for err in errors():
+        key = ".".join(str(p) for p in err["loc"]) or "value"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        got = err.get("input")
+        shown = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list) else f" (got {got!r})"
+        parts.append(f"{key}: {msg}{shown}")
+    return "; ".join(parts)
+
+
 def add_config_arg(p: argparse.ArgumentParser, *, optional_note: str | None = None) -> None:
     note = optional_note or "required"
     p.add_argument("-c", "--config", metavar="FILE",

@@ -16,19 +16,6 @@ from sqlalchemy.engine import Engine, create_engine
 from sqlalchemy.exc import DBAPIError
 
 
-def missing_sqlite_file(url: str) -> str | None:
-    """The path of the SQLite file ``url`` names when that file does not exist (None: it exists,
-    or ``url`` is not a SQLite file). Read-only tools check first: opening it would create an
-    empty store in its place (``./epu-decision.db`` for an operator's config without one), and
-    they would report that emptiness as the state of the system."""
-    if not url.startswith("sqlite") or "///" not in url:
-        return None
-    path = url.split("///", 1)[1].split("?", 1)[0]
-    if not path or path == ":memory:" or Path(path).exists():
-        return None
-    return path
-
-
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]

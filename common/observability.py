@@ -8,6 +8,8 @@ healthy, 503 otherwise) on a configurable port. Port 0 picks a free one; ``None`
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +63,20 @@ class ServiceMetrics:
                                   ["task", "outcome"], registry=r)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up before its answer is written (a probe's timeout, a scraper
+    restarting) is not an error of the service: no traceback on stderr for it."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        logging.getLogger("epu.health").warning("health endpoint request failed", exc_info=True,
+                                                extra={"client": str(client_address[0])})
+
+
 class HealthServer:
     """Serves /metrics and /healthz in a daemon thread."""
 
@@ -87,8 +103,11 @@ class HealthServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        try:
+            self.httpd = _QuietServer((host, port), Handler)
+        except OSError as exc:  # say which port, and whose: "Address already in use" alone names neither
+            raise OSError(exc.errno, f"{exc.strerror}: {host}:{port}, the metrics_port of the "
+                                     f"{metrics.service} service") from None
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"health-{metrics.service}",
                                         daemon=True)

@@ -34,8 +34,13 @@ ever succeed:
 
 Broker loss, at start or later, any number of times: the service stays up, reports "waiting
 for broker" / "reconnecting" on /healthz (HTTP 503), reconnects with exponential backoff and
-jitter (trying every URL of the list), redeclares and resumes. Nothing that happens on the
-connection ends the process; only ``stop()`` does.
+jitter (trying every URL of the list), redeclares and resumes. A refusal that retrying cannot
+mend — a wrong password, a user without permission on the vhost or a queue, a vhost that does
+not exist, a TLS certificate that cannot be read (``common.broker.permanent_reason``) — is
+retried ``permanent_attempts`` times in a row and ``permanent_seconds`` long (a password being
+changed, definitions being loaded), then ``run()`` raises ``BrokerRefused``: the process exits 1 and its supervisor
+(systemd's ``Restart=``) sees it, instead of a unit that stays active forever while logging
+"waiting for broker". /healthz says which kind each failure is (``error_kind``).
 
 Shutdown (SIGTERM/SIGINT, or ``stop()``): the message in hand is finished and acked, then the
 connection closes; prefetched but unhandled messages return to the queue via the broker.
@@ -60,7 +65,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from epu.common.broker import Broker, BrokerUnavailable, Publisher, PublishError, PublishRefused
+from epu.common.broker import (
+    PERMANENT_HINTS,
+    Broker,
+    BrokerRefused,
+    BrokerUnavailable,
+    Publisher,
+    PublishError,
+    PublishRefused,
+    permanent_reason,
+)
 from epu.common.clock import Clock, RealClock
 from epu.common.consuming import Inbound, RawConsumer
 from epu.common.failures import classify, describe
@@ -148,6 +162,11 @@ class RuntimeSettings:
     """More exception types a service's handlers raise for infrastructure trouble."""
     max_busy_seconds: float = 600.0
     """A handler or timer running longer than this makes the service unhealthy (a hang)."""
+    permanent_attempts: int = 5
+    """Connection attempts the broker refuses permanently (wrong password, no permission, no such
+    vhost, unreadable TLS files), in a row, before ``run()`` gives up with ``BrokerRefused``..."""
+    permanent_seconds: float = 10.0
+    """...and for at least this long (a password being changed, definitions being imported)."""
 
 
 class Service:
@@ -173,6 +192,9 @@ class Service:
         self._health_server: HealthServer | None = None
         self._status = "starting"
         self._last_error: str | None = None
+        self._error_kind: str | None = None
+        self._refusals = 0
+        self._refused_since = 0.0
         self._lost_at: float | None = None
         self._inbox: deque[tuple[_ConsumerSpec, str, Inbound]] = deque()
         self._consuming: dict[str, bool] = {}
@@ -274,6 +296,7 @@ class Service:
             "consumers": consumers,
             "reconnects": self.reconnect_count,
             "last_error": self._last_error,
+            "error_kind": self._error_kind,
             "loop_age_seconds": round(age, 3),
             "busy_seconds": busy,
             "busy_with": self._busy_with,
@@ -316,6 +339,7 @@ class Service:
         self._status = "waiting for broker"
         self.start_health_server()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
+        refused: BrokerRefused | None = None
         try:
             for hook in self.on_start:
                 hook()
@@ -340,6 +364,26 @@ class Service:
                         self.metrics.connect_failures.inc()
                     self._status = "reconnecting" if ever_connected else "waiting for broker"
                     self._last_error = f"{type(exc).__name__}: {exc}"[:500]
+                    kind = permanent_reason(exc)
+                    self._refusals = self._refusals + 1 if kind else 0
+                    if kind is not None:
+                        if self._refusals == 1:
+                            self._refused_since = time.monotonic()
+                        self._error_kind = f"permanent ({kind})"
+                        left = self.settings.permanent_attempts - self._refusals
+                        if left <= 0 and time.monotonic() - self._refused_since < self.settings.permanent_seconds:
+                            left = 1  # not refused for long enough yet
+                        self.log.error("the broker refused this service (%s): %s; %s", kind,
+                                       "giving up" if left <= 0 else f"{left} more attempt(s), then exit",
+                                       PERMANENT_HINTS[kind],
+                                       extra={"error": self._last_error, "broker": self.broker.redacted_url()})
+                        if left <= 0:
+                            self._status = f"refused by the broker ({kind}): exiting"
+                            refused = BrokerRefused(kind, self._last_error, self._refusals)
+                            break
+                        self._status = f"refused by the broker ({kind}): retrying"
+                    else:
+                        self._error_kind = "transient"
                     sleep_for = min(self.settings.reconnect_max, delay) * (0.5 + random.random() / 2)
                     if was_connected and time.monotonic() - self._serving_since > STABLE_SECONDS:
                         sleep_for = 0.0  # a connection that had held: try the other nodes at once
@@ -364,6 +408,8 @@ class Service:
             if self._health_server:
                 self._health_server.stop()
             self.log.info("stopped")
+        if refused is not None:
+            raise refused
 
     def _mark_disconnected(self) -> None:
         self._connected.clear()
@@ -413,6 +459,8 @@ class Service:
             self._status = "serving"
             self._serving_since = time.monotonic()
             self._last_error = None
+            self._error_kind = None
+            self._refusals = 0
             self._ready.set()
             url = redact_current(self.broker)
             if reconnect:

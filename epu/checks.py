@@ -35,6 +35,24 @@ def domain_policies(config: Any) -> Iterable[tuple[str, str]]:
 register_check({"decision"}, domain_policies)
 
 
+def domain_ceilings(config: Any) -> Iterable[tuple[str, str]]:
+    """A domain's ``max_nodes`` within the bound a run-time change must respect (the engine's
+    own ``nodes_ceiling``): before, ``max_nodes = 1000000`` passed here and ``epu policy set``
+    refused the same number."""
+    from epu.services.decision.changes import nodes_ceiling
+
+    quotas = {name: site.quota for name, site in config.sites.items()}
+    for name, d in config.domains.items():
+        if any(s not in quotas for s in d.sites):
+            continue  # an undefined site is reported by domain_sites
+        ceiling, where = nodes_ceiling(None if d.max_nodes_ceiling is None else d, d.sites, quotas)
+        if quotas and ceiling is not None and d.max_nodes > ceiling:
+            yield f"domains.{name}.max_nodes", f"{d.max_nodes} is above the ceiling {ceiling} ({where})"
+
+
+register_check({"decision"}, domain_ceilings)
+
+
 def provisioner_sites(config: Any) -> Iterable[tuple[str, str]]:
     try:
         from epu.services.provisioner.cloud import check_site

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import epu.checks  # noqa: F401  (registers the services' own config checks)
-from epu.common.cliargs import RAW, add_config_arg, config_path, load_or_exit
+from epu.common.cliargs import RAW, add_config_arg, config_path, load_or_exit, nonneg_float, nonneg_int
 from epu.common.config import ConfigError, check_config, load_config
 from epu.common.logs import setup_logging
 
@@ -139,8 +139,14 @@ def cmd_rabbitmq_definitions(args: argparse.Namespace) -> int:
             print(f"epu deploy: {args.passwords_file} is not valid TOML (user = \"password\" lines): {exc}",
                   file=sys.stderr)
             return 2
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", args.user_prefix):
+        print(f"epu deploy: --user-prefix {args.user_prefix!r}: letters, digits, '.', '_' and '-' only", file=sys.stderr)
+        return 2
     try:
-        doc = rabbitmq_definitions(topology, domains, vhost=args.vhost, passwords=passwords)
+        doc = rabbitmq_definitions(topology, domains, vhost=args.vhost, passwords=passwords,
+                                   user_prefix=args.user_prefix)
     except DefinitionsError as exc:
         print(f"epu deploy: {args.passwords_file}: {exc}", file=sys.stderr)
         return 2
@@ -171,12 +177,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run one EPU service in the foreground until SIGTERM/SIGINT.\n\n"
                     "On SIGTERM the message in hand is finished and acknowledged, then the service\n"
                     "closes its broker connection and exits 0. Broker loss is survived: the service\n"
-                    "reconnects with backoff and resumes.",
+                    "reconnects with backoff and resumes. A refusal retrying cannot mend (a wrong password,\n"
+                    "no permission on the vhost or a queue, no such vhost, an unreadable TLS certificate)\n"
+                    "is retried 5 times in a row over 10 s or more, then the service exits 1 for its\n"
+                    "supervisor (systemd's Restart=) to see. /healthz says which kind each failure is\n"
+                    "(error_kind: permanent (KIND) or transient).",
         epilog="Examples:\n  epu run decision -c /etc/epu/epu.toml\n"
                "  EPU_CONFIG=/etc/epu/epu.toml epu run sensor --json-logs   # as the systemd units do\n\n"
                "Exit status: 0 stopped by SIGTERM/SIGINT; 1 a runtime failure it cannot survive (one line:\n"
-               "RabbitMQ refused the login, a port is in use, a file cannot be read); 2 bad configuration\n"
-               "(one line per problem, what `epu config check --service SERVICE` prints).")
+               "RabbitMQ refused the login, a permission or the vhost, a port is in use (named), a file\n"
+               "cannot be read); 2 bad configuration (one line per problem, what `epu config check\n"
+               "--service SERVICE` prints).")
     p.add_argument("service", choices=sorted(SERVICES), help="which service to run")
     add_config_arg(p)
     p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
@@ -196,8 +207,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                "be reached (or the events exchange does not exist: load the definitions); 2 bad configuration.")
     p.add_argument("pattern", nargs="?", default="#", help="topic pattern (default: #, everything)")
     p.add_argument("--json", action="store_true", help="one JSON object per message (envelope + routing_key)")
-    p.add_argument("--count", type=int, default=0, help="exit after N messages")
-    p.add_argument("--seconds", type=float, default=0, help="exit after S seconds")
+    p.add_argument("--count", type=nonneg_int, default=0, help="exit after N messages")
+    p.add_argument("--seconds", type=nonneg_float, default=0, help="exit after S seconds")
     add_config_arg(p)
     p.set_defaults(func=cmd_tap)
 
@@ -252,15 +263,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "bindings and policies (queue bounds). Users have no password unless --passwords-file\n"
                     "is given: a TOML file of user = \"password\" naming every user exactly (a missing or\n"
                     "unknown user is an error, exit 2); the hashes, never the passwords, are written, and\n"
-                    "the -o file is created readable by its owner only (0600).",
+                    "the -o file is created readable by its owner only (0600).\n\n"
+                    "User names are global to a RabbitMQ server, vhosts or not: importing a second EPU's\n"
+                    "definitions with the same names gives the first EPU's users the second one's\n"
+                    "passwords. Give each EPU on one broker its own --vhost and its own --user-prefix\n"
+                    "(site2- makes site2-epu-decision, ...); its services then log in as those users.",
         epilog="Example:\n  epu deploy rabbitmq-definitions -c /etc/epu/epu.toml --passwords-file pw.toml -o defs.json\n"
                "  sudo rabbitmqctl import_definitions < defs.json   # on standard input: the server would\n"
                "                                                   # resolve a file path itself\n"
-               "  epu deploy rabbitmq-definitions --domain alpha -o deploy/rabbitmq/definitions.json\n\n"
+               "  epu deploy rabbitmq-definitions --domain alpha -o deploy/rabbitmq/definitions.json\n"
+               "  epu deploy rabbitmq-definitions -c /etc/epu2/epu.toml --vhost epu2 --user-prefix site2- \\\n"
+               "      --passwords-file pw2.toml -o defs2.json      # a second EPU on the same RabbitMQ\n\n"
                "Exit status: 0 written; 2 bad configuration, or a passwords file that cannot be read or\n"
                "does not name every user exactly (the message names them).")
     d.add_argument("--domain", action="append", metavar="NAME", help="a domain (repeatable; default: config's)")
     d.add_argument("--vhost", default="epu", help="virtual host (default: epu)")
+    d.add_argument("--user-prefix", default="", metavar="PREFIX",
+                   help="put PREFIX before every user name (PREFIXepu-decision, ...): RabbitMQ users are global to "
+                        "the broker, so a second EPU on it needs its own (default: none)")
     d.add_argument("--passwords-file", metavar="FILE", help="TOML: user name = password")
     d.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     add_config_arg(d, optional_note="optional: the domains and name prefix come from it")

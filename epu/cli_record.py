@@ -151,7 +151,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from epu.common.cliargs import add_config_arg
+    from epu.common.cliargs import add_config_arg, nonneg_float
 
     p = sub.add_parser(
         "record", help="record the event stream into a results folder (CSV, PNG, summary)", formatter_class=RAW,
@@ -167,7 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "Exit status: 0 results written; 1 RabbitMQ refused or cannot be reached, or DIR cannot be\n"
                "written; 2 bad configuration.")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder (created)")
-    p.add_argument("--seconds", type=float, default=0, help="stop after S seconds (default: until SIGTERM/Ctrl-C)")
+    p.add_argument("--seconds", type=nonneg_float, default=0, help="stop after S seconds (default: until SIGTERM/Ctrl-C)")
     p.add_argument("--pattern", default="#", help="topic pattern to tap (default: #, everything)")
     p.add_argument("--ready-file", metavar="FILE", help="create FILE once the tap is bound (for scripts and tests)")
     add_config_arg(p)

@@ -21,16 +21,34 @@ def _broker() -> str:
     return f"RabbitMQ at {cliargs.loaded_broker_url}" if cliargs.loaded_broker_url else "RabbitMQ"
 
 
+#: top-level module → the extra of pyproject.toml that installs it (docs/deploy.md, "Install")
+EXTRA_OF = {"httpx": "operator", "sqlalchemy": "control", "libcloud": "control", "tenacity": "control",
+            "fastapi": "ctxbroker", "starlette": "ctxbroker", "uvicorn": "ctxbroker", "cryptography": "ctxbroker",
+            "yaml": "agent", "matplotlib": "plots", "psycopg": "postgres", "htcondor": "htcondor"}
+
+
 def explain(exc: BaseException) -> tuple[int, str] | None:
     """(exit status, message) for an expected failure; None for a bug."""
     from epu.common.config import ConfigError
+
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in EXTRA_OF:
+        extra = EXTRA_OF[(exc.name or "").split(".")[0]]
+        return 1, (f"this command needs {exc.name}, which this install does not have: "
+                   f"pip install 'epu[{extra}]' (docs/deploy.md, Install)")
 
     if isinstance(exc, ConfigError):
         return 2, f"bad configuration:\n{exc}"
     name = type(exc).__name__
     if name in ("UserdataError", "SiteConfigError"):  # the provisioner's configuration errors
         return 2, f"bad configuration: {exc}"
-    from epu.common.broker import BrokerUnavailable
+    from epu.common.broker import PERMANENT_HINTS, BrokerRefused, BrokerUnavailable, PublishRefused
+
+    if isinstance(exc, PublishRefused):  # nothing was delivered: the reason is the broker's
+        why = "; ".join(sorted(set(exc.refused.values()))) or str(exc)
+        return 1, (f"{_broker()} refused the request ({why}); nothing was sent. Are the RabbitMQ definitions "
+                   "loaded (docs/deploy.md, step 3) and is this the operator's user?")
+    if isinstance(exc, BrokerRefused):
+        return 1, f"{_broker()} refused this service ({exc}): {PERMANENT_HINTS[exc.kind]}"
 
     if isinstance(exc, BrokerUnavailable):  # every URL tried; the message says how each failed
         text = str(exc)
@@ -49,6 +67,8 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
         return 1, f"cannot reach {_broker()}: connection refused (is it running? {BROKER_HINT})"
     if isinstance(exc, OSError):
         if exc.errno == errno.EADDRINUSE:
+            if "metrics_port" in str(exc.strerror):  # common.observability names the port and the service
+                return 1, f"a port is already in use: {exc.strerror}"
             return 1, f"a port is already in use ({exc.strerror}): check metrics_port and [ctxbroker] port"
         if exc.filename:
             return 1, f"{exc.filename}: {exc.strerror}"

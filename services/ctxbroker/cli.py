@@ -106,15 +106,35 @@ def _admin(args: argparse.Namespace) -> Any:
     c = config.ctxbroker
     url = args.url or c.public_url or f"https://{'localhost' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
     token_file = args.token_file or c.admin_token_file or "epu-ctxbroker.admin-token"
-    try:
-        token = Path(token_file).read_text().strip()
-    except OSError as exc:
-        print(f"epu ctx: cannot read admin token file {token_file}: {exc.strerror}", file=sys.stderr)
-        raise SystemExit(2) from None
+    token = read_token(token_file)
     ca = args.ca_file or c.cert_file
     if ca is None and Path(token_file).parent.joinpath("epu-ctxbroker-tls", "cert.pem").exists():
         ca = str(Path(token_file).parent / "epu-ctxbroker-tls" / "cert.pem")
     return AdminClient(url, token, ca_file=ca, insecure=args.insecure)
+
+
+#: What an admin token may hold: one word of printable ASCII (the broker writes URL-safe base64),
+#: i.e. what an HTTP header value can carry.
+TOKEN_CHARS = frozenset(chr(c) for c in range(0x21, 0x7f))
+
+
+def read_token(token_file: str) -> str:
+    """The admin token in ``token_file``, or exit 2 saying what is wrong with the file — never
+    what it holds. Why: a wrong file (a passwords file, a config) once went out as the HTTP
+    header, and the client's "Illegal header value" error printed it whole."""
+    try:
+        token = Path(token_file).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not text"
+        print(f"epu ctx: cannot read admin token file {token_file}: {why}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not token or not set(token) <= TOKEN_CHARS:
+        what = "is empty" if not token else (
+            f"holds {len(token.splitlines())} lines" if "\n" in token else "holds characters a token never has")
+        print(f"epu ctx: {token_file} is not an admin token file: it {what} (give the file [ctxbroker] "
+              "admin_token_file names, one line written by the context broker)", file=sys.stderr)
+        raise SystemExit(2)
+    return token
 
 
 def _run(args: argparse.Namespace, fn: Any) -> int:
@@ -124,7 +144,9 @@ def _run(args: argparse.Namespace, fn: Any) -> int:
     try:
         return int(fn(client) or 0)
     except BrokerError as exc:
-        print(f"epu ctx: {exc}", file=sys.stderr)
+        token = str(client.http.headers.get("Authorization", "")).removeprefix("Bearer ")
+        text = str(exc).replace(token, "***") if token else str(exc)
+        print(f"epu ctx: {text}", file=sys.stderr)
         return 1
     finally:
         client.close()
@@ -146,7 +168,12 @@ def cmd_create(args: argparse.Namespace) -> int:
         print(f"epu ctx: {args.secret_file} exists; give a new file for the secret", file=sys.stderr)
         return 2
 
-    def go(client: Any) -> None:
+    def go(client: Any) -> int:
+        same = [c for c in client.list() if c["name"] == args.name]
+        if same:  # a second context of one name splits a cluster's nodes between two lists
+            print(f"epu ctx: a context named {args.name!r} exists already (id {same[0]['id']}, {same[0]['nodes']} "
+                  f"node(s)): use it, or `epu ctx delete {same[0]['id']}` first; nothing created", file=sys.stderr)
+            return 1
         ctx = client.create(args.name, args.domain)
         if args.secret_file:
             write_secret(args.secret_file, ctx["secret"])
@@ -160,6 +187,7 @@ def cmd_create(args: argparse.Namespace) -> int:
                   f"key:    {ctx['key']}\nsecret: {shown['secret']}\n"
                   "(the broker keeps only a digest of the secret; give it to the provisioner:\n"
                   f" [workers.DOMAIN] context_uri = \"{ctx['uri']}\", context_secret_file = ...)")
+        return 0
 
     return _run(args, go)
 
@@ -249,7 +277,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     try:
         cfg = load_agent_config(args.config, args.userdata, overrides, env_file=args.env)
         node = node_fields(cfg)
-    except (ValidationError, OSError, ValueError) as exc:
+    except ValidationError as exc:  # key and problem only: the values may be the context's secret
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors())
+        print(f"epu ctx agent: bad configuration: {problems}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"epu ctx agent: bad configuration: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # not JSON/TOML (the parsers name a line and column, not the text)
         print(f"epu ctx agent: bad configuration: {exc}", file=sys.stderr)
         return 2
     log_stream = None
@@ -324,7 +359,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "for its userdata. The secret itself never goes into userdata.",
                         epilog=_admin_epilog("epu ctx create alpha --secret-file /etc/epu/contexts/alpha.secret",
                                              "epu ctx create mycluster --json | jq -r .uri")
-                        + "\nAn existing --secret-file is never overwritten (exit 2).")
+                        + "\nAn existing --secret-file is never overwritten (exit 2). A name already taken by a\n"
+                          "context is refused (exit 1, naming its id): one cluster, one context.")
     c.add_argument("name", metavar="NAME", help="lowercase letters, digits, '-', '_' (at most 63)")
     c.add_argument("--json", action="store_true", help="print one JSON object: id, name, uri, key, secret")
     c.add_argument("--domain", metavar="DOMAIN",

@@ -53,16 +53,30 @@ def apply_change(current: DomainConfig, change: PolicyChange, known_sites: list[
     return new
 
 
+def nodes_ceiling(file_config: DomainConfig | None, sites: list[str] | None,
+                  site_quotas: dict[str, int]) -> tuple[int | None, str]:
+    """The most ``max_nodes`` (hence ``min_nodes``) may be, and where that bound comes from.
+
+    One rule for the file and for run-time changes, so a value ``epu config check`` accepts is
+    one ``epu policy set`` accepts: the domain's ``max_nodes_ceiling`` from the file when set,
+    else the sum of the quotas of the sites the domain may use (``sites``, or every configured
+    site). With no site configured at all (a config that runs no provisioner) the file's own
+    ``max_nodes`` is the only bound known (None: none)."""
+    if file_config is not None and file_config.max_nodes_ceiling is not None:
+        return file_config.max_nodes_ceiling, "max_nodes_ceiling in the configuration file"
+    if not site_quotas:
+        return (file_config.max_nodes if file_config is not None else None), "the file's max_nodes (no site configured)"
+    used = list(sites or site_quotas)
+    return (sum(site_quotas.get(s, 0) for s in used),
+            f"the sum of the quotas of sites {', '.join(used) or '(none)'}; raise a quota or set max_nodes_ceiling")
+
+
 def check_ceiling(new: DomainConfig, file_config: DomainConfig | None, site_quotas: dict[str, int]) -> None:
-    """Bounds from configuration, checked on every change: ``max_nodes`` (hence ``min_nodes``)
-    may not exceed the domain's ``max_nodes_ceiling`` from the file, or by default the larger
-    of the file's own ``max_nodes`` and the sum of the quotas of the sites the new config may use."""
-    ceiling = file_config.max_nodes_ceiling if file_config is not None else None
-    if ceiling is None:
-        sites = new.sites or list(site_quotas)
-        ceiling = max(sum(site_quotas.get(s, 0) for s in sites), file_config.max_nodes if file_config else 0)
-        where = f"the quotas of sites {', '.join(sites) or '(none)'}, or the file's max_nodes"
-    else:
-        where = "max_nodes_ceiling in the configuration file"
-    if new.max_nodes > ceiling:
+    """Bounds from configuration, checked on every change (``nodes_ceiling``)."""
+    ceiling, where = nodes_ceiling(file_config, new.sites, site_quotas)
+    if ceiling is not None and file_config is not None and file_config.max_nodes > ceiling:
+        # a file `epu config check` (and `epu run`) refuses, loaded without them (tests, the
+        # simulator's scenarios of demand beyond quota): its own bound stays allowed
+        ceiling, where = file_config.max_nodes, "the file's max_nodes"
+    if ceiling is not None and new.max_nodes > ceiling:
         raise ChangeRejected(f"max_nodes {new.max_nodes} is above the ceiling {ceiling} ({where})")

@@ -2,7 +2,8 @@
 
 ``set``/``pause``/``resume`` publish a PolicyChange to the engine's control queue and wait for
 its PolicyOutcome on an exclusive queue bound to ``policy.outcome.DOMAIN`` (bound *before*
-publishing, so the answer cannot be missed). ``show`` reads the engine's store.
+publishing, so the answer cannot be missed). ``show`` reads the engine's store where this host and
+user can, the engine's retained status over the broker elsewhere (``common.storeaccess``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import tomllib
 from typing import Any
 
-from epu.common.cliargs import RAW, add_config_arg, load_or_exit
+from epu.common.cliargs import RAW, add_config_arg, load_or_exit, nonneg_float, validation_line
 from epu.common.messages import PolicyChange, new_id
 
 FIELDS = ("policy", "min_nodes", "max_nodes", "sites", "placement", "paused", "budget_per_hour", "mode")
@@ -56,26 +57,11 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
 def send_change(config: Any, change: PolicyChange, timeout: float) -> Any:
     """Publish ``change`` once a tap for its outcome is bound, and wait for the outcome (None
     on timeout). The tap is an ``epu.tap.*`` queue: all the operator user may create."""
-    from epu.common.broker import Publisher
-    from epu.common.tap import follow
+    from epu.common.answers import request
 
-    broker = config.broker_obj()
-    found: list[Any] = []
-
-    def on_event(_rk: str, _env: Any, msg: Any, _err: Any) -> None:
-        if getattr(msg, "change_id", None) == change.change_id:
-            found.append(msg)
-
-    def send() -> None:
-        pub = Publisher(broker, source=f"cli:{getpass.getuser()}")
-        try:
-            pub.publish(change)
-        finally:
-            pub.close()
-
-    follow(broker, f"policy.outcome.{change.domain}", on_event, stop=lambda: bool(found), seconds=timeout,
-           on_bound=send)
-    return found[0] if found else None
+    return request(config.broker_obj(), change, f"policy.outcome.{change.domain}",
+                   lambda msg: getattr(msg, "change_id", None) == change.change_id,
+                   timeout=timeout, source=f"cli:{getpass.getuser()}")
 
 
 def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
@@ -83,7 +69,7 @@ def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
     try:
         change = PolicyChange(change_id=new_id(), domain=args.domain, operator=getpass.getuser(), **fields)
     except Exception as exc:
-        print(f"epu policy: invalid change: {exc}", file=sys.stderr)
+        print(f"epu policy: invalid change: {validation_line(exc)}", file=sys.stderr)
         return 2
     outcome = send_change(config, change, args.timeout)
     if outcome is None:
@@ -139,29 +125,38 @@ def _from_engine_status(config: Any, domain: str) -> tuple[int, Any, str] | str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from epu.common.db import missing_sqlite_file
+    from epu.common.storeaccess import read_store
     from epu.services.decision.policies import PolicyError, validate_params
-    from epu.services.decision.store import Store
 
     config = load_or_exit(args.config)
-    missing = missing_sqlite_file(config.decision.store_url)
-    if missing is not None:  # not where the engine's store is: ask the engine (over the broker)
-        got = _from_engine_status(config, args.domain)
-        if isinstance(got, str):
-            print(f"epu policy show: no engine store at {missing} (decision.store_url) and {got}", file=sys.stderr)
-            return 1
-        version, cfg, source = got
-    else:
+
+    def from_store() -> tuple[int, Any, str] | None:
+        from epu.services.decision.store import Store
+
         store = Store(config.decision.store_url).create()
-        current = store.current_config(args.domain)
-        if current is None:
-            if args.domain not in config.domains:
-                print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
-                return 1
-            version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
-        else:
-            version, cfg = current
-            source = store.config_history(args.domain)[-1]["source"]
+        try:
+            current = store.current_config(args.domain)
+            if current is None:
+                return None
+            return current[0], current[1], store.config_history(args.domain)[-1]["source"]
+        finally:
+            store.engine.dispose()
+
+    got, why = read_store(config.decision.store_url, "decision.store_url", from_store)
+    if why is not None:  # not where the engine's store is, or not ours to read: ask the engine
+        print(f"epu policy show: {why}: reading the decision engine's status over the broker", file=sys.stderr)
+        answer = _from_engine_status(config, args.domain)
+        if isinstance(answer, str):
+            print(f"epu policy show: {answer}", file=sys.stderr)
+            return 1
+        version, cfg, source = answer
+    elif got is None:
+        if args.domain not in config.domains:
+            print(f"epu policy show: unknown domain {args.domain!r}", file=sys.stderr)
+            return 1
+        version, cfg, source = 0, config.domains[args.domain], "file (engine not started yet)"
+    else:
+        version, cfg, source = got
     try:
         effective = validate_params(cfg.policy, cfg.params).model_dump()
     except PolicyError as exc:
@@ -286,7 +281,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         formatter_class=RAW,
                         description="Read DOMAIN's current policy, version, bounds and sites from the engine's\n"
                                     "store (decision.store_url), with every parameter's effective value;\n"
-                                    "parameters left at their default are marked (default).",
+                                    "parameters left at their default are marked (default). Where the store\n"
+                                    "cannot be read (another host, no SQL layer installed, a directory closed\n"
+                                    "to this user) it reads the engine's retained status over the broker and\n"
+                                    "says so (source: engine status).",
                         epilog="Example: epu policy show alpha -c /etc/epu/epu.toml\n"
                                "Exit status: 0; 1 unknown domain; 2 bad configuration.")
     s.add_argument("domain", help="the domain, as named under [domains] in the configuration")
@@ -308,7 +306,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("domain", help="the domain to change")
     s.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
                    help="what to change; values are parsed as TOML scalars (2, 0.5, true, text)")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+    s.add_argument("--timeout", type=nonneg_float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_set)
@@ -331,7 +329,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             epilog=f"Example: epu policy {name} alpha -c /etc/epu/epu.toml\n"
                                    "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
         s.add_argument("domain", help="the domain to " + name)
-        s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+        s.add_argument("--timeout", type=nonneg_float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
         s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
         add_config_arg(s)
         s.set_defaults(func=cmd_pause, pause=pause)
@@ -347,7 +345,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="Example: epu policy release-breaker alpha -c /etc/epu/epu.toml\n"
                                "Exit status: 0 applied, 1 rejected or no answer, 2 bad configuration or domain name.")
     s.add_argument("domain", help="the domain whose breaker to release")
-    s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+    s.add_argument("--timeout", type=nonneg_float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
     s.add_argument("--json", action="store_true", help="print the PolicyOutcome as JSON")
     add_config_arg(s)
     s.set_defaults(func=cmd_release_breaker)
@@ -380,7 +378,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true",
                    help="JSON instead of the board: a list of domains; with --watch one line per change")
     s.add_argument("--watch", action="store_true", help="keep updating until Ctrl-C")
-    s.add_argument("--seconds", type=float, default=3.0,
+    s.add_argument("--seconds", type=nonneg_float, default=3.0,
                    help="how long to listen for events without --watch (default 3; 0: print the retained status at once)")
     add_config_arg(s)
     s.set_defaults(func=cmd_status)

@@ -1,11 +1,14 @@
 """``epu instances``: what the provisioner knows about instances, and terminating one.
 
-``list`` reads the provisioner's store directly (read-only; works while the service runs,
-SQLite WAL or PostgreSQL). ``terminate`` does not touch a cloud. Without ``--force`` it asks
-the decision engine to take the instance out the way the engine takes out any worker — drain
-it, wait for its jobs, remove its node from the batch system, then terminate — by sending a
-``PolicyChange`` with ``retire=[ID]`` to the engine's control queue. With ``--force`` it sends a
-``TerminateRequest`` to the provisioners' work queue: the instance goes at once, jobs or not.
+``list`` reads the provisioner's store directly where this host and user can (read-only; works
+while the service runs, SQLite WAL or PostgreSQL), the decision engine's retained status over
+the broker elsewhere (``common.storeaccess``). ``terminate`` does not touch a cloud. Without
+``--force`` it asks the decision engine to take the instance out the way the engine takes out
+any worker — drain it, wait for its jobs, remove its node from the batch system, then terminate
+— by sending a ``PolicyChange`` with ``retire=[ID]`` to the engine's control queue. With
+``--force`` it sends a ``TerminateRequest`` to the provisioners' work queue: the instance goes at
+once, jobs or not. Either way it waits for the answer (``common.answers``) and exits non-zero on
+a refusal or none; an id neither the store nor the engine knows is never sent.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from epu.common.cliargs import add_config_arg, load_or_exit
+from epu.common.cliargs import add_config_arg, load_or_exit, nonneg_float
 from epu.common.messages import (
     INSTANCE_STATE_ORDER,
     TERMINAL_INSTANCE_STATES,
     EngineStatus,
+    InstanceEvent,
     InstanceStatus,
     Message,
     PolicyChange,
@@ -49,8 +53,9 @@ when it is not, "-" when the engine does not list the instance (ended, or not se
 when the engine's status could not be read (the reason is printed on standard error).
 
 On a host without the provisioner's store (an operator's workstation: the SQLite file named by
-provisioner.store_url does not exist) it lists the engine's live instances from its status
-alone, says so on standard error, and creates nothing.
+provisioner.store_url does not exist, or this install has no SQL layer) or where this user may
+not read it (/var/lib/epu-provisioner is closed to a non-root operator), it lists the engine's
+live instances from its status alone, says why on standard error, and creates nothing.
 """
 
 LIST_EPILOG = """\
@@ -80,8 +85,13 @@ than decision.control permission) and is answered like `epu policy set`.
 With --force: a TerminateRequest goes straight to the provisioners — the instance is
 terminated at once, killing whatever runs there; its batch node is removed afterwards.
 
-Either way the request is idempotent: asking twice is harmless, and an instance already
-terminated stays so. Watch it with `epu tap 'instance.state.#'` or `epu instances list`.
+Either way the command waits for the answer (--timeout) and prints it: the engine's acceptance or
+its reason for refusing; with --force, the instance's move to terminating reported by a
+provisioner. The instance must be one this host can see — in the provisioner's store, or among
+the engine's live instances (its retained status, over the broker) — so a mistyped id sends
+nothing. ID may be the first characters of the id, as `epu status` shows it, or the batch node
+name of a live instance, when they name one instance only. Asking twice is harmless, and an instance already terminated stays so. Watch it
+with `epu tap 'instance.state.#'` or `epu instances list`.
 """
 
 TERMINATE_EPILOG = """\
@@ -89,8 +99,11 @@ examples:
   epu instances terminate launch-7f3a -c /etc/epu/epu.toml --reason "stuck booting"
   epu instances terminate 4b1c --domain alpha --force      # now, even with jobs running
 
-exit status: 0 when the request was accepted by the broker, 1 if it could not be sent,
-2 on a bad configuration or when the domain cannot be determined.
+exit status: 0 when the engine accepted the request (with --force: a provisioner reported the
+instance terminating), or the instance is already gone; 1 when the engine refused (its reason is
+printed), no answer came within --timeout, no instance has that id (nothing is sent), or the
+broker refused or cannot be reached; 2 on a bad configuration, or an id prefix that matches
+several instances.
 """
 
 
@@ -161,21 +174,27 @@ def _batch(doc: dict[str, Any], engine: dict[str, InstanceStatus] | None) -> str
     return f"yes ({doc['node_state'] or 'not listed'})" if doc["in_batch"] else "no"
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    from epu.common.db import missing_sqlite_file
+def _read_records(config: Any, domain: str | None = None, active: bool = False) -> tuple[list[Any], str | None]:
+    """The provisioner store's records, or why this host cannot read them (see common.storeaccess)."""
+    from epu.common.storeaccess import read_store
 
-    config = load_or_exit(args.config)
-    missing = missing_sqlite_file(config.provisioner.store_url)
-    records: list[Any] = []
-    if missing is None:
+    def read() -> list[Any]:
         store = _store(config)
         try:
-            records = store.list(domain=args.domain, active_only=args.active)
+            return store.list(domain=domain, active_only=active)
         finally:
             store.close()
-    elif args.no_engine:
-        print(f"epu instances list: no provisioner store at {missing} (provisioner.store_url): run it where the "
-              "provisioner's store is, or without --no-engine for the decision engine's view", file=sys.stderr)
+
+    records, why = read_store(config.provisioner.store_url, "provisioner.store_url", read)
+    return records or [], why
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    config = load_or_exit(args.config)
+    records, why = _read_records(config, args.domain, args.active)
+    if why is not None and args.no_engine:
+        print(f"epu instances list: {why}: run it where the provisioner's store is, or without --no-engine for "
+              "the decision engine's view", file=sys.stderr)
         return 2
     engine: dict[str, InstanceStatus] | None = {}
     if not args.no_engine:
@@ -183,10 +202,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         view = engine_view(config, domains)
         engine = view.entries
         notes = view.notes
-        if missing is not None:
+        if why is not None:
             records = engine_only(view, args.domain)
-            notes = [f"no provisioner store at {missing} (provisioner.store_url): the decision engine's live "
-                     "instances only (no cloud ids, nothing ended)", *notes]
+            notes = [f"{why}: the decision engine's live instances only (no cloud ids, nothing ended)", *notes]
         for note in notes:
             print(f"epu instances list: {note}", file=sys.stderr)
     docs = [merged(r, None if args.no_engine else engine) for r in records]
@@ -226,39 +244,113 @@ def terminate_message(instance_id: str, domain: str, reason: str, force: bool,
     return PolicyChange(change_id=new_id(), domain=domain, retire=[instance_id], operator=operator or reason)
 
 
+@dataclass
+class Known:
+    """An instance as the operator's host can see it: from the provisioner's store, or the
+    decision engine's retained status."""
+
+    instance_id: str
+    domain: str
+    state: str
+    node_name: str = ""
+
+
+def find_instances(config: Any, domain: str | None) -> tuple[dict[str, Known], list[str]]:
+    """Every instance this host can see (store first, then the engine's live ones), and notes on
+    what could not be read."""
+    known: dict[str, Known] = {}
+    notes: list[str] = []
+    records, why = _read_records(config, domain)
+    if why is not None:
+        notes.append(why)
+    for r in records:
+        known[r.instance_id] = Known(r.instance_id, r.domain, r.state, r.node_name or "")
+    domains = sorted({domain} if domain else set(config.domains) | {r.domain for r in records})
+    if domains:
+        view = engine_view(config, domains)
+        notes += view.notes
+        for iid, entry in (view.entries or {}).items():
+            rec = known.get(iid)
+            if rec is None or (rec.state not in TERMINAL_INSTANCE_STATES
+                               and INSTANCE_STATE_ORDER[entry.state] > INSTANCE_STATE_ORDER[rec.state]):
+                known[iid] = Known(iid, view.domain_of[iid], entry.state, entry.node_name or (rec.node_name if rec else ""))
+    elif why is not None:
+        notes.append("the configuration names no domain: give --domain to ask the decision engine")
+    return known, notes
+
+
+def resolve(ident: str, known: dict[str, Known]) -> Known | list[str]:
+    """The instance ``ident`` names, as ``epu status`` and ``epu instances list`` show it: its
+    full id, a prefix of one id only (the board shows the first 12 characters), or the batch node
+    name of one live instance only. The ids it could mean otherwise ([]: none)."""
+    if ident in known:
+        return known[ident]
+    matches = sorted(i for i in known if i.startswith(ident))
+    if not matches:
+        matches = sorted(k.instance_id for k in known.values()
+                         if k.node_name == ident and k.state not in TERMINAL_INSTANCE_STATES)
+    return known[matches[0]] if len(matches) == 1 else matches
+
+
 def cmd_terminate(args: argparse.Namespace) -> int:
-    config = load_or_exit(args.config)
-    domain = args.domain
-    if domain is None:
-        store = _store(config)
-        try:
-            rec = store.get(args.instance_id)
-        finally:
-            store.close()
-        if rec is None:
-            print(f"epu: instance {args.instance_id} is not in the store; give --domain", file=sys.stderr)
-            return 2
-        domain = rec.domain
     import getpass
 
-    from epu.common.broker import Publisher
+    from epu.common.answers import request
 
-    req = terminate_message(args.instance_id, domain, args.reason, args.force,
-                            operator=f"{getpass.getuser()} ({args.reason})")
-    publisher = Publisher(config.broker_obj(), source="epu-cli")
-    try:
-        publisher.publish(req)
-    except Exception as exc:
-        print(f"epu: could not send the request: {exc}", file=sys.stderr)
+    config = load_or_exit(args.config)
+    if args.domain is not None:
+        from epu.common.topology import check_name
+
+        try:
+            check_name(args.domain)
+        except ValueError as exc:
+            print(f"epu instances terminate: {exc}", file=sys.stderr)
+            return 2
+    known, notes = find_instances(config, args.domain)
+    found = resolve(args.instance_id, known)
+    if isinstance(found, list):
+        where = f" in domain {args.domain}" if args.domain else ""
+        if found:
+            print(f"epu instances terminate: {args.instance_id!r} could be any of {', '.join(found[:10])}: give more "
+                  "of the id", file=sys.stderr)
+            return 2
+        print(f"epu instances terminate: no instance {args.instance_id}{where} (neither the provisioner's store nor "
+              f"the decision engine's status lists it); nothing sent" + "".join(f"; {n}" for n in notes),
+              file=sys.stderr)
         return 1
-    finally:
-        publisher.close()
+    if args.domain is not None and found.domain != args.domain:
+        print(f"epu instances terminate: instance {found.instance_id} is in domain {found.domain}, not "
+              f"{args.domain}; nothing sent", file=sys.stderr)
+        return 1
+    iid, domain = found.instance_id, found.domain
+    if args.force and found.state in (*TERMINAL_INSTANCE_STATES, "terminating"):
+        print(f"instance {iid} (domain {domain}) is already {found.state}: nothing to do")
+        return 0
+    req = terminate_message(iid, domain, args.reason, args.force, operator=f"{getpass.getuser()} ({args.reason})")
     if isinstance(req, TerminateRequest):
-        print(f"forced terminate requested: instance={req.instance_id} domain={domain} "
-              f"request_id={req.request_id}")
-    else:
-        print(f"drain and terminate requested from the decision engine: instance={args.instance_id} "
-              f"domain={domain} change_id={req.change_id}")
+        answer = request(config.broker_obj(), req, f"instance.state.{domain}.*",
+                         lambda m: (isinstance(m, InstanceEvent) and m.instance_id == iid
+                                    and m.state in ("terminating", "terminated", "failed")),
+                         timeout=args.timeout, source="epu-cli")
+        if answer is None:
+            print(f"epu instances terminate: no answer from a provisioner within {args.timeout:.0f}s (is one "
+                  f"running?); the request {req.request_id} stays queued", file=sys.stderr)
+            return 1
+        print(f"forced terminate: instance={iid} domain={domain} is {answer.state}"
+              f"{f' ({answer.reason})' if answer.reason else ''}")
+        return 0
+    outcome = request(config.broker_obj(), req, f"policy.outcome.{domain}",
+                      lambda m: getattr(m, "change_id", None) == req.change_id,
+                      timeout=args.timeout, source=f"cli:{getpass.getuser()}")
+    if outcome is None:
+        print(f"epu instances terminate: no answer from the decision engine within {args.timeout:.0f}s (is it "
+              f"running for {domain}?); the request {req.change_id} stays queued", file=sys.stderr)
+        return 1
+    if not outcome.applied:
+        print(f"epu instances terminate: the decision engine refused: {outcome.reason}", file=sys.stderr)
+        return 1
+    print(f"drain and terminate accepted by the decision engine: instance={iid} domain={domain} "
+          f"change_id={req.change_id}")
     return 0
 
 
@@ -287,9 +379,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp = isub.add_parser("terminate", help="terminate instance ID (idempotent)",
                          description=TERMINATE_DESCRIPTION, epilog=TERMINATE_EPILOG, formatter_class=RAW)
     add_config_arg(tp)
-    tp.add_argument("instance_id", metavar="ID", help="the instance id (= its launch id)")
-    tp.add_argument("--domain", metavar="D", help="the instance's domain (default: looked up in the store)")
+    tp.add_argument("instance_id", metavar="ID",
+                    help="the instance id (= its launch id), its first characters as `epu status` shows them, "
+                         "or its batch node name")
+    tp.add_argument("--domain", metavar="D", help="the instance's domain (default: looked up in the store or the engine's status)")
     tp.add_argument("--reason", default="terminated by an operator", help="recorded with the transition")
+    tp.add_argument("--timeout", type=nonneg_float, default=30.0,
+                    help="seconds to wait for the answer of the engine (or, with --force, a provisioner); default 30")
     tp.add_argument("--force", action="store_true",
                     help="terminate at once through the provisioners, even with jobs running "
                          "(default: the engine drains, removes, then terminates)")

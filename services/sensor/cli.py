@@ -148,6 +148,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from epu.common.cliargs import nonneg_float
+
     p = sub.add_parser("sensor", help="inspect the batch head node the way the sensor sees it",
                        description="Sensor tools for operators, run on the batch head node: see what the sensor\n"
                                    "sees (queued jobs by shape, nodes with their normalized state) without\n"
@@ -165,7 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="backend option as in [sensor.options] (repeatable), e.g. bin_dir=/opt/slurm/bin")
-    s.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    s.add_argument("--timeout", type=nonneg_float, default=60.0, metavar="SECONDS",
                    help="timeout per batch command (default 60)")
     s.add_argument("-c", "--config", metavar="FILE",
                    help="take [sensor.options] from this TOML config when its backend matches")

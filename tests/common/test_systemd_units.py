@@ -64,3 +64,20 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify exits 0 on mere warnings (an unknown key, a bad value): any line about our units fails too
     ours = [line for line in (proc.stdout + proc.stderr).splitlines() if "epu-" in line]
     assert proc.returncode == 0 and not ours, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_documentation_a_unit_names_is_shipped_and_installed_by_the_guide(service: str) -> None:
+    """Before: every unit pointed to /usr/share/doc/epu/deploy.md, which nothing installed (the
+    wheel carried no docs and the guide copied none): ``systemctl help`` found nothing."""
+    root = UNITS_DIR.parents[1]
+    urls = unit(service)["Unit"]["Documentation"].split()
+    assert f"file:///usr/share/doc/epu/{service}.md" in urls
+    installed = 'sudo install -D -m 0644 -t /usr/share/doc/epu "$(epu deploy path)"/../docs/*.md'
+    assert installed in (root / "docs" / "deploy.md").read_text()
+    setup = (root / "setup.py").read_text()
+    assert '"epu.docs": "docs"' in setup and 'glob("*.md")' in setup, "the wheel carries docs/*.md as epu/docs"
+    for url in urls:
+        assert url.startswith("file:///usr/share/doc/epu/"), url
+        name = url.removeprefix("file:///usr/share/doc/epu/")
+        assert name.endswith(".md") and (root / "docs" / name).is_file(), url

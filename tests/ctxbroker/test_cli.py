@@ -82,3 +82,20 @@ def test_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "usage: epu ctx" in out and len(out) > 300
+
+
+def test_a_second_context_of_one_name_is_refused(broker_server: BrokerServer, tls_files: tuple[str, str],
+                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a second ``epu ctx create alpha`` silently made a duplicate, and the cluster's
+    nodes could end up split between two lists."""
+    token = tmp_path / "token"
+    token.write_text(ADMIN_TOKEN + "\n")
+    conn = ["--url", broker_server.public_url, "--token-file", str(token), "--ca-file", tls_files[0]]
+    assert main(["ctx", "create", "alpha", "--json", *conn]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["ctx", "create", "alpha", *conn, "--secret-file", str(tmp_path / "second.secret")]) == 1
+    err = capsys.readouterr().err
+    assert f"a context named 'alpha' exists already (id {first['id']}" in err and "nothing created" in err
+    assert not (tmp_path / "second.secret").exists()
+    assert main(["ctx", "list", "--json", *conn]) == 0
+    assert [c["name"] for c in json.loads(capsys.readouterr().out)] == ["alpha"]

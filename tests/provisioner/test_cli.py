@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from epu.common.broker import Broker
-from epu.common.messages import LaunchRequest, PolicyChange, TerminateRequest
-from epu.common.testing import drain
+from epu.common.broker import Broker, Publisher
+from epu.common.codec import decode
+from epu.common.messages import InstanceEvent, LaunchRequest, PolicyChange, PolicyOutcome, TerminateRequest
+from epu.common.testing import drain, get_raw
 from epu.services.provisioner.store import Store
 from kombu import Queue
 
@@ -63,24 +67,76 @@ def test_list_merges_the_engines_view_joined_and_in_batch(sqlite_url) -> None:
     assert merged(i1, None)["in_batch"] is None, "engine status unreadable: unknown, not false"
 
 
+def answer_one(broker: Broker, queue: str, answer: Callable[[Any], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Play the service behind ``queue``: take the first request off it and publish what
+    ``answer(request)`` returns (None: no answer). The requests taken are in the list."""
+    taken: list[Any] = []
+
+    def serve() -> None:
+        envelope, msg = decode(get_raw(broker, queue, timeout=30).body)
+        taken.append(msg)
+        reply = answer(msg)
+        if reply is not None:
+            pub = Publisher(broker, "test-service")
+            try:
+                pub.publish(reply)
+            finally:
+                pub.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t, taken
+
+
 @pytest.mark.rabbitmq
-def test_forced_terminate_goes_to_the_provisioners(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
+def test_forced_terminate_goes_to_the_provisioners_and_waits_for_their_answer(tmp_path, sqlite_url, broker: Broker,
+                                                                               capsys) -> None:
     seed(sqlite_url)
     cfg = write_config(tmp_path, sqlite_url, broker)
     with broker.connection() as conn:
         broker.topology.declare(conn.channel(), [broker.topology.provisioner_spec()])
+    t, taken = answer_one(broker, broker.topology.n("epu.provisioner"), lambda m: InstanceEvent(
+        instance_id=m.instance_id, domain=m.domain, site="sim", state="terminating", previous="started", seq=3,
+        reason=f"{m.reason} (forced)", at=102.0))
     assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck", "--force"]) == 0
-    assert "forced terminate requested" in capsys.readouterr().out
-    [(envelope, msg)] = drain(broker, broker.topology.n("epu.provisioner"))
+    t.join(10)
+    assert "instance=i1 domain=alpha is terminating (stuck (forced))" in capsys.readouterr().out
+    [msg] = taken
     assert isinstance(msg, TerminateRequest) and msg.instance_id == "i1" and msg.domain == "alpha"
     assert msg.reason == "stuck" and msg.force
-    assert main(["instances", "terminate", "unknown-id", "-c", cfg]) == 2
+
+
+@pytest.mark.rabbitmq
+def test_a_made_up_id_sends_nothing_and_fails(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
+    """Before: ``--force`` on an id nobody knows went to the provisioners, which recorded (and
+    announced) an instance that never existed; without the store the command printed a
+    SQLAlchemy traceback or "give --domain"."""
+    seed(sqlite_url)
+    cfg = write_config(tmp_path, sqlite_url, broker)
+    with broker.connection() as conn:
+        broker.topology.declare(conn.channel(), [broker.topology.provisioner_spec()])
+    for extra in ([], ["--force"], ["--domain", "alpha", "--force"]):
+        assert main(["instances", "terminate", "made-up-id", "-c", cfg, "--timeout", "2", *extra]) == 1
+        err = capsys.readouterr().err
+        assert "no instance made-up-id" in err and "nothing sent" in err, err
+    assert drain(broker, broker.topology.n("epu.provisioner")) == []
+
+
+@pytest.mark.rabbitmq
+def test_forced_terminate_without_an_answer_fails(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
+    seed(sqlite_url)
+    cfg = write_config(tmp_path, sqlite_url, broker)
+    with broker.connection() as conn:
+        broker.topology.declare(conn.channel(), [broker.topology.provisioner_spec()])
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--force", "--timeout", "1"]) == 1
+    assert "no answer from a provisioner within 1s" in capsys.readouterr().err
 
 
 @pytest.mark.rabbitmq
 def test_unforced_terminate_asks_the_engine_to_drain_first(tmp_path, sqlite_url, broker: Broker, capsys) -> None:
     """Without --force nothing goes to the provisioners (they would destroy at once): the engine
-    gets a retire request and drains, removes, then terminates (issue 11)."""
+    gets a retire request and drains, removes, then terminates (issue 11). The command prints the
+    engine's answer: a refusal is exit 1 with the engine's reason (before: "requested", exit 0)."""
     seed(sqlite_url)
     cfg = write_config(tmp_path, sqlite_url, broker)
     topo = broker.topology
@@ -89,12 +145,36 @@ def test_unforced_terminate_asks_the_engine_to_drain_first(tmp_path, sqlite_url,
     with broker.connection() as conn:
         topo.declare(conn.channel(), [topo.provisioner_spec()])
         watch(conn.channel()).declare()
+    t, taken = answer_one(broker, watch.name, lambda m: PolicyOutcome(change_id=m.change_id, domain=m.domain,
+                                                                      applied=True, version=2))
     assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck"]) == 0
-    assert "drain and terminate requested" in capsys.readouterr().out
+    t.join(10)
+    assert "drain and terminate accepted by the decision engine" in capsys.readouterr().out
     assert drain(broker, topo.n("epu.provisioner")) == []
-    [(envelope, msg)] = drain(broker, watch.name)
+    [msg] = taken
     assert isinstance(msg, PolicyChange) and msg.retire == ["i1"] and msg.domain == "alpha"
     assert "stuck" in msg.operator
+    t, taken = answer_one(broker, watch.name, lambda m: PolicyOutcome(
+        change_id=m.change_id, domain=m.domain, applied=False, reason="retire: no instance i1 in domain alpha"))
+    assert main(["instances", "terminate", "i1", "-c", cfg]) == 1
+    t.join(10)
+    assert "refused: retire: no instance i1 in domain alpha" in capsys.readouterr().err
+
+
+def test_an_id_as_epu_status_shows_it_is_accepted() -> None:
+    """``epu status`` shows the first 12 characters of an id and the node name: either names the
+    instance when it names one only."""
+    from epu.services.provisioner.cli import Known, resolve
+
+    known = {i: Known(i, "alpha", "started", f"wn-{i[-2:]}") for i in ("3f2a9c1e0b7d4e21aa", "3f2a9c1e0b7d9999",
+                                                                       "77aa")}
+    known["dead"] = Known("dead", "alpha", "terminated", "wn-aa")
+    assert resolve("3f2a9c1e0b7d4e", known).instance_id == "3f2a9c1e0b7d4e21aa"
+    assert resolve("wn-99", known).instance_id == "3f2a9c1e0b7d9999", "the node name the board shows"
+    assert resolve("wn-aa", known) == ["3f2a9c1e0b7d4e21aa", "77aa"], "ambiguous (the ended one is not counted)"
+    assert resolve("77aa", known).instance_id == "77aa"
+    assert resolve("3f2a9c1e0b7d", known) == ["3f2a9c1e0b7d4e21aa", "3f2a9c1e0b7d9999"]
+    assert resolve("nope", known) == []
 
 
 def test_help_reads_like_a_man_page(capsys) -> None:
