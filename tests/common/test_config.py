@@ -23,7 +23,7 @@ sites = ["sim"]
 
 [sites.sim]
 driver = "epu-sim"
-quota = 5
+quota = 10
 """
 
 
@@ -37,7 +37,7 @@ def test_good_file_loads_with_sections_per_service_and_domain(tmp_path: Path) ->
     cfg = load_config(write(tmp_path, GOOD), environ={})
     assert cfg.decision.iteration_seconds == 2
     assert cfg.domains["alpha"].max_nodes == 8
-    assert cfg.sites["sim"].quota == 5
+    assert cfg.sites["sim"].quota == 10
     assert cfg.sensor.poll_seconds == 60  # default
 
 
