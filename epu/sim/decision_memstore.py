@@ -513,8 +513,12 @@ class MemoryStore:
         return msg
 
     def overdue(self, domain: str, sent_before: float) -> bool:
-        return any(o["domain"] == domain and o["kind"] in ("launch", "terminate") and o["attempts"] > 0
-                   and o["created_at"] < sent_before for o in self.db.open.values())
+        first = self.first_unanswered(domain)
+        return first is not None and first < sent_before
+
+    def first_unanswered(self, domain: str) -> float | None:
+        return min((o["created_at"] for o in self.db.open.values() if o["domain"] == domain
+                    and o["kind"] in ("launch", "terminate") and o["attempts"] > 0), default=None)
 
     def in_flight(self, domain: str) -> set[tuple[str, str]]:
         return {(o["target"], o["kind"]) for o in self.db.open.values() if o["domain"] == domain}

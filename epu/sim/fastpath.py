@@ -13,12 +13,12 @@ threshold. ``LazyEngineProc`` runs exactly those and skips the rest (they still 
 The thresholds are found generically, not per policy: every timestamp of every live instance,
 of the policy's memory and of open actions, plus every duration-like parameter of the policy
 (a name ending in ``_seconds`` or ``_s``) and every duration the policy keeps in its memory
-(measured boot times), the resend period and billing periods, and the engine's own timers (an
-offering's capacity cooldown, the spot fallback). A policy whose decision moves
-with time in ways no such scan can list (``start-time`` compares running jobs' expected ends
-with now + a boot time) is named in ``DEMAND_SENSITIVE``: while jobs wait, each of its
-iterations runs. A policy that keeps a timer under another name would be woken late — which is
-why the tests run each policy with and without skipping and require the same event digest.
+(measured boot times), the resend period and billing periods (``next_wake``); the engine names
+its own timers itself (``Engine.next_deadlines``: pipeline health, the active window, an
+offering's capacity cooldown, the spot fallback, and ``now`` for a policy whose decision moves
+with time in ways no scan can list, ``policies.DEMAND_SENSITIVE``). A policy that keeps a timer
+under another name would be woken late — which is why the tests run each policy and each
+fault scenario with and without skipping and require the same event digest.
 Fencing leases: a skipped iteration does not renew the domain's lease, which may run out; the
 next iteration renews it under the same holder and epoch (one engine runs in a simulation), so
 nothing it decides changes.
@@ -35,15 +35,10 @@ from functools import partial
 from itertools import chain
 from typing import Any
 
-from epu.services.decision.policies import validate_params
+from epu.services.decision.policies import durations, validate_params
 from epu.sim.processes import EngineProc
 
 EPSILON = 1e-6
-
-DEMAND_SENSITIVE = frozenset({"start-time"})
-"""Policies whose decision moves with time while jobs wait (start-time compares the running
-jobs' expected ends with now + a boot time, thresholds no generic scan can list): while their
-domain has queued demand, every iteration runs."""
 
 
 @dataclass
@@ -52,15 +47,6 @@ class SkipStats:
     skipped: int = 0
     cpu_seconds: float = 0.0
     """CPU spent inside ``Engine.iterate`` (the cost of the iterations that ran)."""
-
-
-def durations(params: Any) -> list[float]:
-    out = []
-    for k, v in params.model_dump().items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and (
-                k.endswith("_seconds") or k.endswith("_s")):
-            out.append(float(v))
-    return out
 
 
 def _numbers(obj: Any) -> list[float]:
@@ -150,9 +136,6 @@ def next_wake(engine: Any, domain: str, now: float, memo: dict[str, Any] | None 
     memory, _ = store.memory(domain)
     remembered = _numbers(memory)
     ds = policy_ds + [d for d in remembered if 0 < d < 1e8]  # durations the policy measured (boot times)
-    latest = getattr(engine, "_latest", {}).get(domain)  # the engine's digested snapshot
-    if cfg.policy in DEMAND_SENSITIVE and latest is not None and latest.digest.jobs:
-        return now
     # the least t + d past now over every (stamp, duration) pair
     best = least_sum(instance_stamps(instances, memo, domain), ds, now)
     epoch_like = [t for t in remembered if t > 1e8]  # the memory's timestamps
@@ -168,13 +151,6 @@ def next_wake(engine: Any, domain: str, now: float, memo: dict[str, Any] | None 
     for h in store.site_health().values():
         if h.backoff_until > now:
             best = min(best, h.backoff_until)
-    # the engine's own timers: an offering cooling down after a capacity error, spot held back
-    for until in getattr(engine, "cooldown", {}).values():
-        if until > now:
-            best = min(best, until)
-    spot = getattr(engine, "spot_failures", {}).get(domain)
-    if spot is not None:
-        best = min(best, max(now, spot[1] + engine.settings.spot_fallback_seconds))
     return best
 
 
@@ -228,12 +204,8 @@ class LazyEngineProc(EngineProc):
         if self._acted:
             self._dirty = True
             return
-        active = [d for d in self.engine.domains if self.engine.is_active(d)]
-        wake = math.inf
-        for d in active:
-            wake = min(wake, next_wake(self.engine, d, now, self._stamps))
+        wake = min(self.engine.next_deadlines(now).values(), default=math.inf)
         for d in self.engine.domains:
-            latest = getattr(self.engine, "_latest", {}).get(d)
-            if latest is not None and d in active:
-                wake = min(wake, latest.received_at + self.engine.settings.active_window_seconds)
+            if self.engine.is_active(d):
+                wake = min(wake, next_wake(self.engine, d, now, self._stamps))
         self._wake = wake

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import operator
 from collections import Counter
 from collections.abc import Callable
@@ -70,7 +71,14 @@ from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan, shadow
-from epu.services.decision.policies import Params, PolicyError, get_policy, validate_params
+from epu.services.decision.policies import (
+    DEMAND_SENSITIVE,
+    Params,
+    PolicyError,
+    durations,
+    get_policy,
+    validate_params,
+)
 from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
 from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
@@ -164,6 +172,15 @@ class _Health:
     released: bool = False
     """An operator released the breaker: ignore it until a healthy snapshot."""
     publish_failed: bool = False
+
+    def deadline(self, now: float, spans: list[float]) -> float:
+        """When this health may next change what an iteration does: ``now`` while it looks
+        unhealthy (each iteration moves ``healthy_since``: ``Engine._pipeline``, ``_breaker``),
+        else the first of ``spans`` (the policy's durations: a stall counts healthy pipeline time)
+        counted from ``healthy_since`` that is not past."""
+        if self.publish_failed or (self.breaker and not self.released) or self.healthy_since >= self.last_iteration:
+            return now
+        return min((t for t in (self.healthy_since + d for d in spans) if t >= now), default=math.inf)
 
 
 class Engine:
@@ -1030,6 +1047,59 @@ class Engine:
         if before and not why:
             return ["spend cap: no launch held any more"]
         return []
+
+    def next_deadlines(self, now: float) -> dict[str, float]:
+        """Domain → the earliest time at which an iteration, given no new input, could do
+        something other than nothing because one of this engine's own timers turns: the health
+        clock (``_Health.deadline``), a stale snapshot or silent provisioner (``_pipeline``), the
+        end of the active window, an unanswered terminate asked again
+        (``_unfinished_terminates``), an offering's cooldown, the spot fallback. ``now``: the next
+        iteration must run (also while the spend cap holds launches, or a policy whose decision
+        moves with time has jobs waiting, ``DEMAND_SENSITIVE``); ``inf``: nothing pending. The thresholds of the stored data (an
+        instance's stamps plus the policy's durations, re-sends, site backoff) are the store's
+        to tell (the simulators' ``fastpath.next_wake``). A caller that skips iterations on this
+        answer calls ``skip_iteration`` for each one it skips. Leases are not counted: one that
+        lapses while no iteration runs is taken again by the next under the same holder, which
+        is only the same outcome with a single engine (the simulators skip only then)."""
+        gap, window = self.settings.pipeline_gap_seconds, self.settings.active_window_seconds
+        again = 10 * self.settings.resend_seconds
+        offering = min((u for u in self.cooldown.values() if u > now), default=math.inf)
+        out: dict[str, float] = {}
+        for d in self.domains:
+            latest = self._latest.get(d)
+            if latest is None or now - latest.received_at > window:
+                out[d] = math.inf  # not iterated until a snapshot (an input) comes
+                continue
+            current = self.store.current_config(d)
+            if d in self.budget_held or (
+                    current is not None and current[1].policy in DEMAND_SENSITIVE and latest.digest.jobs):
+                out[d] = now  # launches held by the spend cap are planned (ids drawn) each time
+                continue
+            spans = durations(self._policy_params(current[1].policy, current[1].params)) if current else []
+            times = [offering, latest.received_at + gap, latest.received_at + window]
+            h = self._health.get(d)
+            if h is not None:
+                times.append(h.deadline(now, spans))
+            if d in self._reports:
+                times.append(self._reports[d] + gap)
+            first = self.store.first_unanswered(d)
+            if first is not None:
+                times.append(first + gap)
+            times += [max(i.state_at, self._asked_again.get(i.instance_id, i.state_at)) + again
+                      for i in self._terminating(d)]
+            spot = self.spot_failures.get(d)
+            if spot is not None:
+                times.append(max(now, spot[1] + self.settings.spot_fallback_seconds))
+            out[d] = min((t for t in times if t >= now), default=math.inf)
+        return out
+
+    def skip_iteration(self, now: float) -> None:
+        """Stand for an iteration not run because ``next_deadlines`` said it would do nothing:
+        the pipeline check still learns that the engine was iterating (a gap is a fault)."""
+        for d in self.domains:
+            h = self._health.get(d)
+            if h is not None and self.is_active(d):
+                h.last_iteration = now
 
     def breakers(self) -> dict[str, str]:
         """Domain → why its circuit breaker is open (for metrics and health)."""

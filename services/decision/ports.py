@@ -157,6 +157,11 @@ class DecisionStore(Protocol):
         """Is a launch or terminate of ``domain`` first sent before ``sent_before`` unanswered?"""
         ...
 
+    def first_unanswered(self, domain: str) -> float | None:
+        """Creation time of the oldest sent, still open launch or terminate of ``domain`` (None:
+        none): when ``overdue`` may turn (``Engine.next_deadlines``)."""
+        ...
+
     def in_flight(self, domain: str) -> set[tuple[str, str]]:
         ...
 

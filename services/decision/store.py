@@ -939,8 +939,14 @@ class Store:
     def overdue(self, domain: str, sent_before: float) -> bool:
         """Is a launch or terminate of ``domain`` first sent before ``sent_before`` still unanswered?
         (The provisioner acknowledges each within a second when it is up.)"""
-        return any(o.kind in ("launch", "terminate") and o.attempts > 0 and o.created_at < sent_before
-                   for o in self._open_of(domain))
+        first = self.first_unanswered(domain)
+        return first is not None and first < sent_before
+
+    def first_unanswered(self, domain: str) -> float | None:
+        """When the oldest launch or terminate of ``domain`` that was sent and is still open was
+        created (None: none): ``overdue`` turns at that time plus its span."""
+        return min((o.created_at for o in self._open_of(domain)
+                    if o.kind in ("launch", "terminate") and o.attempts > 0), default=None)
 
     def _open_of(self, domain: str) -> Iterable[_Open]:
         self._open()

@@ -192,3 +192,22 @@ def test_a_fenced_write_stores_nothing(store_url):
     assert store.instances("d") == [] and store.actions("d") == []
     store.invalidate()
     assert store.instances("d") == [] and store.memory("d")[1] == 0
+
+
+def test_first_unanswered_is_when_overdue_turns(store_url):
+    """``first_unanswered``: the creation time of the oldest sent, still open launch or terminate
+    (the engine's ``next_deadlines`` counts ``pipeline_gap_seconds`` from it); ``overdue`` is
+    that time against its cut-off, and an answer clears it."""
+    e, bus, clock = make_engine(store_url, config(domains={"d": {"max_nodes": 4}}))
+    assert e.store.first_unanswered("d") is None and not e.store.overdue("d", clock.now() + 1e6)
+    e.on_snapshot(snapshot(queued=jobs(2)))
+    sent_at = clock.now()
+    e.iterate()
+    launches = bus.of("instance.launch")
+    assert launches
+    assert e.store.first_unanswered("d") == sent_at
+    assert e.store.overdue("d", sent_at + 1) and not e.store.overdue("d", sent_at)
+    clock.advance(3)
+    for launch in launches:
+        e.on_instance_event(event(launch, "requested", 1, clock.now()))
+    assert e.store.first_unanswered("d") is None and not e.store.overdue("d", clock.now() + 1e6)

@@ -39,4 +39,22 @@ def validate_params(name: str, params: dict[str, Any]) -> Params:
         raise PolicyError("; ".join(parts)) from None
 
 
-__all__ = ["POLICIES", "Params", "Policy", "PolicyError", "get_policy", "validate_params"]
+DEMAND_SENSITIVE = frozenset({"start-time"})
+"""Policies whose decision moves with time while jobs wait (start-time compares the running
+jobs' expected ends with now + a boot time): no duration of theirs says when it turns, so while
+their domain has queued demand the engine's next deadline is now (``Engine.next_deadlines``)."""
+
+
+def durations(params: Params) -> list[float]:
+    """Every positive duration among a policy's parameters (a name ending in ``_seconds`` or
+    ``_s``): the spans the policy compares ``now - t`` with, found by name so that a new policy's
+    timer is not forgotten by whoever asks when an iteration may decide differently."""
+    out = []
+    for k, v in params.model_dump().items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and (
+                k.endswith("_seconds") or k.endswith("_s")):
+            out.append(float(v))
+    return out
+
+
+__all__ = ["DEMAND_SENSITIVE", "POLICIES", "Params", "Policy", "PolicyError", "durations", "get_policy", "validate_params"]
