@@ -1,8 +1,7 @@
 """The policy's view of one domain: latest snapshot + the engine's instance table. Pure.
 
-``refresh`` is where the engine's own instance states come from: an instance whose node shows
-up in the snapshot, in service, has *joined*; a joined node that is free with no job has been
-idle since ``idle_since`` (kept in the store so a restarted engine keeps counting).
+The engine's own instance states come from the census (``census.py``: joined, idle, lost),
+which reads the snapshot through this module's ``NodeIndex``.
 
 Which node is an instance's: ``NodeIndex`` — by identity first (``NodeInfo.instance_id``, the
 launch id the backend carried into the batch system), and only for nodes that report no
@@ -17,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property, lru_cache
-from itertools import count, filterfalse
+from itertools import count
 from typing import Any
 
 from epu.common.messages import PREEMPTED_REASON, JobShape, NodeInfo, QueuedJob, SensorSnapshot, group_jobs
@@ -94,27 +93,8 @@ class Instance:
                 or self.state in ("started", "joined", "draining"))
 
 
-def _by_state(by_short: dict[str, NodeInfo]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """The short names of the busy, the idle (free, no job, no core used) and the down nodes, in
-    one pass (three comprehensions were ~12 ms at 50,000 nodes, this ~6)."""
-    busy: list[str] = []
-    idle: list[str] = []
-    down: list[str] = []
-    is_busy, is_idle, is_down = busy.append, idle.append, down.append
-    for k, n in by_short.items():
-        state = n.state
-        if state == "busy":
-            is_busy(k)
-        elif state == "free":
-            if not n.jobs and not n.cores_used:
-                is_idle(k)
-        elif state == "down":
-            is_down(k)
-    return frozenset(busy), frozenset(idle), frozenset(down)
-
-
 _INDEX_SERIALS = count(1)
-"""Serials of ``NodeIndex`` objects (never reused: ``Census.gathered_at`` names one without keeping it)."""
+"""Serials of ``NodeIndex`` contents (never reused: ``census.CensusKeeper`` names one without keeping it)."""
 
 
 @lru_cache(maxsize=1 << 16)
@@ -126,16 +106,13 @@ def short_name(name: str) -> str:
 class NodeIndex:
     """A snapshot's nodes, found by instance identity, then by short name (see module docstring)."""
 
-    __slots__ = ("by_id", "by_name", "by_short", "busy_short", "idle_short", "down_short", "_free",
-                 "serial", "since", "left_busy", "items")
+    __slots__ = ("by_id", "by_name", "by_short", "_free", "content", "items")
 
     def __init__(self, nodes: dict[str, NodeInfo] | list[NodeInfo] | None = None,
                  before: NodeIndex | None = None) -> None:
-        """``before``: the domain's previous snapshot's index (the engine's, on arrival): the
-        short names that stopped being busy since are kept (``left_busy``), so
-        ``refresh_census_again`` finds the quiet instances whose node changed without a pass over
-        every quiet one (~5 ms at 50,000 nodes, most of it memory stalls of string compares)."""
-        self.serial = next(_INDEX_SERIALS)
+        """``before``: the domain's previous snapshot's index (the engine's, on arrival). Over the
+        very node objects ``before`` was built on (frozen: most snapshots of a quiet cluster
+        repeat the last one's nodes), its look-ups are copied and its ``content`` kept."""
         self._free: list[NodeInfo] | None = None
         items = list(nodes.values()) if isinstance(nodes, dict) else list(nodes or [])
         self.items: list[NodeInfo] = items
@@ -143,6 +120,9 @@ class NodeIndex:
         if before is not None and len(items) == len(before.items) and all(map(operator.is_, items, before.items)):
             self._same_as(before)
             return
+        self.content = next(_INDEX_SERIALS)
+        """Names the node objects this index is over: equal for two indexes over the same
+        objects in the same order (what ``census.CensusKeeper`` keys its census by)."""
         self.by_name: dict[str, NodeInfo] = {n.name: n for n in items}
         with_id = [n for n in items if n.instance_id]
         self.by_id: dict[str, NodeInfo] = {n.instance_id: n for n in with_id}  # type: ignore[misc]
@@ -153,35 +133,14 @@ class NodeIndex:
         self.by_short: dict[str, NodeInfo] = {
             (name if name.islower() and "." not in name else short_name(name)): n
             for n in reversed(bare) for name in (n.name,)}
-        self.busy_short: frozenset[str] | None = None
-        """Short names whose node is busy, when no node carries an instance id (None then):
-        ``refresh_census_again`` finds which quiet instances' nodes stopped being busy with one
-        set difference instead of 50,000 look-ups. Built once per snapshot, on arrival."""
-        self.idle_short: frozenset[str] | None = None
-        """Likewise, short names whose node is idle (free, no job, no core used)."""
-        self.down_short: frozenset[str] | None = None
-        """Likewise, short names whose node is down (a joined instance there is lost, and stays so)."""
-        if not self.by_id:
-            self.busy_short, self.idle_short, self.down_short = _by_state(self.by_short)
-        self.since: int | None = None
-        """``before``'s serial when ``left_busy`` was computed against it."""
-        self.left_busy: frozenset[str] | None = None
-        """``before.busy_short - busy_short`` (with ``since``): every short name that stopped
-        being busy since ``before``."""
-        if before is not None and before.busy_short is not None and self.busy_short is not None:
-            self.since, self.left_busy = before.serial, before.busy_short - self.busy_short
 
     def _same_as(self, before: NodeIndex) -> None:
-        """This index over the very node objects ``before`` was built on (frozen: most snapshots
-        of a quiet cluster repeat the last one's nodes): its look-ups copied, its name sets shared
-        (frozen), nothing left busy — what building it anew gives, without a pass per look-up."""
+        """This index over the very node objects ``before`` was built on: its look-ups copied,
+        its content named alike — what building it anew gives, without a pass per look-up."""
+        self.content = before.content
         self.by_name = dict(before.by_name)
         self.by_id = dict(before.by_id)
         self.by_short = dict(before.by_short)
-        self.busy_short, self.idle_short, self.down_short = before.busy_short, before.idle_short, before.down_short
-        self.since = self.left_busy = None
-        if before.busy_short is not None:  # (no identities: the sets exist; the same nodes, none left busy)
-            self.since, self.left_busy = before.serial, frozenset()
         if before._free is not None:
             self._free = list(before._free)
 
@@ -255,7 +214,7 @@ class DomainView:
     cores_per_node: int = 1
     memory: dict[str, Any] = field(default_factory=dict)
     parts: Parts | None = None
-    """active/pending/joined/draining if already computed (``refresh_parts`` does it in its pass)."""
+    """active/pending/joined/draining if already computed (the census does it in its pass)."""
     index: NodeIndex | None = None
     """The snapshot's nodes by identity and short name (built from ``nodes`` when not given)."""
     healthy_since: float = 0.0
@@ -380,303 +339,6 @@ def partition(instances: list[Instance]) -> Parts:
             pending.append(i)
             active.append(i)
     return active, pending, joined, draining
-
-
-def refresh(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
-            available: bool) -> list[Instance]:
-    """Apply what the snapshot shows to the engine-owned states and timers. Returns the new list.
-
-    An unavailable snapshot changes nothing (it shows nothing, which is not an empty cluster)."""
-    return refresh_parts(instances, nodes, now, available)[0]
-
-
-def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
-                  available: bool) -> tuple[list[Instance], Parts]:
-    """``refresh`` and ``partition`` of the result in the same pass: at 10,000 instances every
-    pass over them is a millisecond of the iteration.
-
-    Absence never removes anything: a draining node missing from a snapshot is not "removed"
-    (only the sensor's successful ``remove`` says so, ``Engine.on_node_result``)."""
-    r = refresh_census(instances, nodes, now, available)
-    assert r.parts is not None  # the full census partitions in its pass
-    return r.instances, r.parts
-
-
-@dataclass
-class Census:
-    """``refresh_census``'s result: the refreshed instances and what the engine needs of them
-    next, gathered in the same pass (each pass over 50,000 instances is milliseconds)."""
-
-    instances: list[Instance]
-    parts: Parts | None
-    """active/pending/joined/draining of ``instances`` (``None``: not computed yet, ``partition``)."""
-    changed: list[Instance]
-    """The instances refresh replaced (new timers or states: to be stored)."""
-    joined: list[Instance] = field(default_factory=list)
-    """Of ``changed``, those that joined in this refresh (pending before)."""
-    known: int = 0
-    """Joined or draining instances the batch system had joined, not removed or being
-    terminated: the circuit breaker's denominator (``breaker.missing_verdict``)."""
-    missing: int = 0
-    """Of ``known``, those whose node the snapshot does not list."""
-    gangs: bool = False
-    """Some instance belongs to a gang (``dissolve_complete_gangs`` has work to look at)."""
-    counted: bool = True
-    """``known`` was counted (not on an unavailable snapshot, which refreshes nothing)."""
-    quiet: tuple[dict[str, Instance], ...] | None = None
-    """Node name → the instance ``refresh_census_again`` found unchanged on it, found by its own
-    (short) node name: joined on a busy node with no timer running (most of them); joined and
-    idle on an idle node; draining on a node the snapshot lists; joined and lost on a down node;
-    pending with no node in the snapshot. On the next snapshot only those whose node left that
-    class (set differences: ``NodeIndex.busy_short``, ``idle_short``, ``by_short``,
-    ``down_short``; for the last, the names now listed) and ``rest`` are looked at. ``None``: not
-    gathered (the full census does not; nor when nodes carry instance ids)."""
-    rest: list[Instance] | None = None
-    """With ``quiet``: every other instance (looked at on each new snapshot)."""
-    gathered_at: int | None = None
-    """With ``quiet``: the ``NodeIndex.serial`` it was gathered on (each quiet busy name was busy
-    there: on the next index, built with that one ``before``, only its ``left_busy`` names can leave)."""
-
-
-def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
-                   available: bool) -> Census:
-    """``refresh_parts``, also listing what changed and counting for the circuit breaker, with
-    one node lookup per instance (see ``refresh_parts``)."""
-    if not available:
-        return Census(list(instances), partition(instances), [], gangs=any(i.gang for i in instances),
-                      counted=False)
-    index = nodes if isinstance(nodes, NodeIndex) else NodeIndex(nodes)
-    ids, shorts = index.by_id, index.by_short
-    out: list[Instance] = []
-    active: list[Instance] = []
-    pending: list[Instance] = []
-    joined: list[Instance] = []
-    draining: list[Instance] = []
-    changed: list[Instance] = []
-    came: list[Instance] = []
-    known = missing = 0
-    gangs = False
-    append = out.append
-    for inst in instances:  # written for speed: at 50,000 instances each step here is milliseconds
-        node = ids.get(inst.instance_id) if ids else None  # NodeIndex.find, inlined
-        if node is None and shorts:
-            name = inst.node_name
-            # a name found as it is is short already (every key is): short_name would not change it
-            node = shorts.get(name)
-            if node is None:
-                node = shorts.get(short_name(name))
-        state = inst.state
-        new = inst
-        if node is not None and inst.seen_at is None:
-            new = evolve(new, seen_at=now)
-        if state == "joined":
-            if node is None:
-                idle, lost = False, True
-            else:
-                ns = node.state
-                idle = ns == "free" and not node.jobs and not node.cores_used
-                lost = ns == "down"
-            if idle != (inst.idle_since is not None):
-                new = evolve(new, idle_since=now if idle else None)
-            if lost != (inst.missing_since is not None):
-                new = evolve(new, missing_since=now if lost else None)
-        elif (node is not None and state in PENDING_STATES and node.state in IN_SERVICE
-              and not inst.terminate_sent and not inst.retire):
-            # joined = in service. A name that is merely known to the batch system (a
-            # pre-declared, powered-down pool slot; a node still offline or down) has not
-            # joined: the instance still needs its "add".
-            idle = node.state == "free" and not node.jobs and not node.cores_used
-            new = evolve(new, state="joined", state_at=now, joined_at=now, idle_since=now if idle else None)
-            came.append(new)
-        if new is not inst:
-            changed.append(new)
-        append(new)
-        if new.gang:
-            gangs = True
-        if new.terminate_sent:
-            continue
-        state = new.state
-        if state == "joined":
-            if new.retire:
-                draining.append(new)  # on its way out (given up)
-            else:
-                joined.append(new)
-                active.append(new)
-            if new.joined_at is not None and not new.removed:
-                known += 1
-                if node is None:
-                    missing += 1
-        elif state == "draining":
-            draining.append(new)
-            if new.joined_at is not None and not new.removed:
-                known += 1
-                if node is None:
-                    missing += 1
-        elif state in PENDING_STATES:
-            if new.retire:
-                draining.append(new)
-            else:
-                pending.append(new)
-                active.append(new)
-    return Census(out, (active, pending, joined, draining), changed, came, known, missing, gangs)
-
-
-def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census | None:
-    """``refresh_census(prev.instances, index, ...)`` for a new snapshot when the instances are
-    the very objects ``prev`` lists: which part each instance is in and ``known`` depend on the
-    instance alone, so only the timers and ``missing`` are looked at again — a shorter pass.
-    ``None`` when an instance joins in this refresh (its part changes: the full census does it)
-    or ``prev`` counted nothing (an unavailable snapshot).
-
-    When ``prev`` gathered its quiet instances (``Census.quiet``) and the snapshot's nodes carry
-    no instance ids, a quiet instance whose short node name is still a busy node's changes
-    nothing: only the others are looked at (``quiet`` minus the busy names, and ``rest``)."""
-    if not prev.counted:
-        return None
-    ids, shorts = index.by_id, index.by_short
-    busy, idle_names, down = index.busy_short, index.idle_short, index.down_short
-    gather = busy is not None and idle_names is not None and down is not None
-    quiet_before = prev.quiet if gather else None
-    if quiet_before is not None and prev.rest is not None:
-        assert busy is not None and idle_names is not None and down is not None
-        # taken over, not copied (a copy of 50,000 entries is milliseconds): ``prev`` keeps no
-        # quiet set, so a second use of it takes the plain pass (the same result)
-        quiet, quiet_idle, quiet_drain, quiet_down, quiet_absent = quiet_before
-        look = list(prev.rest)
-        left = index.left_busy if index.since is not None and index.since == prev.gathered_at else None
-        prev.quiet = prev.rest = prev.gathered_at = None
-        if left is not None:  # quiet ⊆ the busy names of the index it was gathered on: only these left
-            for n in sorted(n for n in left if n in quiet):  # sorted: the same order in every process
-                look.append(quiet.pop(n))
-        for names, q in (((busy, quiet),) if left is None else ()) + (
-                (idle_names, quiet_idle), (shorts, quiet_drain), (down, quiet_down)):
-            for n in list(filterfalse(names.__contains__, q)):
-                look.append(q.pop(n))
-        for n in list(filter(shorts.__contains__, quiet_absent)):  # its node showed up
-            look.append(quiet_absent.pop(n))
-    else:
-        look = prev.instances
-        quiet, quiet_idle, quiet_drain, quiet_down, quiet_absent = {}, {}, {}, {}, {}
-    rest: list[Instance] = []
-    changed: list[Instance] = []
-    olds: list[Instance] = []  # the instances ``changed`` replaces, in the same order
-    missing = 0
-    for inst in look:  # the same steps as refresh_census's, for speed too
-        node = ids.get(inst.instance_id) if ids else None
-        name = inst.node_name
-        if node is None and shorts:
-            node = shorts.get(name)
-            if node is None:
-                node = shorts.get(short_name(name))
-        state = inst.state
-        if (node is not None and node.state == "busy" and state == "joined" and inst.idle_since is None
-                and inst.missing_since is None and inst.seen_at is not None):
-            # most of them: joined, on a busy node, nothing to change (busy: not idle, not down)
-            if gather:
-                if name in busy and name not in quiet:  # found by its own name: a set look-up next time
-                    quiet[name] = inst
-                else:
-                    rest.append(inst)
-            continue
-        if gather and node is not None and inst.seen_at is not None and inst.missing_since is None:
-            if (state == "joined" and inst.idle_since is not None and node.state == "free" and not node.jobs
-                    and not node.cores_used):  # idle, and its node still is: nothing to change
-                if name in idle_names and name not in quiet_idle:
-                    quiet_idle[name] = inst
-                else:
-                    rest.append(inst)
-                continue
-            if state == "draining":  # listed and seen: nothing to change, not missing
-                if name in shorts and name not in quiet_drain:
-                    quiet_drain[name] = inst
-                else:
-                    rest.append(inst)
-                continue
-        if (gather and node is not None and state == "joined" and node.state == "down" and inst.idle_since is None
-                and inst.missing_since is not None and inst.seen_at is not None):
-            # lost, and known to be (missing_since runs): nothing to change while it stays down
-            if name in down and name not in quiet_down:  # type: ignore[operator]
-                quiet_down[name] = inst
-            else:
-                rest.append(inst)
-            continue
-        if (gather and node is None and state in PENDING_STATES and name not in quiet_absent
-                and name.islower() and "." not in name):
-            # launched, its node not in the batch system yet: nothing to change, not missing, until
-            # its name shows (its own short name: a look-up by it finds the node then)
-            quiet_absent[name] = inst
-            continue
-        new = inst
-        if node is None:
-            if state == "joined":
-                if inst.idle_since is not None:
-                    new = evolve(new, idle_since=None)
-                if inst.missing_since is None:
-                    new = evolve(new, missing_since=now)
-            if (state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
-                    and not inst.terminate_sent):
-                missing += 1
-        else:
-            if inst.seen_at is None:
-                new = evolve(new, seen_at=now)
-            if state == "joined":
-                ns = node.state
-                idle = ns == "free" and not node.jobs and not node.cores_used
-                if idle != (inst.idle_since is not None):
-                    new = evolve(new, idle_since=now if idle else None)
-                if (ns == "down") != (inst.missing_since is not None):
-                    new = evolve(new, missing_since=now if ns == "down" else None)
-            elif (state in PENDING_STATES and node.state in IN_SERVICE and not inst.terminate_sent
-                  and not inst.retire):
-                return None  # it joins
-        if gather:
-            rest.append(new)
-        if new is not inst:
-            changed.append(new)
-            olds.append(inst)
-    q, r = ((quiet, quiet_idle, quiet_drain, quiet_down, quiet_absent), rest) if gather else (None, None)
-    if not changed:
-        was = prev.parts if prev.parts is not None else partition(prev.instances)
-        parts: Parts = (list(was[0]), list(was[1]), list(was[2]), list(was[3]))
-        return Census(list(prev.instances), parts, [], [], prev.known, missing, prev.gangs, quiet=q, rest=r,
-                      gathered_at=index.serial if gather else None)
-    # the changed ones put in their places (their parts do not change: a new timer or seen_at
-    # only), listed in the instances' order, and the parts again — all in one pass
-    after, parts, changed = _swap_partition(prev.instances, dict(zip(map(id, olds), changed, strict=True)))
-    return Census(after, parts, changed, [], prev.known, missing, prev.gangs, quiet=q, rest=r,
-                  gathered_at=index.serial if gather else None)
-
-
-def _swap_partition(instances: list[Instance], swap: dict[int, Instance]) -> tuple[
-        list[Instance], Parts, list[Instance]]:
-    """``instances`` with each instance whose ``id()`` ``swap`` holds replaced by ``swap``'s, its
-    ``partition``, and the replacements in the instances' order — in one pass (a position map, the
-    replacement and ``partition`` were three passes over 50,000 instances: ~10 ms)."""
-    after: list[Instance] = []
-    swapped: list[Instance] = []
-    active: list[Instance] = []
-    pending: list[Instance] = []
-    joined: list[Instance] = []
-    draining: list[Instance] = []
-    get = swap.get
-    for i in instances:  # partition's steps, inlined
-        new = get(id(i))
-        if new is not None:
-            i = new
-            swapped.append(new)
-        after.append(i)
-        if i.terminate_sent:
-            continue
-        s = i.state
-        if s == "joined" and not i.retire:
-            joined.append(i)
-            active.append(i)
-        elif s == "draining" or (i.retire and s in ACTIVE_STATES):
-            draining.append(i)
-        elif s in PENDING_STATES:
-            pending.append(i)
-            active.append(i)
-    return after, (active, pending, joined, draining), swapped
 
 
 def dissolve_complete_gangs(instances: list[Instance]) -> list[Instance] | None:
