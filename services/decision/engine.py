@@ -625,6 +625,8 @@ class Engine:
         failed = self._commit([p.write for p in prepared if p.write is not None])
         self._launched = Counter()  # stored now (or not at all): the store counts them
         for p in prepared:
+            if p.write is not None and p.domain not in failed:
+                self._stored(p.write)
             why = failed.get(p.domain)
             if isinstance(why, StaleWrite):
                 log.warning("another engine wrote the store during this iteration: nothing committed or sent "
@@ -712,18 +714,12 @@ class Engine:
         parts, changed, newly joined, dissolved gangs' list or None, the breaker's verdict,
         whether an instance of ``after`` may belong to a gang)."""
         snap = latest.snapshot
-        loaded: list[list[Instance]] = []
-
-        def instances() -> list[Instance]:
-            loaded.append(self.store.instances(domain))
-            return loaded[0]
-
-        census = self.census.take(domain, self.store.domain_stamp(domain), latest.nodes, snap.available, now,
-                                  instances)
+        before, census = self.census.take(domain, self.store.domain_stamp(domain), latest.nodes, snap.available, now,
+                                          lambda: self.store.instances(domain))
         after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
-        before = loaded[0] if loaded else list(after)  # (kept: nothing changed since, ``after`` is the store's)
         dissolved = dissolve_complete_gangs(after) if census.gangs else None
         if dissolved is not None:
+            self.census.forget(domain)  # (the dissolved list is stored: the next census starts anew)
             after, parts = dissolved, partition(dissolved)
             changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
         return before, after, parts, changed, came, dissolved, self._breaker_check(census, latest), census.gangs
@@ -740,7 +736,14 @@ class Engine:
             w = p.write
             self._launched = Counter()
             self.store.commit_plan(domain, w.plan, now, w.memory, w.iteration, w.refreshed, fence=w.fence)
+            self._stored(w)
         return self._send_prepared(p)
+
+    def _stored(self, w: PlanWrite) -> None:
+        """A domain's plan was committed: if it wrote only the census's changed instances, the
+        store holds exactly the census's objects now (``CensusKeeper.stored``)."""
+        if not w.plan.instances:
+            self.census.stored(w.domain, self.store.domain_stamp(w.domain))
 
     def _prepare(self, domain: str, now: float,
                  sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,

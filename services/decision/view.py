@@ -93,8 +93,27 @@ class Instance:
                 or self.state in ("started", "joined", "draining"))
 
 
+def _by_state(by_short: dict[str, NodeInfo]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The short names of the busy, the idle (free, no job, no core used) and the down nodes, in
+    one pass (three comprehensions were ~12 ms at 50,000 nodes, this ~6)."""
+    busy: list[str] = []
+    idle: list[str] = []
+    down: list[str] = []
+    is_busy, is_idle, is_down = busy.append, idle.append, down.append
+    for k, n in by_short.items():
+        state = n.state
+        if state == "busy":
+            is_busy(k)
+        elif state == "free":
+            if not n.jobs and not n.cores_used:
+                is_idle(k)
+        elif state == "down":
+            is_down(k)
+    return frozenset(busy), frozenset(idle), frozenset(down)
+
+
 _INDEX_SERIALS = count(1)
-"""Serials of ``NodeIndex`` contents (never reused: ``census.CensusKeeper`` names one without keeping it)."""
+"""Serials of ``NodeIndex`` objects (never reused: ``Census.gathered_at`` names one without keeping it)."""
 
 
 @lru_cache(maxsize=1 << 16)
@@ -106,13 +125,16 @@ def short_name(name: str) -> str:
 class NodeIndex:
     """A snapshot's nodes, found by instance identity, then by short name (see module docstring)."""
 
-    __slots__ = ("by_id", "by_name", "by_short", "_free", "content", "items")
+    __slots__ = ("by_id", "by_name", "by_short", "busy_short", "idle_short", "down_short", "_free",
+                 "serial", "since", "left_busy", "items")
 
     def __init__(self, nodes: dict[str, NodeInfo] | list[NodeInfo] | None = None,
                  before: NodeIndex | None = None) -> None:
-        """``before``: the domain's previous snapshot's index (the engine's, on arrival). Over the
-        very node objects ``before`` was built on (frozen: most snapshots of a quiet cluster
-        repeat the last one's nodes), its look-ups are copied and its ``content`` kept."""
+        """``before``: the domain's previous snapshot's index (the engine's, on arrival): the
+        short names that stopped being busy since are kept (``left_busy``), so
+        ``refresh_census_again`` finds the quiet instances whose node changed without a pass over
+        every quiet one (~5 ms at 50,000 nodes, most of it memory stalls of string compares)."""
+        self.serial = next(_INDEX_SERIALS)
         self._free: list[NodeInfo] | None = None
         items = list(nodes.values()) if isinstance(nodes, dict) else list(nodes or [])
         self.items: list[NodeInfo] = items
@@ -120,9 +142,6 @@ class NodeIndex:
         if before is not None and len(items) == len(before.items) and all(map(operator.is_, items, before.items)):
             self._same_as(before)
             return
-        self.content = next(_INDEX_SERIALS)
-        """Names the node objects this index is over: equal for two indexes over the same
-        objects in the same order (what ``census.CensusKeeper`` keys its census by)."""
         self.by_name: dict[str, NodeInfo] = {n.name: n for n in items}
         with_id = [n for n in items if n.instance_id]
         self.by_id: dict[str, NodeInfo] = {n.instance_id: n for n in with_id}  # type: ignore[misc]
@@ -133,14 +152,35 @@ class NodeIndex:
         self.by_short: dict[str, NodeInfo] = {
             (name if name.islower() and "." not in name else short_name(name)): n
             for n in reversed(bare) for name in (n.name,)}
+        self.busy_short: frozenset[str] | None = None
+        """Short names whose node is busy, when no node carries an instance id (None then):
+        ``refresh_census_again`` finds which quiet instances' nodes stopped being busy with one
+        set difference instead of 50,000 look-ups. Built once per snapshot, on arrival."""
+        self.idle_short: frozenset[str] | None = None
+        """Likewise, short names whose node is idle (free, no job, no core used)."""
+        self.down_short: frozenset[str] | None = None
+        """Likewise, short names whose node is down (a joined instance there is lost, and stays so)."""
+        if not self.by_id:
+            self.busy_short, self.idle_short, self.down_short = _by_state(self.by_short)
+        self.since: int | None = None
+        """``before``'s serial when ``left_busy`` was computed against it."""
+        self.left_busy: frozenset[str] | None = None
+        """``before.busy_short - busy_short`` (with ``since``): every short name that stopped
+        being busy since ``before``."""
+        if before is not None and before.busy_short is not None and self.busy_short is not None:
+            self.since, self.left_busy = before.serial, before.busy_short - self.busy_short
 
     def _same_as(self, before: NodeIndex) -> None:
-        """This index over the very node objects ``before`` was built on: its look-ups copied,
-        its content named alike — what building it anew gives, without a pass per look-up."""
-        self.content = before.content
+        """This index over the very node objects ``before`` was built on (frozen: most snapshots
+        of a quiet cluster repeat the last one's nodes): its look-ups copied, its name sets shared
+        (frozen), nothing left busy — what building it anew gives, without a pass per look-up."""
         self.by_name = dict(before.by_name)
         self.by_id = dict(before.by_id)
         self.by_short = dict(before.by_short)
+        self.busy_short, self.idle_short, self.down_short = before.busy_short, before.idle_short, before.down_short
+        self.since = self.left_busy = None
+        if before.busy_short is not None:  # (no identities: the sets exist; the same nodes, none left busy)
+            self.since, self.left_busy = before.serial, frozenset()
         if before._free is not None:
             self._free = list(before._free)
 

@@ -1,16 +1,18 @@
-"""The census (``census.refresh_census``, one pass per instance) and the engine's keeper of it
-(``census.CensusKeeper``) must give exactly what the plain definitions give — each instance's
-rules written plainly here (``refreshed_one``: the oracle), then partition, then the circuit
-breaker's counts by looking each node up — on random instance tables and snapshots (names with
-domains and upper case, nodes with and without identities, every state)."""
+"""The census (``census.refresh_census``, one pass per instance), its shorter pass on a new
+snapshot when the instances did not change (``census.refresh_census_again``) and the engine's
+keeper of it (``census.CensusKeeper``) must give exactly what the plain definitions give — each
+instance's rules written plainly here (``refreshed_one``: the oracle), then partition, then the
+circuit breaker's counts by looking each node up — on random instance tables and snapshots
+(names with domains and upper case, nodes with and without identities, every state)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 
 import pytest
 from epu.common.messages import NodeInfo
-from epu.services.decision.census import Census, CensusKeeper, refresh_census
+from epu.services.decision.census import Census, CensusKeeper, refresh_census, refresh_census_again
 from epu.services.decision.view import ACTIVE_STATES, Instance, NodeIndex, partition
 
 T0 = 1_700_000_000.0
@@ -103,29 +105,162 @@ def test_the_census_is_refresh_then_partition_then_the_breakers_counts(seed: int
 
 
 @pytest.mark.parametrize("seed", range(60))
+def test_the_shorter_pass_on_a_new_snapshot_gives_the_census(seed: int) -> None:
+    rnd = random.Random(seed)
+    first = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
+    prev = refresh_census(table(rnd, 60), first, T0 + 10, True)
+    later = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
+    got = refresh_census_again(prev, later, T0 + 20)
+    full = refresh_census(prev.instances, later, T0 + 20, True)
+    if got is None:  # only when an instance joins (its part changes)
+        assert full.joined
+        return
+    assert not full.joined
+    same(got, full)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_shorter_pass_chained_over_snapshots_gives_the_census(seed: int) -> None:
+    """Snapshot after snapshot, each shorter pass from the last one's result — the quiet
+    instances (joined on a busy or an idle node, draining on a listed one) found by set
+    differences of the snapshot's names — gives what the full census gives; mostly busy or idle
+    nodes, node names shared by several instances, nodes with
+    identities in some snapshots (no quiet set then)."""
+    rnd = random.Random(seed)
+    insts = table(rnd, 60)
+    insts = [Instance(**{**_fields(i), "node_name": rnd.choice([i.node_name, f"n{rnd.randrange(60)}"])})
+             if rnd.random() < 0.2 else i for i in insts]
+    # few launches under way (one joining ends the chain: the full census takes over)
+    insts = [Instance(**{**_fields(i), "state": "joined"}) if i.state in ACTIVE_STATES and rnd.random() < 0.95
+             else i for i in insts]
+
+    def nodes() -> NodeIndex:
+        ix = snapshot_nodes(rnd, 60, ids=rnd.random() < 0.2)
+        out = []
+        for n in ix.by_name.values():
+            r = rnd.random()
+            if r < 0.6:
+                n = NodeInfo(**{**n.model_dump(), "state": "busy"})
+            elif r < 0.8:  # idle
+                n = NodeInfo(**{**n.model_dump(), "state": "free", "jobs": [], "cores_used": 0})
+            out.append(n)
+        return NodeIndex(out)
+
+    prev = refresh_census(insts, nodes(), T0 + 10, True)
+    for got, full in _chained(prev, nodes, 6):
+        if got is None:
+            assert full.joined
+            return
+        if rnd.random() < 0.3:
+            got.parts = None  # as the engine leaves it after the store reordered (partitioned when needed)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_shorter_pass_chained_with_launches_waiting_and_nodes_down(seed: int) -> None:
+    """The quiet classes of launches whose node is not in the snapshot yet (looked at again
+    when their name shows) and of joined instances on down nodes (again when the node is no
+    longer down): chained, with names showing up, nodes going down and coming back."""
+    rnd = random.Random(seed)
+    states = ["requested", "pending", "started", "joined", "joined", "joined"]
+    insts = [Instance(f"i{i}", "d", "s1", rnd.choice([f"n{i}", f"n{i}", f"N{i}.x"]), 4, st, T0, T0,
+                      joined_at=T0 if st == "joined" else None, seen_at=T0 if st == "joined" else None,
+                      missing_since=rnd.choice([None, T0]) if st == "joined" else None,
+                      terminate_sent=rnd.random() < 0.05)
+             for i, st in ((i, rnd.choice(states)) for i in range(60))]
+    pending = {f"n{i}" for i, x in enumerate(insts) if x.state != "joined"}
+
+    def nodes() -> NodeIndex:
+        out = []
+        for i in range(60):
+            name = f"n{i}"
+            if name in pending:  # mostly still absent; else listed but not in service (no join)
+                if rnd.random() < 0.8:
+                    continue
+                state = rnd.choice(["offline", "down", "unknown"])
+            else:
+                if rnd.random() < 0.1:
+                    continue
+                state = rnd.choice(["busy", "busy", "down", "down", "free"])
+            used = 1 if state == "busy" else 0
+            out.append(NodeInfo(name=name, state=state, cores=4, cores_used=used, jobs=["j"] if used else []))
+        return NodeIndex(out)
+
+    prev = refresh_census(insts, nodes(), T0 + 10, True)
+    for got, full in _chained(prev, nodes, 8):
+        assert got is not None and not full.joined
+
+
+def _chained(prev: Census, nodes: Callable[[], NodeIndex], steps: int) -> Iterator[tuple[Census | None, Census]]:
+    """Shorter passes snapshot after snapshot, each from the last one's result: (its result,
+    the full census's), compared (``same``) before the caller looks; stops at a join (None).
+    Each index is built, as the engine does on arrival, with the one before (``NodeIndex``'s
+    ``before``: the busy names that left are kept) — mostly the one the last pass ran on, at
+    times an older one or one it never saw (the plain set difference then), or none."""
+    rnd = random.Random(len(prev.instances))
+    seen: list[NodeIndex] = []
+    for step in range(steps):
+        index = nodes()
+        r = rnd.random()
+        before = (seen[-1] if seen and r < 0.7 else rnd.choice(seen) if seen and r < 0.8
+                  else nodes() if r < 0.9 else None)
+        index = NodeIndex(list(index.by_name.values()), before=before)
+        seen.append(index)
+        got = refresh_census_again(prev, index, T0 + 20 + step)
+        full = refresh_census(prev.instances, index, T0 + 20 + step, True)
+        if got is not None:
+            same(got, full)
+        yield got, full
+        if got is None:
+            return
+        prev = got
+
+
+def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted() -> None:
+    rnd = random.Random(1)
+    prev = refresh_census(table(rnd, 10), NodeIndex([]), T0, False)
+    assert refresh_census_again(prev, NodeIndex([]), T0) is None
+
+
+@pytest.mark.parametrize("seed", range(60))
 def test_the_keeper_gives_the_census_of_its_inputs(seed: int) -> None:
-    """``CensusKeeper.take`` over a run of snapshots (often over the very node objects of the last
-    one, as a quiet cluster's are) and instance tables (stored back after each census, or changed
+    """``CensusKeeper.take`` over a run of snapshots (the same one again, one over the very node
+    objects of the last one as a quiet cluster's are, or a new one) and instance tables (stored
+    back after each census, told or not, in the store's order or another; or changed otherwise,
     with a new stamp) gives what the census of those inputs gives, each time."""
     rnd = random.Random(seed)
     keeper = CensusKeeper()
     insts, stamp = table(rnd, 40), 1
-    index = snapshot_nodes(rnd, 40, ids=seed % 3 == 0)
-    for step in range(12):
+    if seed % 2:  # mostly quiet: joined (the shorter pass's sets), busy nodes
+        insts = [Instance(**{**_fields(i), "state": "joined"}) if rnd.random() < 0.8 else i for i in insts]
+    index, available = snapshot_nodes(rnd, 40, ids=seed % 3 == 0), True
+    for step in range(16):
         r = rnd.random()
-        if r < 0.5:  # a snapshot over the same node objects: the same content
+        if r < 0.3 and available:  # a snapshot over the same node objects
             index = NodeIndex(list(index.items), before=index)
-        elif r < 0.8:
-            index = NodeIndex(list(snapshot_nodes(rnd, 40, ids=seed % 3 == 0).items), before=index)
-        available = rnd.random() > 0.1
+        elif r < 0.6:
+            index = NodeIndex(list(snapshot_nodes(rnd, 40, ids=seed % 3 == 0 and rnd.random() < 0.5).items),
+                              before=index if rnd.random() < 0.8 else None)
+            available = True
+        elif r < 0.65:  # an unavailable snapshot (the engine indexes no node of it)
+            index, available = NodeIndex([]), False
+        # (else the same snapshot again)
         now = T0 + 10 * step
         want = refresh_census(insts, index, now, available)
-        got = keeper.take("d", stamp, index, available, now, lambda insts=insts: insts)
+        before, got = keeper.take("d", stamp, index, available, now, lambda insts=insts: list(insts))
+        assert before == insts
         same(got, want)
         assert got.counted == want.counted
+        result = list(got.instances)
         got.instances.clear(), got.parts[0].clear()  # the caller's copy: the keeper's stays as it was
-        if (want.changed and rnd.random() < 0.8) or rnd.random() < 0.2:  # stored (else a failed commit)
-            insts, stamp = want.instances if rnd.random() < 0.8 else table(rnd, 40), stamp + 1
+        r = rnd.random()
+        if (want.changed and r < 0.7) or r < 0.15:  # the census's changes stored (else a failed commit)
+            insts, stamp = result, stamp + 1  # (the store keeps the objects written, as the engine's do)
+            if rnd.random() < 0.3:  # the store lists written instances in its own order
+                rnd.shuffle(insts)
+            if rnd.random() < 0.5:
+                keeper.stored("d", stamp)
+        elif r < 0.25:  # changed otherwise (a plan's instances, another engine)
+            insts, stamp = table(rnd, 40), stamp + 1
         if rnd.random() < 0.05:
             keeper.forget()
 
@@ -212,14 +347,15 @@ def test_the_stores_site_and_type_counts_follow_every_write() -> None:
         assert store.live_per_type() == count_per_type(live)
 
 
-_INDEX_PARTS = ("by_name", "by_id", "by_short")
+_INDEX_PARTS = ("by_name", "by_id", "by_short", "busy_short", "idle_short", "down_short", "left_busy")
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_an_index_over_the_same_nodes_as_the_one_before_is_the_one_built_anew(seed: int) -> None:
     """``NodeIndex(nodes, before=...)`` over the very node objects of ``before`` (a quiet cluster's
     snapshots repeat them) takes ``before``'s look-ups over: the same as building them anew — each
-    look-up in the same order, ``free``, its ``content`` named alike — and its own copies (changing them leaves ``before`` as it was); over other objects, or a list that
+    look-up in the same order, the name sets, nothing left busy, ``since``, ``free`` — and its
+    own copies (changing them leaves ``before`` as it was); over other objects, or a list that
     differs by one node, it is built anew."""
     rnd = random.Random(seed)
     first = snapshot_nodes(rnd, 60, ids=seed % 3 == 0)
@@ -230,18 +366,41 @@ def test_an_index_over_the_same_nodes_as_the_one_before_is_the_one_built_anew(se
         k = rnd.randrange(len(nodes))
         nodes[k] = NodeInfo(**{**nodes[k].model_dump(), "state": rnd.choice(NODE_STATES)})
     got = NodeIndex(list(nodes), before=first)
-    built = NodeIndex(list(nodes))  # anew (no ``before``: built in full)
+    built = NodeIndex(list(nodes))  # anew (no ``before``: built in full), and its ``before`` part by definition
+    if first.busy_short is not None and built.busy_short is not None:
+        built.since, built.left_busy = first.serial, first.busy_short - built.busy_short
     for name in _INDEX_PARTS:
         assert getattr(got, name) == getattr(built, name), name
     assert [list(getattr(got, n).items()) for n in ("by_name", "by_id", "by_short")] == [
         list(getattr(built, n).items()) for n in ("by_name", "by_id", "by_short")]
-    assert got.free == built.free
-    assert (got.content == first.content) == (seed % 4 != 1 or not nodes) and built.content != first.content
+    assert got.since == built.since and got.free == built.free and got.serial != first.serial
     longer = NodeIndex([*nodes, NodeInfo(name="zz-extra", state="free", cores=1)], before=first)
     assert len(longer) == len(nodes) + 1 and "zz-extra" in longer.by_short  # a longer list: built anew
     before = {n: dict(getattr(first, n)) for n in ("by_name", "by_id", "by_short")}
     got.by_name.clear(), got.by_short.clear(), got.free.clear()
     assert {n: dict(getattr(first, n)) for n in ("by_name", "by_id", "by_short")} == before
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: int) -> None:
+    """``NodeIndex(nodes, before=...)``: ``left_busy`` is the set difference of the two indexes'
+    busy short names, ``since`` names the one before; ``free`` is ``free_workers``' definition."""
+    rnd = random.Random(seed)
+    a, b = snapshot_nodes(rnd, 80, ids=False), snapshot_nodes(rnd, 80, ids=seed % 4 == 0)
+    c = NodeIndex(list(b.by_name.values()), before=a)
+    assert a.busy_short is not None
+    if c.busy_short is None:  # nodes with identities: no quiet sets, nothing kept
+        assert c.left_busy is None and c.since is None
+    else:
+        assert c.left_busy == a.busy_short - c.busy_short and c.since == a.serial != c.serial
+    assert c.free == [n for n in c.by_name.values() if n.state == "free" and n.cores_used < n.cores]
+    for ix in (a, c):  # the sets of names by node state (one pass) are their definitions
+        if ix.busy_short is not None:
+            items = ix.by_short.items()
+            assert ix.busy_short == {k for k, n in items if n.state == "busy"}
+            assert ix.idle_short == {k for k, n in items if n.state == "free" and not n.jobs and not n.cores_used}
+            assert ix.down_short == {k for k, n in items if n.state == "down"}
+    assert NodeIndex(list(b.by_name.values())).left_busy is None
 
 
 @pytest.mark.parametrize("seed", range(12))
