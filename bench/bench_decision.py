@@ -41,10 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchjson import Results, json_mode  # noqa: E402
 from epu.common.messages import JobShape, NodeInfo, QueuedJob, SensorSnapshot  # noqa: E402
+from epu.services.decision.census import refresh_parts  # noqa: E402
 from epu.services.decision.placement import SiteInfo  # noqa: E402
 from epu.services.decision.planner import PlacementInput, plan  # noqa: E402
 from epu.services.decision.policies import POLICIES, validate_params  # noqa: E402
-from epu.services.decision.view import Instance, JobDigest, NodeIndex, build_view, refresh_parts  # noqa: E402
+from epu.services.decision.view import Instance, JobDigest, NodeIndex, build_view  # noqa: E402
 
 NOW = 1_700_000_000.0
 CORES = 8

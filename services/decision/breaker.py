@@ -33,7 +33,7 @@ def check(instances: list[Instance], index: NodeIndex, snapshot: SensorSnapshot,
 
 
 def missing_verdict(known: int, missing: int, *, share: float, ok_count: int) -> str:
-    """The first question, on counts (``view.refresh_census`` counts them in its pass):
+    """The first question, on counts (``census.refresh_census`` counts them in its pass):
     ``missing`` of the ``known`` joined nodes are not in the snapshot."""
     if known and missing > max(ok_count, share * known):
         return f"{missing} of {known} joined nodes missing from the snapshot at once"

@@ -64,6 +64,7 @@ from epu.common.messages import (
 )
 from epu.services.decision import breaker, budget
 from epu.services.decision.actions import Decision
+from epu.services.decision.census import Census, CensusKeeper
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
@@ -84,7 +85,6 @@ from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalo
 from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
 from epu.services.decision.store import PlanWrite
 from epu.services.decision.view import (
-    Census,
     DomainView,
     Instance,
     JobDigest,
@@ -93,8 +93,6 @@ from epu.services.decision.view import (
     dissolve_complete_gangs,
     evolve,
     partition,
-    refresh_census,
-    refresh_census_again,
 )
 
 log = logging.getLogger("epu.decision")
@@ -116,30 +114,6 @@ class _Latest:
     """The snapshot's free workers (``DomainView.free_workers``), listed once per snapshot."""
     jobs_verdict: str | None = None
     """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), asked once."""
-
-
-@dataclass
-class _Refreshed:
-    """What an iteration derived from a domain's instances and snapshot: valid while both are
-    the same objects (``Store.domain_stamp``, or an identity check of the list, and the
-    ``_Latest``). ``refresh_census`` is idempotent — its result, refreshed again on the same
-    snapshot, stays as it is whatever the time — and the circuit breaker's counts are a function
-    of the same, so an iteration with nothing new skips the pass over every instance, and one
-    with only a new snapshot makes a shorter one (``refresh_census_again``)."""
-
-    latest: _Latest | None
-    """The snapshot it was refreshed on (None once the next one arrived)."""
-    stamp: int | None
-    """The store's stamp of the domain's instances this holds for (None: not confirmed yet)."""
-    census: Census
-    """The refresh: instances, parts, the breaker's counts (``refresh_census_again`` reuses them
-    on the next snapshot while the instances are these objects)."""
-    breaker: str | None
-    held: int | None = None
-    """A stamp at which the store held exactly ``census.instances``, in its own order: the stamp
-    right after this engine stored the refresh's own changes and nothing else
-    (``Engine._stored``). While it is the store's stamp, the identity check of 50,000 objects
-    (a set of their ids: ~10 ms) is not needed."""
 
 
 @dataclass
@@ -224,8 +198,8 @@ class Engine:
         """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
         """Launch failures seen since the last iteration, per site (counted once there)."""
-        self._refreshed: dict[str, _Refreshed] = {}
-        """Per domain: the last iteration's refresh, while nothing changed (``_Refreshed``)."""
+        self.census = CensusKeeper()
+        """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
         self._ending: dict[str, tuple[int, list[Instance]]] = {}
         """Per domain: (instance stamp, its ``terminating`` instances) (``_unfinished_terminates``)."""
         self._launched: Counter[tuple[str, str]] = Counter()
@@ -288,9 +262,6 @@ class Engine:
         latest = self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
         if prev is not None and prev.jobs_verdict is not None and _same_jobs_question(prev.snapshot, snap):
             latest.jobs_verdict = prev.jobs_verdict  # the same question: the same answer
-        memo = self._refreshed.get(snap.domain)
-        if memo is not None:
-            memo.latest = None  # it was for the last snapshot: let that one go now
         return prev is None or prev.digest.shapes != digest.shapes
 
     def is_active(self, domain: str) -> bool:
@@ -348,7 +319,7 @@ class Engine:
         then); give the leases up."""
         self._latest.clear()
         self._health.clear()
-        self._refreshed.clear()
+        self.census.forget()
         self._ending.clear()
         self.store.invalidate()
         if self.leases is not None:
@@ -756,75 +727,19 @@ class Engine:
     def _refresh(self, domain: str, latest: _Latest, now: float) -> tuple[
             list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None,
             bool]:
-        """The domain's instances refreshed from its latest snapshot: (before, after, parts,
-        changed, newly joined, dissolved gangs' list or None, the breaker's verdict, whether an
-        instance of ``after`` may belong to a gang) — from the
-        memo (``_Refreshed``) when the instances and the snapshot are the ones it was made on,
-        with the shorter pass when only the snapshot is new, else with the full census."""
+        """The domain's instances refreshed from its latest snapshot (the census): (before, after,
+        parts, changed, newly joined, dissolved gangs' list or None, the breaker's verdict,
+        whether an instance of ``after`` may belong to a gang)."""
         snap = latest.snapshot
-        stamp: int | None = self.store.domain_stamp(domain)
-        memo = self._refreshed.get(domain)
-        before = None
-        if stamp is not None and memo is not None and memo.stamp != stamp:
-            # the instances changed since: if only by this engine storing the memo's own refresh
-            # (its timers), the store now holds exactly the memo's objects, in its order
-            before = self.store.instances(domain)
-            mine = memo.census.instances
-            if len(before) == len(mine):
-                if all(map(operator.is_, before, mine)):
-                    memo.stamp = stamp
-                elif memo.held == stamp or (
-                        len(ids := set(map(id, mine))) == len(mine) and ids.issuperset(map(id, before))):
-                    # the same objects, in the store's order now (it lists a written instance after
-                    # the others launched at the same moment): each is still its own refresh, only
-                    # the parts follow the order
-                    # (partitioned when needed: after a new snapshot that changes timers, the
-                    # shorter pass partitions its own result instead)
-                    memo.census = replace(memo.census, instances=list(before), parts=None)
-                    memo.stamp = stamp
-        same = stamp is not None and memo is not None and memo.stamp == stamp
-        if same and memo is not None and memo.latest is latest:
-            # same snapshot, same instance objects: refreshing would change nothing again
-            c = memo.census
-            before = after = list(c.instances)
-            if c.parts is None:
-                c.parts = partition(c.instances)
-            parts = (list(c.parts[0]), list(c.parts[1]), list(c.parts[2]), list(c.parts[3]))
-            changed: list[Instance] = []
-            came: list[Instance] = []  # nothing joined: refresh would change nothing
-            dissolved = None
-            why = memo.breaker
-            gangs = c.gangs
-        else:
-            self._refreshed.pop(domain, None)
-            census = None
-            if same and memo is not None and snap.available:  # a new snapshot, the same instances
-                before = list(memo.census.instances)
-                census = refresh_census_again(memo.census, latest.nodes, now)
-            if before is None:
-                before = self.store.instances(domain)
-            if census is None:
-                census = refresh_census(before, latest.nodes, now, snap.available)
-            after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
-            assert parts is not None  # both passes partition their result
-            dissolved = dissolve_complete_gangs(after) if census.gangs else None
-            if dissolved is not None:
-                after, parts = dissolved, partition(dissolved)
-                changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
-            why = self._breaker_check(census, latest)
-            gangs = census.gangs  # (after dissolving some: still True, as the others may remain)
-            if stamp is not None and not came:
-                # without a join (a joining instance keeps timers a second refresh may reset),
-                # ``after`` is refresh's fixed point on this snapshot. Valid at once if nothing
-                # changed; else once the store holds exactly these objects (the commit below
-                # went through: checked by identity at the next iteration)
-                self._refreshed[domain] = _Refreshed(
-                    latest, stamp if dissolved is None and not changed else None,
-                    Census(list(after), (list(parts[0]), list(parts[1]), list(parts[2]), list(parts[3])), [], [],
-                           census.known, census.missing, census.gangs, census.counted,
-                           *((census.quiet, census.rest, census.gathered_at) if dissolved is None
-                             else (None, None, None))), why)
-        return before, after, parts, changed, came, dissolved, why, gangs
+        before, census = self.census.take(domain, self.store.domain_stamp(domain), latest.nodes, snap.available, now,
+                                          lambda: self.store.instances(domain))
+        after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
+        dissolved = dissolve_complete_gangs(after) if census.gangs else None
+        if dissolved is not None:
+            self.census.forget(domain)  # (the dissolved list is stored: the next census starts anew)
+            after, parts = dissolved, partition(dissolved)
+            changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
+        return before, after, parts, changed, came, dissolved, self._breaker_check(census, latest), census.gangs
 
     def iterate_domain(self, domain: str, now: float,
                        sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
@@ -842,11 +757,10 @@ class Engine:
         return self._send_prepared(p)
 
     def _stored(self, w: PlanWrite) -> None:
-        """A domain's plan was committed: if it wrote only the refresh's changed instances, the
-        store holds exactly the refresh's objects now (``_Refreshed.held``)."""
-        memo = self._refreshed.get(w.domain)
-        if memo is not None and memo.stamp is None and not w.plan.instances:
-            memo.held = self.store.domain_stamp(w.domain)
+        """A domain's plan was committed: if it wrote only the census's changed instances, the
+        store holds exactly the census's objects now (``CensusKeeper.stored``)."""
+        if not w.plan.instances:
+            self.census.stored(w.domain, self.store.domain_stamp(w.domain))
 
     def _prepare(self, domain: str, now: float,
                  sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,

@@ -1,8 +1,9 @@
-"""The engine's one pass per instance (``view.refresh_census``) and its shorter pass on a new
-snapshot when the instances did not change (``refresh_census_again``): both must give exactly
-what the plain definitions give — refresh, then partition, then the circuit breaker's counts by
-looking each node up — on random instance tables and snapshots (names with domains and upper
-case, nodes with and without identities, every state)."""
+"""The census (``census.refresh_census``, one pass per instance), its shorter pass on a new
+snapshot when the instances did not change (``census.refresh_census_again``) and the engine's
+keeper of it (``census.CensusKeeper``) must give exactly what the plain definitions give — each
+instance's rules written plainly here (``refreshed_one``: the oracle), then partition, then the
+circuit breaker's counts by looking each node up — on random instance tables and snapshots
+(names with domains and upper case, nodes with and without identities, every state)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from epu.common.messages import NodeInfo
-from epu.services.decision.view import (
-    ACTIVE_STATES,
-    Census,
-    Instance,
-    NodeIndex,
-    partition,
-    refresh_census,
-    refresh_census_again,
-)
+from epu.services.decision.census import Census, CensusKeeper, refresh_census, refresh_census_again
+from epu.services.decision.view import ACTIVE_STATES, Instance, NodeIndex, partition
 
 T0 = 1_700_000_000.0
 STATES = ["requested", "pending", "started", "joined", "draining", "terminating"]
@@ -53,8 +47,9 @@ def snapshot_nodes(rnd: random.Random, n: int, ids: bool) -> NodeIndex:
 
 
 def expected(insts: list[Instance], index: NodeIndex, now: float) -> Census:
-    """The definitions, one after the other (what the engine did before the census)."""
-    out = refresh_census(insts, index, now, True).instances  # refresh itself is checked below
+    """The definitions, one after the other: the oracle's refresh, partition, the breaker's counts."""
+    out = [refreshed_one(i, index, now) for i in insts]
+    out = [b if a == b else a for a, b in zip(out, insts, strict=True)]  # unchanged: the same object
     known = [i for i in out if i.state in ("joined", "draining") and i.joined_at is not None and not i.removed
              and not i.terminate_sent]
     return Census(out, partition(out), [a for a, b in zip(out, insts, strict=True) if a is not b],
@@ -63,7 +58,7 @@ def expected(insts: list[Instance], index: NodeIndex, now: float) -> Census:
 
 
 def refreshed_one(inst: Instance, index: NodeIndex, now: float) -> Instance:
-    """``refresh``'s rules for one instance, written plainly (docs of ``view.refresh_parts``)."""
+    """The census's rules for one instance, written plainly (``census`` module docstring)."""
     node = index.find(inst)
     if node is not None and inst.seen_at is None:
         inst = Instance(**{**_fields(inst), "seen_at": now})
@@ -226,6 +221,50 @@ def test_the_shorter_pass_declines_what_an_unavailable_snapshot_left_uncounted()
     assert refresh_census_again(prev, NodeIndex([]), T0) is None
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_the_keeper_gives_the_census_of_its_inputs(seed: int) -> None:
+    """``CensusKeeper.take`` over a run of snapshots (the same one again, one over the very node
+    objects of the last one as a quiet cluster's are, or a new one) and instance tables (stored
+    back after each census, told or not, in the store's order or another; or changed otherwise,
+    with a new stamp) gives what the census of those inputs gives, each time."""
+    rnd = random.Random(seed)
+    keeper = CensusKeeper()
+    insts, stamp = table(rnd, 40), 1
+    if seed % 2:  # mostly quiet: joined (the shorter pass's sets), busy nodes
+        insts = [Instance(**{**_fields(i), "state": "joined"}) if rnd.random() < 0.8 else i for i in insts]
+    index, available = snapshot_nodes(rnd, 40, ids=seed % 3 == 0), True
+    for step in range(16):
+        r = rnd.random()
+        if r < 0.3 and available:  # a snapshot over the same node objects
+            index = NodeIndex(list(index.items), before=index)
+        elif r < 0.6:
+            index = NodeIndex(list(snapshot_nodes(rnd, 40, ids=seed % 3 == 0 and rnd.random() < 0.5).items),
+                              before=index if rnd.random() < 0.8 else None)
+            available = True
+        elif r < 0.65:  # an unavailable snapshot (the engine indexes no node of it)
+            index, available = NodeIndex([]), False
+        # (else the same snapshot again)
+        now = T0 + 10 * step
+        want = refresh_census(insts, index, now, available)
+        before, got = keeper.take("d", stamp, index, available, now, lambda insts=insts: list(insts))
+        assert before == insts
+        same(got, want)
+        assert got.counted == want.counted
+        result = list(got.instances)
+        got.instances.clear(), got.parts[0].clear()  # the caller's copy: the keeper's stays as it was
+        r = rnd.random()
+        if (want.changed and r < 0.7) or r < 0.15:  # the census's changes stored (else a failed commit)
+            insts, stamp = result, stamp + 1  # (the store keeps the objects written, as the engine's do)
+            if rnd.random() < 0.3:  # the store lists written instances in its own order
+                rnd.shuffle(insts)
+            if rnd.random() < 0.5:
+                keeper.stored("d", stamp)
+        elif r < 0.25:  # changed otherwise (a plan's instances, another engine)
+            insts, stamp = table(rnd, 40), stamp + 1
+        if rnd.random() < 0.05:
+            keeper.forget()
+
+
 def _step_nodes(rnd: random.Random, names: list[str]) -> list[NodeInfo]:
     out = []
     for name in names:
@@ -240,9 +279,9 @@ def _step_nodes(rnd: random.Random, names: list[str]) -> list[NodeInfo]:
 @pytest.mark.parametrize("seed", range(10))
 def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> None:
     """Two engines on the same inputs — instance rows, snapshots (often the same one again),
-    node-command results, time — one with the refresh memo (``Engine._refreshed``, kept while
-    ``Store.domain_stamp`` says the instances are the same), one with it emptied before every
-    iteration: every iteration sends the same commands and leaves the same instance table."""
+    node-command results, time — one with its census keeper (``Engine.census``, kept while
+    ``Store.domain_stamp`` and the snapshot's node content are the same), one with it emptied
+    before every iteration: every iteration sends the same commands and leaves the same table."""
     from epu.common.messages import NodeCommandResult
 
     from tests.decision.helpers import config, make_engine, snapshot
@@ -272,8 +311,8 @@ def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> Non
             if deliver:
                 engine.on_snapshot(snap.model_copy(update={"taken_at": clock.now()}))  # a new object
             bus.clear()
-            if not memo:  # memo off: every iteration refreshes from nothing kept
-                engine._refreshed.clear()
+            if not memo:  # keeper off: every iteration takes the census from nothing kept
+                engine.census.forget()
                 engine._ending.clear()
             engine.iterate()
             # re-sends go out in action-id order, and ids are random: compare and answer sorted

@@ -266,7 +266,7 @@ def test_lost_joined_instance_is_replaced(node_state, missing_for, expected):
 
 
 def test_refresh_sets_missing_since_only_on_available_snapshots():
-    from epu.services.decision.view import refresh
+    from epu.services.decision.census import refresh
 
     a = inst("a")
     (got,) = refresh([a], {}, T0, True)
