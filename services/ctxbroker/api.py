@@ -408,17 +408,28 @@ def create_app(hub: Hub, admin_token: str, public_url: str | Callable[[], str],
     async def _notfound(_request: Request, exc: _NotFound) -> JSONResponse:
         return _problem(404, exc.detail)
 
+    @app.exception_handler(_Conflict)
+    async def _conflict(_request: Request, exc: _Conflict) -> JSONResponse:
+        return _problem(409, exc.detail)
+
     @app.exception_handler(Forbidden)
     async def _forbidden(_request: Request, exc: Forbidden) -> JSONResponse:
         return _problem(403, str(exc))
 
     # ------------------------------------------------------------ admin
     @app.post("/v1/contexts", status_code=201, response_model=ContextCreated, tags=["admin"],
-              dependencies=[Depends(admin)], responses=ERRORS, summary="Create a context")
+              dependencies=[Depends(admin)], summary="Create a context",
+              responses={**ERRORS, 409: {"model": Problem, "description": "a context of this name exists "
+                                                                           "already (nothing created)"}})
     async def create_context(body: CreateContext) -> ContextCreated:
         cid, key, secret = new_context_id(), new_key(), new_secret()
-        await asyncio.to_thread(hub.store.create_context, cid, body.name, key, hash_secret(secret), None,
-                                nodecred.signing_key(secret), body.domain or "")
+        from epu.services.ctxbroker.store import NameTaken
+
+        try:
+            await asyncio.to_thread(hub.store.create_context, cid, body.name, key, hash_secret(secret), None,
+                                    nodecred.signing_key(secret), body.domain or "")
+        except NameTaken as exc:  # a second context of one name would split a cluster's nodes
+            raise _Conflict(f"{exc}: use it, or delete it first; nothing created") from None
         await hub.refresh(cid)
         log.info("context created", extra={"context": cid, "context_name": body.name})
         return ContextCreated(id=cid, name=body.name, uri=context_uri(cid), key=key, secret=secret)
@@ -563,6 +574,11 @@ class _Unauthorized(Exception):
 
 
 class _NotFound(Exception):
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+class _Conflict(Exception):
     def __init__(self, detail: str) -> None:
         self.detail = detail
 

@@ -277,8 +277,10 @@ class BrokerServer:
 
     @property
     def port(self) -> int:
-        if self.server is not None and self.server.servers:
-            for srv in self.server.servers:
+        # uvicorn sets ``servers`` only once it starts listening: until then, the configured port
+        servers = getattr(self.server, "servers", None) if self.server is not None else None
+        if servers:
+            for srv in servers:
                 for sock in srv.sockets:
                     return int(sock.getsockname()[1])
         return self.settings.port

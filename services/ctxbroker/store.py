@@ -20,6 +20,14 @@ Per-node credentials: a context keeps ``signing_key`` (derived from its secret, 
 ``epu.common.nodecred``) to check them, and ``ctx_revoked`` lists instances reported
 terminated or failed, whose credentials may no longer join.
 
+Context names: ``ctx_names`` holds each name once (its primary key), with the context that
+has it. ``create_context`` claims the name in the create's own transaction, so of two creates
+of one name, on any number of replicas, exactly one commits (``NameTaken`` for the other).
+A store made before the claim table may already hold contexts of one name: on upgrade each
+name goes to its oldest context, the younger ones keep working unchanged (nothing is deleted
+or renamed), and deleting the holder hands the name to the next oldest of that name, so a
+name stays taken while any context has it (``_claim_names``).
+
 Bound addresses: ``ctx_instances`` keeps each live instance's address as the provisioner
 reported it (``InstanceEvent``/``InstanceReport``, ``note_instance``). A join is checked
 against it, and against the addresses other members hold, in the append's own transaction
@@ -28,6 +36,7 @@ against it, and against the addresses other members hold, in the append's own tr
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -60,8 +69,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 NOTIFY_CHANNEL = "epu_ctxbroker"
+
+log = logging.getLogger("epu.ctxbroker.store")
 
 metadata = MetaData()
 
@@ -83,6 +95,14 @@ revoked = Table(
     Column("instance_id", String(128), primary_key=True),
     Column("at", Float, nullable=False),
     Column("reason", Text, nullable=False, default=""),
+)
+
+#: Each context name once, with the context that has it: the unique constraint that makes a
+#: duplicate create fail in its own transaction, on SQLite and PostgreSQL alike.
+names = Table(
+    "ctx_names", metadata,
+    Column("name", String(63), primary_key=True),
+    Column("context_id", String(64), ForeignKey("ctx_contexts.id", ondelete="CASCADE"), nullable=False),
 )
 
 #: What the provisioner reported of each live instance: its address (what its node may publish).
@@ -157,6 +177,16 @@ class ContextNotFound(LookupError):
     pass
 
 
+class NameTaken(Exception):
+    """A context of this name exists already (a second one would split a cluster's nodes
+    between two lists)."""
+
+    def __init__(self, name: str, holder: str) -> None:
+        super().__init__(f"a context named {name!r} exists already (id {holder})")
+        self.name = name
+        self.holder = holder
+
+
 class Revoked(Exception):
     """The instance was reported terminated or failed: its credential may not join."""
 
@@ -185,6 +215,7 @@ class Store:
         self.history_entries = history_entries
         create_schema(self.engine, metadata)
         self._upgrade()
+        self._claim_names()
 
     def _upgrade(self) -> None:
         """Add the columns a store made by an earlier version lacks (contexts created then have
@@ -195,6 +226,54 @@ class Store:
                 if column not in have:
                     conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
 
+    def _claim_names(self, attempts: int = 5) -> None:
+        """Give every unclaimed name to its oldest context: the upgrade of a store made before
+        ``ctx_names`` (a no-op afterwards). Contexts sharing a name, which such a store may hold,
+        all stay; only the oldest holds the name, and ``duplicate_names`` lists the others.
+
+        Why the retry: two replicas upgrading one store together may both see a name unclaimed;
+        the loser's insert violates the key, and a second look finds the name claimed."""
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.engine.begin() as conn:
+                    self._claim_unclaimed(conn)
+                break
+            except IntegrityError:
+                if attempt == attempts:
+                    raise
+                time.sleep(0.05 * attempt)
+        dupes = self.duplicate_names()
+        if dupes:
+            log.warning(
+                "contexts share a name (made before names were unique); each name is held by its "
+                "oldest context, the others keep working: delete the ones not in use",
+                extra={"duplicates": {n: ids for n, ids in sorted(dupes.items())}})
+
+    def _claim_unclaimed(self, conn: Connection, name: str | None = None) -> None:
+        """Claim for its oldest context each name (or only ``name``) that some context has and
+        no claim holds."""
+        q = (select(contexts.c.id, contexts.c.name)
+             .where(~select(names.c.name).where(names.c.name == contexts.c.name).exists())
+             .order_by(contexts.c.created_at, contexts.c.id))
+        if name is not None:
+            q = q.where(contexts.c.name == name)
+        claimed: set[str] = set()
+        for r in conn.execute(q).all():
+            if r.name not in claimed:
+                conn.execute(insert(names).values(name=r.name, context_id=r.id))
+                claimed.add(r.name)
+
+    def duplicate_names(self) -> dict[str, list[str]]:
+        """name → ids (oldest first) of every name more than one context has (only a store
+        made before names were unique can hold these)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(contexts.c.name, contexts.c.id)
+                                .order_by(contexts.c.created_at, contexts.c.id)).all()
+        by_name: dict[str, list[str]] = {}
+        for r in rows:
+            by_name.setdefault(r.name, []).append(r.id)
+        return {n: ids for n, ids in by_name.items() if len(ids) > 1}
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -203,12 +282,26 @@ class Store:
                        now: float | None = None, signing_key: str = "", domain: str = "") -> ContextRow:
         row = ContextRow(context_id, name, key, secret_hash, time.time() if now is None else now, 0,
                          signing_key, 0, domain)
-        with self.engine.begin() as conn:
-            conn.execute(insert(contexts).values(id=row.id, name=name, key=key, secret_hash=secret_hash,
-                                                 created_at=row.created_at, last_id=0,
-                                                 signing_key=signing_key, horizon=0, domain=domain))
-            self._notify(conn, context_id)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(contexts).values(id=row.id, name=name, key=key, secret_hash=secret_hash,
+                                                     created_at=row.created_at, last_id=0,
+                                                     signing_key=signing_key, horizon=0, domain=domain))
+                # the name's key, in this transaction: of two creates of one name, one commits
+                conn.execute(insert(names).values(name=name, context_id=context_id))
+                self._notify(conn, context_id)
+        except IntegrityError:
+            holder = self.name_holder(name)
+            if holder is None:  # not the name: an id or key collision, which the caller must see
+                raise
+            raise NameTaken(name, holder) from None
         return row
+
+    def name_holder(self, name: str) -> str | None:
+        """The id of the context that holds ``name`` (None: the name is free)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(names.c.context_id).where(names.c.name == name)).first()
+        return row.context_id if row else None
 
     def get_context(self, context_id: str) -> ContextRow | None:
         with self.engine.connect() as conn:
@@ -229,7 +322,11 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(delete(entries).where(entries.c.context_id == context_id))
             conn.execute(delete(members).where(members.c.context_id == context_id))
+            held = conn.execute(delete(names).where(names.c.context_id == context_id)
+                                .returning(names.c.name)).first()
             gone = conn.execute(delete(contexts).where(contexts.c.id == context_id)).rowcount > 0
+            if held is not None:  # a younger context of the name (an upgraded store's) now holds it
+                self._claim_unclaimed(conn, held.name)
             self._notify(conn, context_id)
         return gone
 
