@@ -103,13 +103,14 @@ def slurm_text(n_jobs: int, n_nodes: int, seed: int = 1) -> tuple[str, str]:
         tres = f"cpu={cores * nodes},mem={mem * nodes or 2000}M,node={nodes},billing={cores * nodes}"
         lines.append(SEP.join((  # the field order of slurm/text.py SQUEUE_FIELDS
             str(1000 + i), str(1000 + i), "N/A", str(rng.randrange(86400)),
-            "0" if reason == "JobHeldUser" else str(4294901759 - i), "", "PENDING",
+            "0" if reason == "JobHeldUser" else str(4294901759 - i), "", f"acct{i % 7}", f"user{i % 31}", "PENDING",
             str(nodes), str(cores * nodes), str(cores), f"{mem}M" if mem else "0", tres,
             f"gres:gpu:{gpus}" if gpus else "N/A", "N/A", "bigmem" if part == 1 else "(null)", PARTITIONS[part],
             f"{limit // 60}:{limit % 60:02d}:00" if limit else "UNLIMITED", "(null)", reason)))
     for i in range(n_nodes * 2):  # running jobs, two per node
         node = f"node{i % n_nodes:05d}"
-        lines.append(SEP.join((str(900000 + i), str(900000 + i), "N/A", "0", "4294901759", node, "RUNNING",
+        lines.append(SEP.join((str(900000 + i), str(900000 + i), "N/A", "0", "4294901759", node, f"acct{i % 7}",
+                               f"user{i % 31}", "RUNNING",
                                "1", "4", "4", "0", "cpu=4,mem=8000M,node=1,billing=4", "N/A", "N/A", "(null)",
                                "cpu", "2:00:00", "(null)", "None")))
     nodes = []

@@ -111,7 +111,8 @@ class SlurmJobs(JobsRead):
 
     jobs_by_node: dict[str, list[str]] = field(default_factory=dict)
     owners: dict[str, list[str]] = field(default_factory=dict)
-    """Running job → [account, user, partition] (the ``--json`` read; cost accounting)."""
+    """Running job → [account, user, partition] (both reads: ``--json``, and the text read's
+    ``account``/``username``/``partition`` columns; cost accounting)."""
 
     def add_running(self, job_id: str, nodelist: str, owner: list[str] | None = None) -> None:
         self.running += 1

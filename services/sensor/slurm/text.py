@@ -3,7 +3,7 @@
 Why text and not ``--json``: a real Slurm 22.05 ``squeue --json`` record is ~2.7 KB with 111
 keys per job (tests/sensor/fixtures/slurm/squeue_22.05_real_record.json), so 100,000 pending
 jobs are ~270 MB of JSON that take seconds to produce and seconds to decode. ``squeue -O``
-with the 19 fields below is ~100 bytes per job, produced many times faster, and parsed here
+with the 21 fields below is ~100 bytes per job, produced many times faster, and parsed here
 in one pass that groups pending jobs into shapes as it reads them (one split and one dict
 update per line; each distinct field value is interpreted once, through small caches).
 
@@ -47,13 +47,17 @@ from epu.services.sensor.states import SLURM_JOB_STATES, slurm_state_tokens
 
 SEP = "\x1f"
 
-#: Per-job fields first, then the state, then the request and the reason: a pending line is
-#: split only up to the state, and the rest of the line (the request and the reason, the same
-#: text for every job of a shape) is the grouping key as printed.
-SQUEUE_FIELDS = ("jobid", "arrayjobid", "arraytaskid", "pendingtime", "prioritylong", "nodelist", "state",
+#: Per-job fields first (the owner, account and user, among them: jobs of one shape may have
+#: different owners), then the state, then the request and the reason: a pending line is split
+#: only up to the state, and the rest of the line (the request and the reason, the same text
+#: for every job of a shape) is the grouping key as printed.
+SQUEUE_FIELDS = ("jobid", "arrayjobid", "arraytaskid", "pendingtime", "prioritylong", "nodelist", "account",
+                 "username", "state",
                  "numnodes", "numcpus", "mincpus", "minmemory", "tres-alloc", "tres-per-node", "tres-per-job",
                  "feature", "partition", "timelimit", "licenses", "reason")
-_PER_JOB = 7  # fields before the request: jobid .. state
+_PER_JOB = 9  # fields before the request: jobid .. state
+_STATE = _PER_JOB - 1
+_PARTITION = SQUEUE_FIELDS.index("partition") - _PER_JOB  # its place in the rest of the line
 SINFO_FIELDS = ("NodeList", "StateComplete", "CPUsState", "Memory", "AllocMem", "Gres", "GresUsed",
                 "features_act", "Partition", "Comment", "Timestamp", "Reason")
 
@@ -136,6 +140,31 @@ class _Request:
         return hit
 
 
+class _Owners:
+    """A running job's [account, user, partition] for cost accounting (``SlurmJobs.owners``),
+    as the ``--json`` read gives them. squeue prints ``(null)`` for an account a job does not
+    have (no accounting): "" as in the JSON. Jobs of one owner and partition share one list,
+    built once (the snapshot only reads it)."""
+
+    __slots__ = ("cache",)
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[str, str, str], list[str]] = {}
+
+    def __call__(self, account: str, user: str, rest: str) -> list[str]:
+        r = rest.split(SEP, _PARTITION + 1)
+        partition = r[_PARTITION] if len(r) > _PARTITION else ""
+        key = (account, user, partition)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = [_text(account), _text(user), _text(partition)]
+        return hit
+
+
+def _text(value: str) -> str:
+    return "" if value in ("(null)", "N/A") else value
+
+
 def _int(text: str) -> int:
     return int(text) if text.isdigit() else 0
 
@@ -157,6 +186,7 @@ def parse_squeue_text(text: str, warnings: list[str] | None = None, grouper: Sha
     held_states = {state for state, d in SLURM_JOB_STATES.items() if d == "held"}
     running_states = {state for state, d in SLURM_JOB_STATES.items() if d == "running"}
     sample_lines: list[list[str]] = []
+    owner = _Owners()
     for line in text.split("\n"):
         if not line:
             continue
@@ -164,11 +194,11 @@ def parse_squeue_text(text: str, warnings: list[str] | None = None, grouper: Sha
         if len(f) != _PER_JOB + 1:
             jobs.warnings.append(f"slurm: squeue line with too few fields: {line[:200]!r}")
             continue
-        state = f[6]
+        state = f[_STATE]
         if state in pending_states:
             task = f[2]
             count = 1 if task == "N/A" or task.isdigit() else count_array_tasks(task)
-            key = (f[7], f[4] == "0" or state in held_states)  # priority 0 or REQUEUE_HOLD...: held
+            key = (f[_PER_JOB], f[4] == "0" or state in held_states)  # priority 0 or REQUEUE_HOLD...: held
             wait = int(f[3]) if f[3].isdigit() else 0
             g = raw.get(key)
             if g is None:
@@ -182,7 +212,7 @@ def parse_squeue_text(text: str, warnings: list[str] | None = None, grouper: Sha
             if len(sample_lines) < sample_size:
                 sample_lines.append(f)
         elif state in running_states:
-            jobs.add_running(_job_id(f), f[5])
+            jobs.add_running(_job_id(f), f[5], owner(f[6], f[7], f[_PER_JOB]))
         elif state in SLURM_JOB_STATES:
             jobs.finished += 1
         else:
@@ -204,11 +234,11 @@ def parse_squeue_text(text: str, warnings: list[str] | None = None, grouper: Sha
         # jobs whose reason text only --json can explain: collect all their ids (one more pass)
         for line in text.split("\n"):
             f = line.split(SEP, _PER_JOB)
-            if (len(f) == _PER_JOB + 1 and f[6] in pending_states
-                    and verdicts.get((f[7], f[4] == "0" or f[6] in held_states), 0) is None):
+            if (len(f) == _PER_JOB + 1 and f[_STATE] in pending_states
+                    and verdicts.get((f[_PER_JOB], f[4] == "0" or f[_STATE] in held_states), 0) is None):
                 read.unexplained.append(f[0])
     for f in sample_lines:
-        v = verdicts.get((f[7], f[4] == "0" or f[6] in held_states))
+        v = verdicts.get((f[_PER_JOB], f[4] == "0" or f[_STATE] in held_states))
         if v is None:
             continue
         nodes, cores, memory, gpus, features, partition, limit, demand, reason, cls = v

@@ -45,7 +45,7 @@ def node(backend: SlurmBackend, name: str):
 
 
 def test_queued_running_held_blocked_and_arrays(cluster: SlurmTestCluster, backend: SlurmBackend) -> None:
-    running = cluster.sbatch("-n", "1")
+    running = cluster.sbatch("-n", "1", "--account=physics")
     cluster.wait_job_state(running, "RUNNING")
     held = cluster.sbatch("--hold")
     blocked = cluster.sbatch(f"--dependency=afterok:{running}")
@@ -56,6 +56,7 @@ def test_queued_running_held_blocked_and_arrays(cluster: SlurmTestCluster, backe
     snap = backend.snapshot()
     by_id = {j.job_id: j for j in snap.jobs}
     assert snap.running_jobs == 1
+    assert snap.owners == {running: ["physics", "root", "debug"]}  # the text read (the default) too
     assert by_id[held].state == "held"
     assert by_id[blocked].state == "blocked"
     arr = by_id[f"{array}_[1-3]"]
