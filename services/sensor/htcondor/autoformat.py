@@ -14,14 +14,14 @@ against the worker template (evaluated without one it is meaningless) and expres
 evaluated in the ad exactly as the bindings path does.
 
 The attributes that differ from one job (slot) to the next of the same request come first
-(``ClusterId ProcId QDate``; ``Name Machine EPUInstanceId JobId EnteredCurrentState``): a line
-is split only up to them, and the rest of the line, as printed, is the group key. Each
-distinct rest is interpreted once, from an ad rebuilt from the line's raw text with the old
-ClassAd parser (the inverse of what the tool printed), through the same functions as the
-bindings path (``parse._interpret_job`` / ``parse._interpret_slot``), so both paths give the
-same shapes and nodes for the same ads. A line whose field count is wrong (a value with a tab
-in it) is skipped with a warning naming it; ``-- `` banner lines (``condor_q -global``) and
-blank lines are ignored.
+(``ClusterId ProcId QDate`` and the owner, ``Owner AcctGroup AccountingGroup``; ``Name Machine
+EPUInstanceId JobId EnteredCurrentState``): a line is split only up to them, and the rest of
+the line, as printed, is the group key. Each distinct rest is interpreted once, from an ad
+rebuilt from the line's raw text with the old ClassAd parser (the inverse of what the tool
+printed), through the same functions as the bindings path (``parse._interpret_job`` /
+``parse._interpret_slot``), so both paths give the same shapes and nodes for the same ads. A
+line whose field count is wrong (a value with a tab in it) is skipped with a warning naming it;
+``-- `` banner lines (``condor_q -global``) and blank lines are ignored.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from epu.common.messages import NodeInfo, QueuedJob
 from epu.services.sensor.htcondor.parse import (
     IDENTITY_ATTRIBUTE,
     JOB_PROJECTION,
+    OWNER_ATTRIBUTES,
     STARTD_PROJECTION,
     CondorJobs,
+    Owners,
     TemplateMatch,
     _int,
     _interpret_job,
@@ -47,7 +49,7 @@ from epu.services.sensor.htcondor.parse import (
 from epu.services.sensor.reasons import ReasonCache
 from epu.services.sensor.shapes import ShapeGrouper, short_hostname
 
-JOB_VARYING = ("ClusterId", "ProcId", "QDate")
+JOB_VARYING = ("ClusterId", "ProcId", "QDate", *OWNER_ATTRIBUTES)
 SLOT_VARYING = ("Name", "Machine", IDENTITY_ATTRIBUTE, "JobId", "EnteredCurrentState")
 #: The attributes asked of ``condor_q -af:tr``, in this order (the per-job ones first).
 JOB_AF: tuple[str, ...] = JOB_VARYING + tuple(a for a in JOB_PROJECTION if a not in JOB_VARYING)
@@ -139,13 +141,15 @@ def normalize_job_lines(text: str, now: float, warnings: list[str] | None = None
     width = len(JOB_AF)
     bad = BadLines("condor_q", width)
     running = finished = 0
+    owners = Owners()
+    per_job = len(JOB_VARYING)
     for line in text.split("\n"):
-        parts = line.split("\t", 3)
-        if len(parts) != 4:
+        parts = line.split("\t", per_job)
+        if len(parts) != per_job + 1:
             if not _skip(line):
                 bad.add(line)
             continue
-        cluster, proc, qd, rest = parts
+        cluster, proc, qd, user, acct_group, accounting_group, rest = parts
         g = groups.get(rest)
         if g is None:
             fields = line.split("\t")
@@ -158,6 +162,9 @@ def normalize_job_lines(text: str, now: float, warnings: list[str] | None = None
         if kind != "pending":
             if kind == "running":
                 running += 1
+                owner = owners(raw_str(user), raw_str(acct_group), raw_str(accounting_group))
+                if owner is not None:
+                    out.owners[f"{raw_int(cluster)}.{raw_int(proc)}"] = owner
             elif kind == "finished":
                 finished += 1
             else:

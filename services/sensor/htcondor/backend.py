@@ -1,7 +1,8 @@
 """HTCondor backend (imperative shell) through the ``htcondor2`` bindings or the command-line tools.
 
 * read, ``[sensor.options] read_format = "bindings"`` (the default): ``Schedd.query`` for jobs
-  not completed, with a projection (RequestCpus, RequestMemory, ...);
+  not completed, with a projection (RequestCpus, RequestMemory, ..., and ``Owner``,
+  ``AcctGroup``, ``AccountingGroup``: running jobs' owners for cost accounting);
   ``Collector.query(AdTypes.Startd)`` for slots, with a projection.
 * read, ``read_format = "af"``: ``condor_q -allusers -global -constraint ... -af:tr ...`` and
   ``condor_status -af:tr ...`` (``htcondor/autoformat.py``): the same attributes as one text
@@ -177,7 +178,7 @@ class HTCondorBackend:
     def _observation(self, jobs: Any, nodes: list[Any], warnings: list[str]) -> Observation:
         warnings += [f"htcondor: unmapped JobStatus {s}: job ignored" for s in sorted(set(jobs.unknown_states))]
         return Observation(jobs=jobs.sample, shapes=jobs.shapes(), nodes=nodes, running_jobs=jobs.running,
-                           finished_jobs=jobs.finished, warnings=warnings)
+                           finished_jobs=jobs.finished, warnings=warnings, owners=jobs.owners)
 
     # ------------------------------------------------------------------ read through the tools
     def _exe(self, name: str) -> str:

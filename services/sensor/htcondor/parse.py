@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.columns import validate_nodes
@@ -42,9 +42,13 @@ from epu.services.sensor.states import (
 
 log = logging.getLogger("epu.sensor.htcondor")
 
+#: Whose a job is, for cost accounting (``owners``): the submitter, and the accounting group
+#: ``condor_submit`` writes for ``accounting_group`` (``AcctGroup``; ``AccountingGroup`` is
+#: ``<group>.<user>``, or whatever a ``+AccountingGroup`` line set).
+OWNER_ATTRIBUTES = ("Owner", "AcctGroup", "AccountingGroup")
 JOB_PROJECTION = ["ClusterId", "ProcId", "JobStatus", "RequestCpus", "RequestMemory", "RequestGpus", "RequestDisk",
                   "QDate", "JobUniverse", "MachineCount", "MinHosts", "HoldReasonCode", "DeferralTime",
-                  "AllowedJobDuration", "Requirements"]
+                  "AllowedJobDuration", "Requirements", *OWNER_ATTRIBUTES]
 STARTD_PROJECTION = ["Name", "Machine", "State", "Activity", "SlotType", "PartitionableSlot", "DynamicSlot",
                      "Cpus", "TotalSlotCpus", "TotalCpus", "JobId", "EnteredCurrentState", "Draining",
                      "SlotID", "Memory", "TotalSlotMemory", "TotalMemory", "Gpus", "TotalSlotGpus", "TotalGpus",
@@ -86,6 +90,36 @@ def _int(ad: Mapping[str, Any], key: str, default: int = 0) -> int:
 class CondorJobs(JobsRead):
     """What one read saw (see ``JobsRead``)."""
 
+    owners: dict[str, list[str]] = field(default_factory=dict)
+    """Running job ("cluster.proc", as slots name it in ``JobId``) → [account, user, ""]
+    (HTCondor has no partitions; cost accounting)."""
+
+
+class Owners:
+    """A running job's [account, user, partition] from its ``OWNER_ATTRIBUTES``: the user is
+    ``Owner``; the account is ``AcctGroup``, else ``AccountingGroup`` without the trailing
+    ``.<Owner>`` (``group_physics.alice`` → ``group_physics``), else "". Jobs with the same
+    attributes share one list, built once (the snapshot only reads it); None when all are
+    absent."""
+
+    __slots__ = ("cache",)
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[Any, Any, Any], list[str] | None] = {}
+
+    def __call__(self, user: Any, acct_group: Any, accounting_group: Any) -> list[str] | None:
+        key = (user, acct_group, accounting_group)
+        if key in self.cache:
+            return self.cache[key]
+        who = str(user) if user is not None else ""
+        account = str(acct_group) if acct_group else ""
+        if not account and accounting_group:
+            account = str(accounting_group)
+            if who and account.endswith("." + who):
+                account = account[:-len(who) - 1]
+        owner = self.cache[key] = [account, who, ""] if account or who else None
+        return owner
+
 
 class TemplateMatch:
     """A job's ``Requirements`` against the worker template (the machine attributes a new
@@ -124,7 +158,7 @@ class TemplateMatch:
 
 #: Job attributes that differ from one job to the next of the same request: left out of the
 #: text a job is grouped by, and read per job.
-_JOB_VARYING = re.compile(r"^(ClusterId|ProcId|QDate) = (.*)\n", re.M)
+_JOB_VARYING = re.compile(r"^(ClusterId|ProcId|QDate|Owner|AcctGroup|AccountingGroup) = (.*)\n", re.M)
 
 
 def split_old(ad: Mapping[str, Any], varying: re.Pattern[str]) -> tuple[Any, dict[str, str]]:
@@ -189,6 +223,7 @@ def normalize_jobs(ads: Iterable[Mapping[str, Any]], now: float, warnings: list[
     match = TemplateMatch(template)
     groups: dict[Any, list] = {}  # text → [interpretation, jobs, earliest QDate, first job ids]
     sample_size = out.sample_size
+    owners = Owners()
     for ad in ads:
         ident, raw = split_old(ad, _JOB_VARYING)
         g = groups.get(ident)
@@ -199,6 +234,9 @@ def normalize_jobs(ads: Iterable[Mapping[str, Any]], now: float, warnings: list[
         if kind != "pending":
             if kind == "running":
                 out.running += 1
+                owner = owners(*(_raw_str(raw, ad, a) for a in OWNER_ATTRIBUTES))
+                if owner is not None:
+                    out.owners[f"{_raw_int(raw, ad, 'ClusterId')}.{_raw_int(raw, ad, 'ProcId')}"] = owner
             elif kind == "finished":
                 out.finished += 1
             else:
