@@ -187,7 +187,8 @@ def condor_ads(n_jobs: int, n_nodes: int, seed: int = 1) -> tuple[list[Any], lis
         ad = classad2.ClassAd({"ClusterId": 1000 + i // 10, "ProcId": i % 10, "JobStatus": status,
                                "RequestCpus": cores, "RequestMemory": mem or 1024, "RequestGpus": gpus,
                                "RequestDisk": 1048576, "QDate": int(NOW) - rng.randrange(86400), "JobUniverse": 5,
-                               "AllowedJobDuration": limit * 60})
+                               "AllowedJobDuration": limit * 60, "Owner": f"user{i % 31}",
+                               "AcctGroup": f"group_{i % 7}", "AccountingGroup": f"group_{i % 7}.user{i % 31}"})
         ad["Requirements"] = classad2.ExprTree(
             '(TARGET.Arch == "X86_64") && (TARGET.OpSys == "LINUX") && (TARGET.Disk >= RequestDisk) && '
             "(TARGET.Memory >= RequestMemory) && (TARGET.HasFileTransfer)")

@@ -39,15 +39,6 @@ def test_bindings_read_gives_running_jobs_owners() -> None:
     assert lost.owners == {"120.0": ["", "alice", ""], "122.0": ["", "bob", ""]}
 
 
-def test_owners_do_not_split_shapes() -> None:
-    """Pending jobs of one request under two owners are still one shape (the owner is read per
-    job, like its id, not part of the text jobs are grouped by)."""
-    idle = [a for a in ads("jobs.ads") if a["ClusterId"] == 100]
-    idle[0]["Owner"], idle[1]["AcctGroup"] = "bob", "group_x"
-    shapes = normalize_jobs(projected(idle, JOB_PROJECTION), NOW).shapes()
-    assert len(shapes) == 1 and shapes[0].count == 5
-
-
 def test_af_read_gives_the_same_owners() -> None:
     text = (FIXTURES / "af" / "condor_q_jobs.txt").read_text()
     assert normalize_job_lines(text, NOW).owners == JOBS_OWNERS
