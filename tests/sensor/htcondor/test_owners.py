@@ -54,6 +54,8 @@ def test_both_backends_put_them_in_the_observation() -> None:
     a = HTCondorBackend(runner=Tools(render(jobs, JOB_AF), render(slots, STARTD_AF)), read_format="af",
                         clock=clock).snapshot()
     assert b.owners == a.owners == JOBS_OWNERS
+    # keyed as the slots name their jobs (JobId), which is what cost accounting joins them on
+    assert {j for n in b.nodes for j in n.jobs} & set(b.owners) == set(JOBS_OWNERS)
 
 
 def test_plain_mapping_ads() -> None:
