@@ -52,13 +52,10 @@ class BenchError(Exception):
 
 def script_name(bench: str) -> str:
     """``decision``, ``bench_decision`` or ``bench/bench_decision.py`` → ``bench_decision.py``."""
-    name = Path(bench).name
-    if name.endswith(".py"):
-        name = name[:-3]
-    if not name.startswith("bench_"):
-        name = "bench_" + name
-    if not re.fullmatch(r"bench_\w+", name):
-        raise BenchError(f"not a benchmark name: {bench!r} (expected e.g. 'decision' or 'bench_sensor.py')")
+    m = re.fullmatch(r"(?:bench/)?(?:bench_)?(\w+?)(?:\.py)?", bench)
+    if m is None:
+        raise BenchError(f"not a benchmark name: {bench!r} (expected e.g. 'decision' or 'bench/bench_sensor.py')")
+    name = "bench_" + m.group(1)
     return name + ".py"
 
 
@@ -70,8 +67,8 @@ def check_tree(tree: Path, label: str, script: str) -> Path:
     if not python.exists():
         raise BenchError(f"{label} tree {tree}: no .venv/bin/python (run `make venv` in it)")
     if not (tree / "bench" / script).is_file():
-        raise BenchError(f"{label} tree {tree}: no bench/{script} (with --script-from head the head's script "
-                         "runs against this tree's code)")
+        hint = " (--script-from head runs the head's script against this tree's code)" if label == "base" else ""
+        raise BenchError(f"{label} tree {tree}: no bench/{script}{hint}")
     return python
 
 
