@@ -14,6 +14,11 @@ What counts as a figure in one run's JSON (bench/benchjson.py and the older per-
   numbers of a list under such a key (by index);
 * everything else (counts, goals, ratios, the machine) is context, not a figure.
 
+A figure named for a **floor** (bench_sensor.py's decode floor: the same bytes through the
+fastest stdlib parser, no EPU code) is a *control*: the same code in both trees, so its ratio
+shows how much the machine moved between runs; its verdict is shown but never fails the
+comparison.
+
 Lower is better for every figure. Across the runs of one tree a figure's **min** is the least
 of the runs' minimums and its **median** the median of the runs' medians (a scalar is its own
 min and median).
@@ -57,6 +62,12 @@ class Row:
     ratio_median: float | None  # head median / base median
     ratio_min: float | None     # head min / base min
     verdict: str
+    control: bool = False  # no EPU code in it: its ratio is the machine's noise
+
+
+def is_control(name: str) -> bool:
+    """A decode floor: stdlib parsing only, the same in both trees."""
+    return "floor" in name
 
 
 def _is_stats(v: Any) -> bool:
@@ -173,10 +184,13 @@ def compare(base_runs: Sequence[Mapping[str, Sample]], head_runs: Sequence[Mappi
         proto = (b or h)[2]  # type: ignore[index]  # one of them is there: the name came from a run
         if b is None or h is None:
             rows.append(Row(name, proto.unit, proto.kind, b and b[0], b and b[1], h and h[0], h and h[1], None, None,
-                            "only in head" if b is None else "only in base"))
+                            "only in head" if b is None else "only in base", is_control(name)))
             continue
         rm, rn = _ratio(h[1], b[1]), _ratio(h[0], b[0])
-        rows.append(Row(name, proto.unit, proto.kind, b[0], b[1], h[0], h[1], rm, rn, verdict(rm, rn, threshold)))
+        control = is_control(name)
+        v = verdict(rm, rn, threshold)
+        rows.append(Row(name, proto.unit, proto.kind, b[0], b[1], h[0], h[1], rm, rn,
+                        f"{v} (control)" if control else v, control))
     return rows
 
 
@@ -201,6 +215,11 @@ def markdown(rows: Sequence[Row], base_label: str = "base", head_label: str = "h
                      f"{_fmt(r.head_min)} / {_fmt(r.head_median)} | {_fmt_ratio(r.ratio_median)} / "
                      f"{_fmt_ratio(r.ratio_min)} | {r.verdict} |")
     return "\n".join(lines)
+
+
+def failed(rows: Sequence[Row]) -> list[Row]:
+    """The rows that fail the comparison: OVER on a figure of EPU's code (not a control)."""
+    return [r for r in rows if r.verdict == "OVER" and not r.control]
 
 
 def as_json(rows: Sequence[Row]) -> list[dict[str, Any]]:

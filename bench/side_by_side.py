@@ -18,8 +18,8 @@ temporary directory beside links to every other top-level entry of the base tree
 script's own ``sys.path`` entry (its parent's parent) is the base tree's code. By default each
 tree runs its own script, and a script that differs between the trees is named on stderr.
 
-Exit status: 0 when every figure is within the threshold (or only "over (min ok)"), 1 when a
-figure is OVER, 2 on bad input or a failed run (the message names the tree, the command and the
+Exit status: 0 when every figure is within the threshold (or only "over (min ok)", or a decode
+floor: a control, no EPU code in it), 1 when a figure of EPU's code is OVER, 2 on bad input or a failed run (the message names the tree, the command and the
 end of its stderr).
 
 ``make bench-compare BASE=DIR BENCH=decision BENCH_ARGS="--scale-only --no-rss"`` runs it with
@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_figures import Sample, as_json, compare, extract, markdown  # noqa: E402
+from compare_figures import Sample, as_json, compare, extract, failed, markdown  # noqa: E402
 
 
 class BenchError(Exception):
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
               f"+{a.threshold:.0%}; min / median over the runs (CPU where measured).\n")
         print(markdown(rows))
         print(f"\nload average (1 min) before each run: {'; '.join(loads)}")
-    return 1 if any(r.verdict == "OVER" for r in rows) else 0
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

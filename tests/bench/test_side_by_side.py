@@ -15,7 +15,7 @@ sys.path.insert(0, str(BENCH))
 
 import side_by_side  # noqa: E402
 from benchjson import Results  # noqa: E402
-from compare_figures import Sample, compare, extract, markdown, verdict  # noqa: E402
+from compare_figures import Sample, compare, extract, failed, markdown, verdict  # noqa: E402
 
 
 def test_cpu_is_preferred_over_wall_and_context_is_not_a_figure() -> None:
@@ -75,6 +75,15 @@ def test_compare_aggregates_runs_and_names_a_figure_one_tree_lacks() -> None:
     assert "| f | ms CPU | 9 / 12 | 10 / 13.5 | 1.125 / 1.111 | OVER |" in table
     with pytest.raises(ValueError, match="at least one run"):
         compare([], head)
+
+
+def test_a_floor_is_a_control_that_never_fails_the_comparison() -> None:
+    base = [{"slurm (cpu)": Sample(1, 1, "s", "cpu"), "slurm › floor_cpu": Sample(1, 1, "s", "cpu")}]
+    head = [{"slurm (cpu)": Sample(1, 1, "s", "cpu"), "slurm › floor_cpu": Sample(2, 2, "s", "cpu")}]
+    rows = compare(base, head)
+    assert [r.verdict for r in rows] == ["ok", "OVER (control)"] and failed(rows) == []
+    head[0]["slurm (cpu)"] = Sample(2, 2, "s", "cpu")
+    assert [r.figure for r in failed(compare(base, head))] == ["slurm (cpu)"]
 
 
 def test_a_zero_base_is_not_a_division_error() -> None:
