@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast lint bench e2e sim venv services clean help
+.PHONY: run test test-fast lint bench bench-compare e2e sim venv services clean help
 
 help:
 	@echo "make run    — the embedded demo: all services in one process, simulated cluster and cloud"
@@ -23,6 +23,7 @@ help:
 	@echo "make test-fast — the suites that need no RabbitMQ, PostgreSQL or Slurm (venv only)"
 	@echo "make lint   — ruff"
 	@echo "make bench  — benchmarks in bench/ (figures printed; see docs/performance.md)"
+	@echo "make bench-compare BASE=DIR — the production benches side by side with another tree (its own .venv)"
 	@echo "make e2e    — the real thing on one machine: an elastic Slurm cluster driven by all services"
 	@echo "make sim    — the fault simulator over many seeds (SIM_SEEDS per scenario); invariant counts"
 
@@ -97,6 +98,19 @@ bench: $(STAMP) services
 	@mkdir -p bench/results
 	@$(foreach b,$(BENCHES),$(call run_bench,$(b)))
 	$(BIN)/python bench/report.py
+
+# The production figures side by side with another tree (bench/side_by_side.py): each bench of
+# BENCH_COMPARE, with its `make bench` arguments, run alternately in BASE (a tree with its own
+# `make venv`) and this tree, SBS_ARGS (default 3 pairs, +10 %) passed on; a table per bench.
+# Exit 1 when a figure is over the threshold, 2 on bad input or a failed run.
+BENCH_COMPARE ?= sensor decision_scale
+SBS_ARGS ?=
+bench-compare: $(STAMP)
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=DIR [BENCH_COMPARE='sensor decision_scale'] [SBS_ARGS=...]"; exit 2; }
+	@test -z "$(filter-out $(BENCHES),$(BENCH_COMPARE))" || { \
+	  echo "bench-compare: unknown bench $(filter-out $(BENCHES),$(BENCH_COMPARE)) (one of: $(BENCHES))"; exit 2; }
+	@rc=0; $(foreach b,$(BENCH_COMPARE),echo "== $(b)"; $(BIN)/python bench/side_by_side.py --base $(BASE) $(SBS_ARGS) \
+	  $(or $(BENCH_SCRIPT_$(b)),$(b)) $(BENCH_ARGS_$(b)) || { r=$$?; [ $$r -gt $$rc ] && rc=$$r; };) exit $$rc
 
 e2e: $(STAMP) services
 	@if [ -x scripts/ensure-slurm.sh ]; then bash scripts/ensure-slurm.sh; fi
