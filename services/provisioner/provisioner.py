@@ -552,7 +552,8 @@ class Provisioner:
         with self._lock:
             in_flight = f"launch:{instance_id}" in self._inflight
         may_exist = in_flight or rec.cloud_id is not None or (launch is not None and launch.cloud_attempts > 0)
-        j = unstarted.judge(rec.state, node, listed=listing is not None, create_may_exist=may_exist)
+        j = unstarted.judge(rec.state, node, listed=listing is not None, create_may_exist=may_exist,
+                            presumed_gone=rec.presumed_gone)
         log.info("terminate (unless started)", extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
         if j.verdict in ("destroy", "close"):
             cloud_id = node.cloud_id if node is not None else None

@@ -12,15 +12,20 @@ look at the cloud, decides here from its record and a listing taken now:
   ``pending``: no operating system runs yet, so no daemon and no job;
 * ``close`` — a ``requested`` record whose create was never made (none attempted, none in
   flight) and no node listed: there is nothing to destroy;
-* ``refuse`` — the record or the listing says the VM started: the provisioner records and
+* ``refuse`` — the record or the listing says the VM got past booting (running, or a state
+  such as stopped or rebooting that only a VM that ran reaches): the provisioner records and
   publishes it ``started``, and the engine takes it out the safe way (removed from the batch
   system, then terminated);
 * ``wait`` — the answer is unknown: the listing failed, the node is not in it (listings lag
-  creates and omit live nodes: not listed is never gone), it is listed in another state (a
-  listing may show a running node ERROR for a poll), or its create is in flight. Nothing is
-  done; the engine sends the terminate again (``resend_seconds``), and the poll moves the record
-  meanwhile, so it ends: a VM that never boots stays ``pending`` and is destroyed at a later
-  try, one that boots is refused, one that fails is closed by the poll.
+  creates and omit live nodes: one listing without it is never gone), it is listed in another
+  state (a listing may show a running node ERROR for a poll), or its create is in flight.
+  Nothing is done (the terminate stays unanswered, which the engine counts as an unhealthy
+  pipeline while it lasts: no stall or loss is counted meanwhile); the engine sends it again (``resend_seconds``), and the poll moves
+  the record meanwhile, so it ends: a VM that never boots stays ``pending`` and is destroyed at a
+  later try, one that boots is refused, one that fails is closed by the poll, and one the polls
+  keep missing is presumed gone (``reconcile``: ``vanish_misses`` listings over
+  ``vanish_min_seconds``) — then the terminate is carried out (``destroy``: the destroy call by
+  its cloud id ends it either way), as it is for any terminate of such a record.
 * ``accepted`` — the record is ``terminating``: an earlier copy was accepted; carried out as any
   terminate. ``over`` — the record is closed: nothing to do.
 
@@ -48,7 +53,8 @@ class Judgement:
     why: str
 
 
-def judge(state: str | None, node: CloudNode | None, *, listed: bool, create_may_exist: bool) -> Judgement:
+def judge(state: str | None, node: CloudNode | None, *, listed: bool, create_may_exist: bool,
+          presumed_gone: bool = False) -> Judgement:
     """The verdict for a terminate sent ``unless_started`` (see the module docstring).
 
     ``state``: the record's state (``None``: no record here); ``node``: the instance's node in a
@@ -66,13 +72,18 @@ def judge(state: str | None, node: CloudNode | None, *, listed: bool, create_may
     if node is None:
         if (state is None or state == "requested") and not create_may_exist:
             return Judgement("close", "no node carries its launch id and none is being made")
+        if presumed_gone:
+            return Judgement("destroy", "its node is presumed gone (missed by the polls' listings)")
         return Judgement("wait", "its node is not in the listing: unknown (listings lag and omit nodes), not gone")
     if node.state == "pending":
         return Judgement("destroy", f"node {node.cloud_id} is still booting ({node.native_state})")
     if node.state == "started":
         return Judgement("refuse", f"node {node.cloud_id} runs ({node.native_state}): its daemon may have joined "
                                    "the batch system and taken a job")
-    return Judgement("wait", f"node {node.cloud_id} is listed {node.native_state}: not known to be booting")
+    if node.state is None:
+        return Judgement("refuse", f"node {node.cloud_id} is listed {node.native_state}: past booting, it may have "
+                                   "run a daemon that joined the batch system")
+    return Judgement("wait", f"node {node.cloud_id} is listed {node.native_state}: the polls judge whether it ended")
 
 
 __all__ = ["UNSTARTED", "Judgement", "Verdict", "judge"]
