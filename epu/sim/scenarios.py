@@ -322,7 +322,8 @@ def htcondor_booting_terminates() -> Scenario:
                                       duration=(300.0, 1800.0)),
                     faults=[F.operator_terminates_booting(30.0)],
                     stresses="a terminate the engine sent as \"never in the batch system\" (the instance "
-                             "pending in its view) destroyed a VM whose startd had joined and taken a job")
+                             "pending in its view) destroyed a VM whose startd had joined and taken a job",
+                    seeds_in_ci=4)
 
 
 @scenario
