@@ -460,6 +460,13 @@ class TerminateRequest(Message):
     """Why, kept in the instance's history."""
     force: bool = False
     """Terminate even if the engine thinks the node runs a job."""
+    unless_started: bool = False
+    """Only while the instance has not started: the sender (the engine, for an instance its view
+    holds ``requested`` or ``pending``) takes it for one the batch system cannot know. The
+    provisioner destroys it only if its record and a fresh look at the cloud both show it not
+    running; otherwise it refuses — publishes the instance ``started`` — and the sender takes it
+    out the safe way (removed from the batch system first). A VM that boots may already run a
+    self-registering daemon (an HTCondor startd) with a job."""
 
     def routing_key(self) -> str:
         return "provisioner.terminate"

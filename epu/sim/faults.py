@@ -447,6 +447,35 @@ def operator_actions(per_hour: float, *, terminate_share: float = 0.3, force_sha
     return fault
 
 
+def operator_terminates_booting(per_hour: float, *, around_boot: tuple[float, float] = (-5.0, 15.0)) -> Fault:
+    """An operator's unforced ``epu instances terminate`` of an instance that is booting: at random
+    times, a live VM of the domain whose boot is due within ``-around_boot[0]`` seconds or done at
+    most ``around_boot[1]`` seconds ago (the operator's list still shows it ``pending``: the
+    provisioner polls every 30 s). On HTCondor its startd may register and take a job before the
+    engine hears that the VM runs; a moment with no such VM passes without a terminate."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("operator/booting")
+        t = sim.world.start + 600.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end - 60:
+                break
+            sim.world.at(t, lambda: _terminate_booting(sim, around_boot), "operator terminate (booting)")
+
+    return fault
+
+
+def _terminate_booting(sim: Simulation, around_boot: tuple[float, float]) -> None:
+    now = sim.world.t
+    booting = sorted((vm for c in sim.clouds.values() for vm in c.live_vms()
+                      if vm.domain == sim.domain and vm.launch_id is not None and not vm.boot_fails
+                      and around_boot[0] <= now - vm.boot_at <= around_boot[1]), key=lambda v: v.cloud_id)
+    if booting:
+        vm = sim.world.rng("operator/booting/pick").choice(booting)
+        sim.operator_terminate(vm.launch_id, False)  # type: ignore[arg-type]
+
+
 def engine_restarts_with_file_edits(per_hour: float) -> Fault:
     """An administrator edits the domain's section of the config file (``max_nodes`` one lower, or
     back) and restarts the engine(s), at random times."""

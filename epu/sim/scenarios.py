@@ -313,6 +313,20 @@ def htcondor_drains() -> Scenario:
 
 
 @scenario
+def htcondor_booting_terminates() -> Scenario:
+    return Scenario("htcondor-booting-terminates", "HTCondor: an operator's unforced terminate of an instance that "
+                    "is booting — its startd joins by itself and takes a queued job before the engine hears "
+                    "the VM runs",
+                    hours=3.0, domain=DomainSpec(flavor="htcondor", max_nodes=30),
+                    workload=Workload(arrivals_per_hour=80.0, burst_per_hour=2.0, burst_jobs=(10, 40),
+                                      duration=(300.0, 1800.0)),
+                    faults=[F.operator_terminates_booting(30.0)],
+                    stresses="a terminate the engine sent as \"never in the batch system\" (the instance "
+                             "pending in its view) destroyed a VM whose startd had joined and taken a job",
+                    seeds_in_ci=4)
+
+
+@scenario
 def htcondor_two_views() -> Scenario:
     return Scenario("htcondor-two-views", "HTCondor as two views: the collector loses live workers' ads for "
                     "15-60 min while the schedd still lists their jobs; peaceful shutdowns last as long as the jobs",

@@ -448,6 +448,8 @@ class Engine:
             answered += ("terminate",)
         if evt.state in TERMINAL_INSTANCE_STATES:
             answered += ("add", "offline", "online")
+        if forward and evt.state == "started" and inst.terminate_unless_started:  # refused: it may have a job
+            new, answered = evolve(new, terminate_sent=False), (*answered, "terminate")
         self.store.record_instance_event(new, answered, f"instance {evt.state}")
         if evt.state == "started" and not repair:
             self._spot_started(inst)

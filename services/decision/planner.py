@@ -4,7 +4,10 @@ The planner is the guard rail between any policy and the clouds:
 
 * a node running a job is never terminated unless the action is forced;
 * an instance the batch system may know (added, seen, or its VM ran) is terminated only after
-  the sensor confirmed its node removed (``removed``), unless forced;
+  the sensor confirmed its node removed (``removed``), unless forced; any other unforced
+  terminate is sent ``unless_started`` — the provisioner carries it out only while the VM has
+  not started (this view lags the cloud: a booted VM's own daemon may have joined and taken a
+  job), else refuses, and the instance goes the safe way;
 * an unavailable snapshot never leads to a scale-down (offline, remove, terminate);
 * one action per instance and kind, and none while the same one is still in flight; never
   ``online`` while a ``remove`` of the same node is in flight, nor the reverse;
@@ -179,8 +182,12 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                 out.notes.append(f"kept {inst.node_name}: the batch system may know it; terminate only "
                                  "after its removal is confirmed")
                 continue
+            # unforced, and not known to the batch system as far as this view goes: the view lags
+            # the cloud, so the provisioner checks that the VM has not started (a daemon that
+            # registers by itself may have joined and taken a job)
             msg: Message = TerminateRequest(request_id=make_id(), instance_id=iid, domain=view.domain,
-                                            reason=action.reason, force=action.force)
+                                            reason=action.reason, force=action.force,
+                                            unless_started=not action.force and not inst.batch_may_know)
             out.instances[iid] = evolve(inst, terminate_sent=True, idle_since=None,
                                          retire=inst.retire or action.retire)
             out.actions.append(Planned(msg.request_id, "terminate", iid, inst.site, action.reason, msg))

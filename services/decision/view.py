@@ -92,6 +92,16 @@ class Instance:
         return (self.add_sent_at is not None or self.seen_at is not None or self.joined_at is not None
                 or self.state in ("started", "joined", "draining"))
 
+    @property
+    def terminate_unless_started(self) -> bool:
+        """Its terminate in flight was sent ``unless_started`` (the planner sends every unforced
+        terminate of an instance the batch system cannot know so): the engine's view lags the
+        cloud, so the provisioner carries it out only while the VM has not started. Once the
+        instance is reported ``started``, that terminate is refused (the provisioner refuses it
+        from then on, and one it accepted would have moved the instance to ``terminating``, never
+        back to ``started``): it is no longer in flight, and the instance goes the safe way out."""
+        return self.terminate_sent and self.state in ("requested", "pending") and not self.batch_may_know
+
 
 def _by_state(by_short: dict[str, NodeInfo]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     """The short names of the busy, the idle (free, no job, no core used) and the down nodes, in

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -44,6 +44,7 @@ from epu.common.messages import (
     TerminateRequest,
 )
 from epu.services.provisioner import reconcile as core
+from epu.services.provisioner import unstarted
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
 from epu.services.provisioner.discovery import Catalogues
 from epu.services.provisioner.errors import (
@@ -227,7 +228,7 @@ class Provisioner:
             self._schedule_launch(rec.instance_id, rec.site)  # a redelivery after a crash: re-drive it
         return rec
 
-    def handle_terminate(self, req: TerminateRequest) -> InstanceRecord:
+    def handle_terminate(self, req: TerminateRequest) -> InstanceRecord | None:
         """Store the terminate (``terminating``) and schedule the destroy. Returns when stored.
 
         What ``force`` means here: nothing the provisioner does depends on it. Whether a node may
@@ -235,9 +236,17 @@ class Provisioner:
         batch system has seen before it asks, and an operator's unforced terminate goes to the
         engine to be drained; only a forced one is sent here directly. So every terminate that
         reaches the provisioner is carried out, and ``force`` is kept in the instance's history
-        ("forced") so an operator override can be told from the engine's own decision."""
+        ("forced") so an operator override can be told from the engine's own decision.
+
+        The one condition: a terminate sent ``unless_started`` (the engine's, for an instance its
+        lagging view holds unstarted) is carried out only while the VM has not started
+        (``unstarted``); nothing is stored before that is known — the sender re-sends until it
+        hears ``terminating``, ``started`` or an end."""
         now = self.clock.now()
         rec = self.store.get(req.instance_id)
+        if req.unless_started and not req.force and (rec is None or (rec.state != "terminating" and not rec.terminal)):
+            self._handle_unstarted(req, rec)
+            return rec
         if rec is None:
             # launched through another store (this one replaced or restored): the engine asks by
             # launch id, so the node carrying it is the one to end, wherever it is
@@ -258,7 +267,40 @@ class Provisioner:
             self._schedule_terminate(rec.instance_id, rec.site)
         return self.store.get(rec.instance_id) or rec
 
+    def _handle_unstarted(self, req: TerminateRequest, rec: InstanceRecord | None) -> None:
+        """A terminate sent ``unless_started`` of a live record not yet ``terminating``, or of an
+        instance this store has no record of: refuse at once when the record says it started,
+        else look at the cloud on the site's thread (``_terminate_unstarted``)."""
+        reason = req.reason or "terminate requested"
+        if rec is None:
+            if self.sites:
+                self._schedule_claimed(f"terminate:{req.instance_id}", next(iter(self.sites)),
+                                       lambda: self._locate_unstarted(req.instance_id, req.domain, reason))
+            return
+        if rec.state not in unstarted.UNSTARTED:
+            self._refuse_started(rec, f"terminate refused: the instance is {rec.state}; remove its node from "
+                                      "the batch system first")
+        elif rec.site in self.sites:
+            self._schedule_claimed(f"terminate:{rec.instance_id}", rec.site,
+                                   lambda: self._terminate_unstarted(rec.instance_id, rec.site, reason))
+        else:  # another provisioner on this queue holds the site's credentials (and looks at it)
+            log.info("terminate (unless started) of an instance at a site this provisioner cannot list: left "
+                     "to its sender's re-send", extra={"instance": rec.instance_id, "site": rec.site})
+
     # ------------------------------------------------------------------ scheduling
+    def _schedule_claimed(self, key: str, site: str, work: Callable[[], None]) -> None:
+        """Run ``work`` on ``site``'s threads unless work under ``key`` is queued or running."""
+        if not self._claim(key):
+            return
+
+        def task() -> None:
+            try:
+                work()
+            finally:
+                self._release(key)
+
+        self.runners[site].submit(task)
+
     def _claim(self, key: str) -> bool:
         with self._lock:
             if key in self._inflight:
@@ -495,6 +537,85 @@ class Provisioner:
                 self._do_terminate(instance_id, name)
                 return
         self._advance(instance_id, "terminated", reason="no node carries its launch id at any site")
+
+    def _terminate_unstarted(self, instance_id: str, site_name: str, reason: str) -> None:
+        """Carry out a terminate sent ``unless_started``: list the site now and act on
+        ``unstarted.judge`` — destroy a node still booting, refuse a started one (recorded
+        ``started``, published), leave an unknown answer to the sender's re-send."""
+        rec, launch = self.store.get_with_launch(instance_id)
+        if rec is None:
+            return
+        node: CloudNode | None = None
+        listing = self._list(site_name, "terminate (unless started)") if rec.state in unstarted.UNSTARTED else None
+        if listing is not None:
+            node = _node_of(listing[0], rec)
+        with self._lock:
+            in_flight = f"launch:{instance_id}" in self._inflight
+        may_exist = in_flight or rec.cloud_id is not None or (launch is not None and launch.cloud_attempts > 0)
+        j = unstarted.judge(rec.state, node, listed=listing is not None, create_may_exist=may_exist,
+                            presumed_gone=rec.presumed_gone)
+        log.info("terminate (unless started)", extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
+        if j.verdict in ("destroy", "close"):
+            cloud_id = node.cloud_id if node is not None else None
+            t = self._advance(instance_id, "terminating", reason=f"{reason} ({j.why})", cloud_id=cloud_id, expect=rec)
+            if t is not None:
+                self._do_terminate(instance_id, site_name)
+        elif j.verdict == "refuse":
+            why = f"terminate refused: {j.why}; remove its node from the batch system first"
+            if node is not None and rec.state in unstarted.UNSTARTED:
+                t = self._advance(instance_id, "started", reason=why, cloud_id=node.cloud_id, ip=node.ip, expect=rec)
+                if t is None:  # moved meanwhile (a poll): the sender's re-send judges again
+                    return
+                log.warning(why, extra={"instance": instance_id, "site": site_name})
+            else:
+                self._refuse_started(rec, why)
+        elif j.verdict == "accepted":
+            self._do_terminate(instance_id, site_name)
+
+    def _locate_unstarted(self, instance_id: str, domain: str, reason: str) -> None:
+        """``_terminate_unstarted`` for an instance this store has no record of: its node looked
+        for by launch id at every site (as ``_do_locate``). A booting node is recorded and
+        destroyed, none anywhere closes the record as before; a started one is left alone (the
+        store that launched it tells the engine it started), as is an unknown answer."""
+        if self.store.get(instance_id) is not None:
+            return  # recorded since (a launch arrived): the sender's re-send judges it
+        found: tuple[str, CloudNode] | None = None
+        for name, site in self.sites.items():
+            try:
+                node = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
+            except Exception as exc:
+                log.warning("cannot look for the node of a terminate (unless started); its sender re-sends",
+                            extra={"site": name, "instance": instance_id, "error": describe(exc)})
+                return
+            if node is not None and node.tags.get(TAG_DOMAIN) in (None, domain):
+                found = (name, node)
+                break
+        j = unstarted.judge(None, found[1] if found else None, listed=True, create_may_exist=False)
+        log.info("terminate (unless started) of an unknown instance",
+                 extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
+        if j.verdict == "close":
+            _, t = self.store.record_found(instance_id, domain, "terminated", self.clock.now(),
+                                           f"{reason}: unknown to this store; no node carries its launch id at any site")
+            self.emit(t)
+        elif j.verdict == "destroy" and found is not None:
+            name, node = found
+            _, t = self.store.record_found(instance_id, domain, "terminating", self.clock.now(),
+                                           f"{reason}: unknown to this store ({j.why})", site=name,
+                                           node_name=node.name, cloud_id=node.cloud_id, ip=node.ip)
+            if t is not None:
+                self.emit(t)
+                self._do_terminate(instance_id, name)
+
+    def _refuse_started(self, rec: InstanceRecord, why: str) -> None:
+        """Refuse a terminate sent ``unless_started`` of an instance recorded as started: publish
+        its record again with ``why`` (same ``seq``: a consumer that has it drops it; the engine,
+        whose view still holds it pending, learns it started and takes it out the safe way)."""
+        log.warning(why, extra={"instance": rec.instance_id, "state": rec.state})
+        try:
+            self._publish(Transition(0, replace(rec, reason=why), None, self.clock.now()).event())
+        except Exception as exc:  # the engine re-sends the terminate: refused again
+            log.warning("publish failed (terminate refused)", extra={"instance": rec.instance_id,
+                                                                     "error": describe(exc)})
 
     def _do_terminate(self, instance_id: str, site_name: str) -> None:
         rec = self.store.get(instance_id)
@@ -760,6 +881,14 @@ class Provisioner:
     def shutdown(self, wait: bool = True) -> None:
         for r in self.runners.values():
             r.shutdown(wait=wait)
+
+
+def _node_of(nodes: list[CloudNode], rec: InstanceRecord) -> CloudNode | None:
+    """A record's node in a listing: by its cloud id, or (none recorded yet) the live node
+    carrying its launch id."""
+    if rec.cloud_id is not None:
+        return next((n for n in nodes if n.cloud_id == rec.cloud_id), None)
+    return next((n for n in nodes if n.launch_id == rec.instance_id and n.live), None)
 
 
 def _same_rules(a: core.Rules, b: core.Rules) -> bool:

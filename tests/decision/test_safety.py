@@ -501,6 +501,51 @@ def test_an_unforced_operator_terminate_drains_first():
     assert term.instance_id == la.launch_id and not term.force
 
 
+def test_an_operator_terminate_of_a_pending_instance_is_sent_unless_started_and_a_refusal_goes_the_safe_way():
+    """The engine's view lags the cloud: the instance is pending here while its VM may already run
+    a startd that joined by itself (``epu sim --seed 1 --scenario htcondor-booting-terminates``).
+    The terminate says so (``unless_started``); the provisioner's refusal (the instance reported
+    started) puts the instance on the safe way out: drained, removed, then terminated."""
+    e, bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 10, "sites": ["s1"],
+                                                          "params": {"idle_seconds": 0}}}))
+    e.on_snapshot(snap(clock, queued=jobs(1)))
+    e.iterate()
+    (la,) = bus.of("instance.launch")
+    e.on_instance_event(event(la, "pending", 1, clock.now()))
+    bus.clear()
+    assert e.on_policy_change(PolicyChange(change_id="op1", domain="d", retire=[la.launch_id])).applied
+    clock.advance(10)
+    e.on_snapshot(snap(clock))
+    e.iterate()
+    (term,) = bus.of("instance.terminate")
+    assert term.unless_started and not term.force
+    bus.clear()
+    e.on_instance_event(event(la, "started", 2, clock.now(), reason="terminate refused: node c-1 runs"))
+    (inst,) = e.store.instances("d")
+    assert inst.state == "started" and not inst.terminate_sent and inst.retire == "operator"
+    node = NodeInfo(name=la.node_name, state="busy", cores=1, cores_used=1, jobs=["1"], instance_id=la.launch_id)
+    for _ in range(4):  # past resend_seconds: the refused terminate is answered, never sent again
+        clock.advance(10)
+        e.on_snapshot(snap(clock, nodes=[node]))
+        e.iterate()
+    assert bus.of("instance.terminate") == [] and bus.of("instance.launch") == []
+    assert {c.action for c in bus.of("node.command")} == {"offline"}  # drained first (a job runs there)
+    for c in bus.of("node.command"):
+        e.on_node_result(result(c))
+    bus.clear()
+    clock.advance(10)
+    e.on_snapshot(snap(clock, nodes=[node.model_copy(update={"state": "offline", "cores_used": 0, "jobs": []})]))
+    e.iterate()
+    (rm,) = bus.of("node.command")
+    assert rm.action == "remove" and bus.of("instance.terminate") == []
+    e.on_node_result(result(rm))
+    clock.advance(10)
+    e.on_snapshot(snap(clock))
+    e.iterate()
+    (term,) = bus.of("instance.terminate")
+    assert not term.unless_started and not term.force
+
+
 def test_retire_of_an_unknown_instance_is_rejected():
     d = Domain(1)
     out = d.e.on_policy_change(PolicyChange(change_id="op2", domain="d", retire=["nope"]))
