@@ -42,6 +42,7 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
+from epu.common.config.catalogue import InstanceType
 from epu.common.messages import (
     DecisionRecord,
     Envelope,
@@ -52,6 +53,7 @@ from epu.common.messages import (
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
+    UnsatisfiableShape,
     ViewSummary,
 )
 from epu.services.decision import budget, node_results
@@ -76,7 +78,9 @@ from epu.services.decision.policy_params import PolicyParams
 from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.records import decision_record, summarize
 from epu.services.decision.shaped import Catalogue, uses_catalogue
+from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
 from epu.services.decision.snapshots import Latest, Snapshots
+from epu.services.decision.spend import SpendHolds
 from epu.services.decision.store import PlanWrite
 from epu.services.decision.view import (
     DomainView,
@@ -91,6 +95,9 @@ log = logging.getLogger("epu.decision")
 #: How often a message's handler is run again when another engine's write made what it read
 #: stale (``Engine._read_then_write``) before the error goes to the consumer.
 _STALE_TRIES = 5
+
+SiteContext = tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]
+"""Site health and live and unproven instance counts per site, over all domains (``_site_context``)."""
 
 
 @dataclass
@@ -129,11 +136,10 @@ class Engine:
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
         self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
         """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
-        self.budget_held: dict[str, str] = {}
-        """Domain → why the spend cap held launches at its last iteration (status and metric)."""
         self.leases: DecisionLeases | None = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
         self.snapshots = Snapshots()
+        self.spend = SpendHolds()
         self.health = PipelineHealth(self.settings, store)
         self.catalogues = Catalogues(config, self.settings, self.site_infos)
         self.events = InstanceEvents(config, store, self.clock, publish, self.acting, self.catalogues, self.health)
@@ -152,13 +158,41 @@ class Engine:
                 raise ValueError(f"domains.{name}: {exc}") from None
             store.seed_config(name, cfg, self.clock.now())
 
-    # the kept data's owners answer for it (read by the service's metrics, status and tests)
-    types = property(lambda self: self.catalogues.types, doc="Each site's instance-type catalogue.")
-    cooldown = property(lambda self: self.catalogues.cooldown, doc="(site, type) → out until then.")
-    spot_failures = property(lambda self: self.catalogues.spot_failures, doc="Domain → spot capacity errors.")
-    unsatisfiable = property(lambda self: self.catalogues.unsatisfiable, doc="Domain → jobs no type serves.")
-    order = property(lambda self: self.snapshots.order, doc="Which snapshot of a domain is newer.")
-    skew = property(lambda self: self.snapshots.skew, doc="How far each domain's sensor clock is off.")
+    # what the modules keep, read by the service's metrics and status and by tests
+    @property
+    def types(self) -> dict[str, list[InstanceType]]:
+        """Each site's instance-type catalogue (``Catalogues.types``)."""
+        return self.catalogues.types
+
+    @property
+    def cooldown(self) -> dict[tuple[str, str], float]:
+        """(site, type) offerings out until then after a capacity error (``Catalogues``)."""
+        return self.catalogues.cooldown
+
+    @property
+    def spot_failures(self) -> dict[str, tuple[int, float]]:
+        """Domain → (spot capacity errors in a row, when the last came) (``Catalogues``)."""
+        return self.catalogues.spot_failures
+
+    @property
+    def unsatisfiable(self) -> dict[str, list[UnsatisfiableShape]]:
+        """Domain → pending jobs no type of its catalogue can serve (``Catalogues``)."""
+        return self.catalogues.unsatisfiable
+
+    @property
+    def budget_held(self) -> dict[str, str]:
+        """Domain → why the spend cap held launches at its last iteration (``SpendHolds``)."""
+        return self.spend.held
+
+    @property
+    def order(self) -> SnapshotOrder:
+        """Which snapshot of a domain is newer (``Snapshots.order``)."""
+        return self.snapshots.order
+
+    @property
+    def skew(self) -> ClockSkew:
+        """How far each domain's sensor clock is off (``Snapshots.skew``)."""
+        return self.snapshots.skew
 
     # ------------------------------------------------------------------ input
     def _sync(self) -> None:
@@ -366,7 +400,7 @@ class Engine:
                               self.settings.backoff_max_seconds, tuple(cfg.node_names),
                               {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()})
 
-    def _site_context(self) -> tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]:
+    def _site_context(self) -> SiteContext:
         """Site health and live/unproven counts over all domains (quota is per site)."""
         live, unproven = self.store.live_per_site()
         return self.store.site_health(), live, unproven
@@ -388,9 +422,7 @@ class Engine:
             changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
         return before, after, parts, changed, came, dissolved, self.health.breaker_check(census, latest), census.gangs
 
-    def iterate_domain(self, domain: str, now: float,
-                       sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
-                       ) -> DecisionRecord | None:
+    def iterate_domain(self, domain: str, now: float, sites: SiteContext | None = None) -> DecisionRecord | None:
         """One domain's iteration on its own: prepare, commit (raises ``Fenced`` when the lease
         is gone: nothing stored, nothing sent), send. ``iterate`` does the same for all domains
         with one commit."""
@@ -409,9 +441,7 @@ class Engine:
         if not w.plan.instances:
             self.census.stored(w.domain, self.store.domain_stamp(w.domain))
 
-    def _prepare(self, domain: str, now: float,
-                 sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
-                 ) -> _Prepared:
+    def _prepare(self, domain: str, now: float, sites: SiteContext | None = None) -> _Prepared:
         """Everything of a domain's iteration up to its commit: refresh, view, policy, plan; the
         iteration's site context (``sites``) counts its launches at once, so the next domain's
         placement sees them (a plan that then fails to commit only made the others more careful)."""
@@ -452,7 +482,7 @@ class Engine:
                 cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
                 budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()}, self.types)))
         out = plan(view, decision, placement, self.store.in_flight(domain))
-        notes_extra += self._held(domain, out.budget)
+        notes_extra += self.spend.note(domain, out.budget)
         if cfg.mode == "observe":
             out = shadow(out)
         out.sites = {**successes, **out.sites}
@@ -487,21 +517,6 @@ class Engine:
             counts[key] = counts.get(key, 0) + n
         return counts
 
-    def _held(self, domain: str, why: str) -> list[str]:
-        """Remember why the spend cap holds launches (status, metric); a note — hence a decision
-        record, the event — when the cap starts or stops holding them."""
-        before = self.budget_held.get(domain, "")
-        if why:
-            self.budget_held[domain] = why
-        else:
-            self.budget_held.pop(domain, None)
-        if why and not before:
-            log.warning("spend cap holds launches", extra={"domain": domain, "why": why})
-            return [why]
-        if before and not why:
-            return ["spend cap: no launch held any more"]
-        return []
-
     def next_deadlines(self, now: float) -> dict[str, float]:
         """Domain → the earliest time at which an iteration, given no new input, could do
         something other than nothing because one of this engine's own timers turns: the health
@@ -525,7 +540,7 @@ class Engine:
                 out[d] = math.inf  # not iterated until a snapshot (an input) comes
                 continue
             current = self.store.current_config(d)
-            if d in self.budget_held or (
+            if d in self.spend.held or (
                     current is not None and current[1].policy in DEMAND_SENSITIVE and latest.digest.jobs):
                 out[d] = now  # launches held by the spend cap are planned (ids drawn) each time
                 continue
