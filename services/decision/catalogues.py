@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from epu.common.config import DecisionConfig, EpuConfig
+from epu.common.config import EpuConfig
 from epu.common.config.catalogue import InstanceType, site_types
 from epu.common.messages import UnsatisfiableShape
 from epu.services.decision.offers import from_offered
@@ -32,9 +32,9 @@ log = logging.getLogger("epu.decision")
 class Catalogues:
     """The sites' instance types and the offerings' recent failures, for every domain."""
 
-    def __init__(self, config: EpuConfig, settings: DecisionConfig, site_infos: Mapping[str, SiteInfo]) -> None:
+    def __init__(self, config: EpuConfig, site_infos: Mapping[str, SiteInfo]) -> None:
         self.config = config
-        self.settings = settings
+        self.settings = config.decision
         self.site_infos = site_infos
         self.types: dict[str, list[InstanceType]] = {n: site_types(n, s) for n, s in config.sites.items()}
         """Each site's instance-type catalogue, from config (docs/demand.md); a site that

@@ -141,7 +141,7 @@ class Engine:
         self.snapshots = Snapshots()
         self.spend = SpendHolds()
         self.health = PipelineHealth(self.settings, store)
-        self.catalogues = Catalogues(config, self.settings, self.site_infos)
+        self.catalogues = Catalogues(config, self.site_infos)
         self.events = InstanceEvents(config, store, self.clock, publish, self.acting, self.catalogues, self.health)
         self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health)
         self.census = CensusKeeper()
