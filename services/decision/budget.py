@@ -11,7 +11,7 @@ lowered) always can shrink.
 
 Prices are the catalogue's (``common/config/catalogue.py``): the type's ``price_per_hour``, or
 the site's for an instance launched without a type; a site that discovers its sizes prices them
-as the driver reported them (``Engine.apply_offered`` refreshes the catalogue).
+as the driver reported them (``Catalogues.apply_offered`` refreshes the catalogue).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ oracle the code is compared with on random tables and snapshots):
   when the condition starts and clear when it ends (the store keeps them, so a restarted engine
   keeps counting);
 - absence never removes anything (only the sensor's successful ``remove`` does,
-  ``Engine.on_node_result``), and an unavailable snapshot changes nothing (it shows nothing,
+  ``node_results.on_node_result``), and an unavailable snapshot changes nothing (it shows nothing,
   which is not an empty cluster).
 """
 

@@ -3,21 +3,24 @@
 Per domain and iteration: refresh the instance table from the latest snapshot, build the
 view, call the domain's policy, plan (guard rails + placement), store the plan *then* send
 it, publish a decision record. Everything that decides is in the pure modules
-(``policies/``, ``planner``, ``placement``, ``view``, ``demand``); this class only moves data
-between them, the store and the broker.
+(``policies/``, ``planner``, ``placement``, ``view``, ``demand``); what is kept between messages
+is in the modules whose data it is (``snapshots``, ``health``, ``catalogues``,
+``instance_events``, ``census``, ``policy_params``), and messages other than snapshots are
+handled there too (``instance_events``, ``node_results``, ``control``); this class only moves
+data between them, the store and the broker.
 
 Safety rules the shell keeps around the pure core (issue 11):
 
-* our own outage is not a site's fault: each domain has a ``healthy_since`` — reset whenever a
-  snapshot is unavailable or late, a launch or terminate goes unanswered, a publish fails, or
-  the engine itself was not iterating — and stall/loss clocks only run from it;
+* our own outage is not a site's fault: each domain has a ``healthy_since`` (``health``) — reset
+  whenever a snapshot is unavailable or late, a launch or terminate goes unanswered, a publish
+  fails, or the engine itself was not iterating — and stall/loss clocks only run from it;
 * launch failures reported by the provisioner are counted in the next iteration, at most one
   per site (with the stalls), and re-launching is the iteration's job: there is one launch
   path;
 * the circuit breaker (``breaker.check``) is evaluated on every snapshot; while it is open
   nothing is taken out, and its opening and closing are published (a ``DecisionRecord`` with
   no action and the reason in its notes);
-* a node counts as removed only when the sensor's ``remove`` succeeded.
+* a node counts as removed only when the sensor's ``remove`` succeeded (``node_results``).
 
 Failover: snapshots reach only the active consumer of a domain's single-active-consumer
 snapshot queue, and the engine acts on a domain only while it holds a snapshot younger than
@@ -30,10 +33,8 @@ already made — so no launch is repeated (re-sends keep their id).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
-import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -41,57 +42,51 @@ from typing import Any
 
 from epu.common.clock import Clock, RealClock
 from epu.common.config import EpuConfig
-from epu.common.config.catalogue import site_types
+from epu.common.config.catalogue import InstanceType
 from epu.common.messages import (
-    INSTANCE_STATE_ORDER,
-    INTERRUPTION_REASON,
-    TERMINAL_INSTANCE_STATES,
-    ActionRecord,
     DecisionRecord,
     Envelope,
     InstanceEvent,
     InstanceReport,
     Message,
     NodeCommandResult,
-    NodeInfo,
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
-    TerminateRequest,
     UnsatisfiableShape,
     ViewSummary,
-    new_id,
 )
-from epu.services.decision import breaker, budget
+from epu.services.decision import budget, node_results
 from epu.services.decision.actions import Decision
-from epu.services.decision.census import Census, CensusKeeper
-from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
+from epu.services.decision.catalogues import Catalogues
+from epu.services.decision.census import CensusKeeper
+from epu.services.decision.control import PolicyChanges
+from epu.services.decision.health import PipelineHealth
+from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
-from epu.services.decision.offers import from_offered
-from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
-from epu.services.decision.planner import PlacementInput, Plan, node_name_for, plan, shadow
+from epu.services.decision.planner import PlacementInput, Plan, plan, shadow
 from epu.services.decision.policies import (
     DEMAND_SENSITIVE,
-    Params,
     PolicyError,
     durations,
     get_policy,
     validate_params,
 )
+from epu.services.decision.policy_params import PolicyParams
 from epu.services.decision.ports import DecisionLeases, DecisionStore
-from epu.services.decision.shaped import Catalogue, build_catalogue, uses_catalogue
+from epu.services.decision.records import decision_record, summarize
+from epu.services.decision.shaped import Catalogue, uses_catalogue
 from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
+from epu.services.decision.snapshots import Latest, Snapshots
+from epu.services.decision.spend import SpendHolds
 from epu.services.decision.store import PlanWrite
 from epu.services.decision.view import (
     DomainView,
     Instance,
-    JobDigest,
-    NodeIndex,
     build_view,
     dissolve_complete_gangs,
-    evolve,
     partition,
 )
 
@@ -101,19 +96,8 @@ log = logging.getLogger("epu.decision")
 #: stale (``Engine._read_then_write``) before the error goes to the consumer.
 _STALE_TRIES = 5
 
-
-@dataclass
-class _Latest:
-    """The newest snapshot of a domain, digested once on arrival (not at every iteration)."""
-
-    snapshot: SensorSnapshot
-    digest: JobDigest
-    nodes: NodeIndex
-    received_at: float
-    free: list[NodeInfo] | None = None
-    """The snapshot's free workers (``DomainView.free_workers``), listed once per snapshot."""
-    jobs_verdict: str | None = None
-    """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), asked once."""
+SiteContext = tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]
+"""Site health and live and unproven instance counts per site, over all domains (``_site_context``)."""
 
 
 @dataclass
@@ -135,29 +119,9 @@ class _Prepared:
     write: PlanWrite | None
 
 
-@dataclass
-class _Health:
-    """Per domain, in memory: since when the pipeline has looked healthy, and the breaker."""
-
-    healthy_since: float
-    last_iteration: float
-    breaker: str = ""
-    breaker_since: float = 0.0
-    released: bool = False
-    """An operator released the breaker: ignore it until a healthy snapshot."""
-    publish_failed: bool = False
-
-    def deadline(self, now: float, spans: list[float]) -> float:
-        """When this health may next change what an iteration does: ``now`` while it looks
-        unhealthy (each iteration moves ``healthy_since``: ``Engine._pipeline``, ``_breaker``),
-        else the first of ``spans`` (the policy's durations: a stall counts healthy pipeline time)
-        counted from ``healthy_since`` that is not past."""
-        if self.publish_failed or (self.breaker and not self.released) or self.healthy_since >= self.last_iteration:
-            return now
-        return min((t for t in (self.healthy_since + d for d in spans) if t >= now), default=math.inf)
-
-
 class Engine:
+    """The decision engine of one process, for every configured domain (see the module docstring)."""
+
     def __init__(self, config: EpuConfig, store: DecisionStore, publish: Callable[[Message], Any],
                  clock: Clock | None = None, publish_many: Callable[[list[Message]], Any] | None = None,
                  leases: DecisionLeases | None = None) -> None:
@@ -170,43 +134,22 @@ class Engine:
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
-        self.types = {n: site_types(n, s) for n, s in config.sites.items()}
-        """Each site's instance-type catalogue, from config (docs/demand.md); a site that
-        ``discover``s sizes takes what the provisioner found (``apply_offered``)."""
-        self.cooldown: dict[tuple[str, str], float] = {}
-        """(site, type) offerings out until then after a capacity error (``on_instance_event``)."""
-        self.spot_failures: dict[str, tuple[int, float]] = {}
-        """Domain → (capacity errors of spot offerings in a row, when the last one came)."""
-        self.unsatisfiable: dict[str, list[UnsatisfiableShape]] = {}
-        """Domain → pending jobs no type of its catalogue can serve (newest iteration)."""
-        self._latest: dict[str, _Latest] = {}
         self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
         """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
-        self.budget_held: dict[str, str] = {}
-        """Domain → why the spend cap held launches at its last iteration (status and metric)."""
-        self.order = SnapshotOrder()
-        """Which snapshot of a domain is newer, by its sensor's count (snaporder.py)."""
-        self.skew = ClockSkew()
-        """How far each domain's sensor clock is off: its ``taken_at`` in the engine's clock."""
         self.leases: DecisionLeases | None = leases
         """Fencing across engine processes (None: this engine is the only one, e.g. in-process tests)."""
-        self._health: dict[str, _Health] = {}
-        self._was_active: set[str] = set()
-        self._reports: dict[str, float] = {}
-        """When the provisioner's last anti-entropy report of each domain arrived: its heartbeat."""
-        self._asked_again: dict[str, float] = {}
-        """Instance → when a terminate was last re-sent for it (``_unfinished_terminates``)."""
-        self._failures: dict[str, str] = {}
-        """Launch failures seen since the last iteration, per site (counted once there)."""
+        self.snapshots = Snapshots()
+        self.spend = SpendHolds()
+        self.health = PipelineHealth(self.settings, store)
+        self.catalogues = Catalogues(config, self.site_infos)
+        self.events = InstanceEvents(config, store, self.clock, publish, self.acting, self.catalogues, self.health)
+        self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health)
         self.census = CensusKeeper()
         """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
-        self._ending: dict[str, tuple[int, list[Instance]]] = {}
-        """Per domain: (instance stamp, its ``terminating`` instances) (``_unfinished_terminates``)."""
+        self.params = PolicyParams()
+        self._was_active: set[str] = set()
         self._launched: Counter[tuple[str, str]] = Counter()
         """(site, type) → launches planned in this iteration, not committed yet (``_live_per_type``)."""
-        self._params: dict[str, tuple[str, dict[str, Any], Params]] = {}
-        """Per policy name: (the name, a copy of the parameters it validated, the result) — the
-        last validation, reused while a config's parameters equal that copy (``_policy_params``)."""
         self.iterations = 0
         for name, cfg in config.domains.items():
             try:
@@ -214,6 +157,42 @@ class Engine:
             except PolicyError as exc:
                 raise ValueError(f"domains.{name}: {exc}") from None
             store.seed_config(name, cfg, self.clock.now())
+
+    # what the modules keep, read by the service's metrics and status and by tests
+    @property
+    def types(self) -> dict[str, list[InstanceType]]:
+        """Each site's instance-type catalogue (``Catalogues.types``)."""
+        return self.catalogues.types
+
+    @property
+    def cooldown(self) -> dict[tuple[str, str], float]:
+        """(site, type) offerings out until then after a capacity error (``Catalogues``)."""
+        return self.catalogues.cooldown
+
+    @property
+    def spot_failures(self) -> dict[str, tuple[int, float]]:
+        """Domain → (spot capacity errors in a row, when the last came) (``Catalogues``)."""
+        return self.catalogues.spot_failures
+
+    @property
+    def unsatisfiable(self) -> dict[str, list[UnsatisfiableShape]]:
+        """Domain → pending jobs no type of its catalogue can serve (``Catalogues``)."""
+        return self.catalogues.unsatisfiable
+
+    @property
+    def budget_held(self) -> dict[str, str]:
+        """Domain → why the spend cap held launches at its last iteration (``SpendHolds``)."""
+        return self.spend.held
+
+    @property
+    def order(self) -> SnapshotOrder:
+        """Which snapshot of a domain is newer (``Snapshots.order``)."""
+        return self.snapshots.order
+
+    @property
+    def skew(self) -> ClockSkew:
+        """How far each domain's sensor clock is off (``Snapshots.skew``)."""
+        return self.snapshots.skew
 
     # ------------------------------------------------------------------ input
     def _sync(self) -> None:
@@ -253,20 +232,10 @@ class Engine:
         one before (the caller may then iterate at once rather than at the next tick)."""
         if snap.domain not in self.config.domains:
             return False
-        prev = self._latest.get(snap.domain)
-        if not self.order.admit(snap):
-            return False  # an older snapshot arriving late says nothing new (by its sensor's count)
-        self.skew.observe(snap.domain, snap.taken_at, self.clock.now())
-        digest = JobDigest.of_snapshot(snap)
-        nodes = NodeIndex(snap.nodes if snap.available else [], before=prev.nodes if prev is not None else None)
-        latest = self._latest[snap.domain] = _Latest(snap, digest, nodes, self.clock.now(), free=nodes.free)
-        if prev is not None and prev.jobs_verdict is not None and _same_jobs_question(prev.snapshot, snap):
-            latest.jobs_verdict = prev.jobs_verdict  # the same question: the same answer
-        return prev is None or prev.digest.shapes != digest.shapes
+        return self.snapshots.admit(snap, self.clock.now())
 
     def is_active(self, domain: str) -> bool:
-        latest = self._latest.get(domain)
-        return latest is not None and self.clock.now() - latest.received_at <= self.settings.active_window_seconds
+        return self.snapshots.fresh(domain, self.clock.now(), self.settings.active_window_seconds)
 
     def acting(self, domain: str, now: float) -> bool:
         """Fresh snapshot and (with fencing) the domain's lease, taken or renewed now."""
@@ -301,15 +270,11 @@ class Engine:
         return self.leases.state(domain, active)
 
     def latest_snapshot(self, domain: str) -> SensorSnapshot | None:
-        latest = self._latest.get(domain)
-        return latest.snapshot if latest is not None else None
+        return self.snapshots.snapshot(domain)
 
     def snapshot_taken(self, domain: str) -> float | None:
         """When the newest snapshot of ``domain`` was taken, in this engine's clock (None: none)."""
-        latest = self._latest.get(domain)
-        if latest is None:
-            return None
-        return self.skew.engine_time(domain, latest.snapshot.taken_at, latest.received_at)
+        return self.snapshots.taken(domain)
 
     def forget_snapshots(self) -> None:
         """The runtime lost its broker connection: whatever this engine knew may be another
@@ -317,10 +282,10 @@ class Engine:
         snapshots — the engine acts again only on a snapshot received after reconnecting —, the
         pipeline-health clocks, and the store's cached working set (re-read from the shared store
         then); give the leases up."""
-        self._latest.clear()
-        self._health.clear()
+        self.snapshots.forget()
+        self.health.forget()
         self.census.forget()
-        self._ending.clear()
+        self.events.forget()
         self.store.invalidate()
         if self.leases is not None:
             self.leases.release()
@@ -329,220 +294,21 @@ class Engine:
         return self.leases.fence(domain, now) if self.leases is not None else None
 
     def on_instance_report(self, report: InstanceReport) -> int:
-        """Anti-entropy: apply the provisioner's full state of a domain, entry by entry, as the
-        events it summarizes (forward only, by seq). Returns how many entries were news. A
-        repair never counts a failure against a site: those follow live events only."""
-        self._reports[report.domain] = self.clock.now()  # the provisioner is alive (our pipeline check)
-        self.apply_offered(report.offered)
-        repaired = 0
-        items = [e for e in report.instances if e.domain == report.domain]
-        known = self.store.seqs([e.instance_id for e in items]) if items else {}
-        live = {i.instance_id: i.state for i in self.store.instances(report.domain)} if items else {}
-        stale: list[str] = []
-        for evt in items:
-            seq = known.get(evt.instance_id)
-            state = live.get(evt.instance_id)
-            if seq is None or evt.seq > seq or (
-                    state is not None and INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[state]):
-                repaired += 1
-                self.on_instance_event(evt, repair=True)
-            elif state is None and evt.state not in TERMINAL_INSTANCE_STATES:
-                stale.append(evt.instance_id)
-        if stale:
-            self._end_stale(report.domain, stale)
-        if repaired:
-            log.info("instance table repaired from a provisioner report",
-                     extra={"domain": report.domain, "entries": repaired})
-        return repaired
+        """Anti-entropy: the provisioner's full state of a domain (``InstanceEvents``); returns
+        how many entries were news."""
+        return self.events.on_instance_report(report)
 
     def apply_offered(self, offered: dict[str, list[Any]]) -> list[str]:
-        """A provisioner's discovered catalogues (``instance.report`` ``offered``) replace the
-        config-only catalogue of each site that ``discover``s sizes; other sites keep their
-        declared types. Returns the sites whose catalogue changed."""
-        changed = []
-        for site, items in offered.items():
-            cfg = self.config.sites.get(site)
-            if cfg is None or not cfg.discover:
-                continue
-            types = from_offered(site, items)
-            if types != self.types.get(site):
-                self.types[site] = types
-                changed.append(site)
-                log.info("instance types of a site discovered by the provisioner",
-                         extra={"site": site, "types": len(types)})
-        return changed
-
-    def _end_stale(self, domain: str, instance_ids: list[str]) -> None:
-        """A provisioner holds live records of instances that ended here (its store was restored
-        from a backup older than their end): tell it they are over, or its store never matches
-        the cloud. Safe: each ended here on a provisioner's word that its node was terminated or
-        failed; a record already closed there ignores it."""
-        if self.acting(domain, self.clock.now()):  # else the acting engine does it
-            self._terminate_again(domain, instance_ids,
-                                  "ended (the provisioner's record of it is older than its end)")
-
-    def _terminate_again(self, domain: str, instance_ids: list[str], reason: str) -> None:
-        for iid in instance_ids:
-            log.info("terminate re-sent", extra={"domain": domain, "instance": iid, "reason": reason})
-            self.publish(TerminateRequest(request_id=new_id(), instance_id=iid, domain=domain, reason=reason))
-
-    def _unfinished_terminates(self, domains: list[str], now: float) -> None:
-        """A terminate is answered by ``terminating``; if ``terminated`` never follows, the
-        provisioner that answered lost it (it died before the destroy and came back on another
-        store): ask again, every ``10 × resend_seconds``. The engine decided this end already (the
-        node was drained first), so asking again is safe; a closed record ignores it."""
-        after = 10 * self.settings.resend_seconds
-        for domain in domains:
-            ending = self._terminating(domain)
-            due = [i.instance_id for i in ending if now - i.state_at >= after
-                   and now - self._asked_again.get(i.instance_id, i.state_at) >= after]
-            for iid in due:
-                self._asked_again[iid] = now
-            self._terminate_again(domain, due, "terminate re-sent: terminating for too long")
-        if len(self._asked_again) > 1000:  # forget the ended ones now and then
-            ending_ids = {i.instance_id for d in domains for i in self.store.instances(d) if i.state == "terminating"}
-            self._asked_again = {k: v for k, v in self._asked_again.items() if k in ending_ids}
-
-    def _terminating(self, domain: str) -> list[Instance]:
-        """The domain's instances in ``terminating``, listed again only when its instances changed."""
-        stamp = self.store.domain_stamp(domain)
-        cached = self._ending.get(domain)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        ending = self.store.terminating(domain)
-        self._ending[domain] = (stamp, ending)
-        return ending
+        """A provisioner's discovered catalogues (``Catalogues.apply_offered``); returns the sites
+        whose catalogue changed."""
+        return self.catalogues.apply_offered(offered)
 
     def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
-        if evt.domain not in self.config.domains:
-            return
-        now = self.clock.now()
-        inst = self.store.instance(evt.instance_id)
-        if inst is None:
-            if evt.state in TERMINAL_INSTANCE_STATES:
-                return
-            inst = Instance(evt.instance_id, evt.domain, evt.site, evt.node_name or node_name_for(
-                evt.domain, evt.instance_id), evt.cores or 1, "requested", evt.at, evt.at,
-                reason="adopted: announced by a provisioner", instance_type=evt.instance_type)
-        if evt.interruption_at is not None and not repair:
-            self._interrupted(inst, evt)
-            return
-        if (evt.previous == "failed" and inst.state == "failed" and evt.state not in TERMINAL_INSTANCE_STATES
-                and evt.seq > inst.seq):
-            self._reopened(inst, evt, now)
-            return
-        if inst.reopened_seq is not None and evt.seq < inst.reopened_seq:
-            return  # older than its reopening (a delayed event, an older report): the failure it undid
-        forward = INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state] or (
-            evt.state == "failed" and inst.state not in TERMINAL_INSTANCE_STATES)
-        if evt.seq <= inst.seq and not forward:
-            # stale or duplicate (rule 4). A state further on is news whatever its seq: seqs count
-            # one store's record, and a provisioner on a replaced or restored store counts anew
-            return
-        # one copy (an Instance has twenty-odd fields: each replace costs microseconds per event)
-        new = evolve(inst, seq=max(evt.seq, inst.seq), ip=evt.ip or inst.ip, state=evt.state, state_at=now,
-                      reason=evt.reason or inst.reason) if forward else \
-            evolve(inst, seq=max(evt.seq, inst.seq), ip=evt.ip or inst.ip)
-        answered: tuple[str, ...] = ("launch",)
-        if evt.state in ("terminating", "terminated", "failed"):
-            answered += ("terminate",)
-        if evt.state in TERMINAL_INSTANCE_STATES:
-            answered += ("add", "offline", "online")
-        if forward and evt.state == "started" and inst.terminate_unless_started:  # refused: it may have a job
-            new, answered = evolve(new, terminate_sent=False), (*answered, "terminate")
-        self.store.record_instance_event(new, answered, f"instance {evt.state}")
-        if evt.state == "started" and not repair:
-            self._spot_started(inst)
-        if (evt.state == "failed" and evt.error_kind == "capacity" and inst.instance_type and not repair
-                and not inst.terminate_sent and inst.joined_at is None):
-            self._capacity_error(inst, now, evt.reason)
-        elif evt.state == "failed" and not inst.terminate_sent and inst.joined_at is None and not repair:
-            # counted against the site at the next iteration (once per site per iteration);
-            # the replacement is the iteration's too: the policy sees the supply gone
-            self._failures.setdefault(inst.site, f"launch failed: {evt.error_kind or 'error'}: {evt.reason}"[:300])
-            log.warning("launch failed", extra={"site": inst.site, "instance": inst.instance_id,
-                                                "kind": evt.error_kind, "reason": evt.reason})
-
-    def _reopened(self, inst: Instance, evt: InstanceEvent, now: float) -> None:
-        """The provisioner reopened a launch it had closed ``failed``: the cloud lists its node
-        alive (the create took effect, its answer was lost, the retries ran out). The node may
-        have joined the batch system by itself and run jobs, so the instance is live again —
-        joined when a snapshot shows it, kept or retired the safe way (drain, remove, terminate)
-        like any other. Its stall clock starts now; an end decided earlier is decided again."""
-        new = evolve(inst, seq=evt.seq, ip=evt.ip or inst.ip, state=evt.state, state_at=now, launched_at=now,
-                     reason=evt.reason or inst.reason, terminate_sent=False, reopened_seq=evt.seq)
-        self.store.save_instances([new])
-        log.warning("a failed launch's node is alive: taken back", extra={
-            "domain": inst.domain, "instance": inst.instance_id, "state": evt.state, "reason": evt.reason})
-
-    def _interrupted(self, inst: Instance, evt: InstanceEvent) -> None:
-        """The cloud will reclaim a live instance soon (a spot interruption notice): it leaves at
-        once, ``retire = "interrupted"`` — its node removed with its jobs requeued (the life
-        cycle's next step), then terminated — and stops counting as capacity, so the demand it
-        served is placed again now, not after the preemption. Idempotent; a notice for an
-        instance already ended or being terminated changes nothing."""
-        if (inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent or inst.removed
-                or inst.retire == "interrupted" or inst.seq < 0):
-            return
-        self.store.save_instances([replace(inst, retire="interrupted", idle_since=None,
-                                           reason=evt.reason or INTERRUPTION_REASON)])
-        log.warning("interruption notice: draining the node before the cloud takes it",
-                    extra={"domain": inst.domain, "instance": inst.instance_id, "node": inst.node_name,
-                           "at": evt.interruption_at})
+        self.events.on_instance_event(evt, repair)
 
     def on_node_result(self, res: NodeCommandResult) -> None:
-        """A command's answer: the action done and, when the answer changes it, the instance — in
-        one compare-and-set write (``Store.record_node_result``): two transactions let a retry
-        after a conflict find the action done and drop the change (a removal lost)."""
-        row = self.store.action(res.command_id)
-        if row is None:
-            return
-        if row["domain"] != res.domain or row["kind"] != res.action:
-            # bound to its sender (common.senders): a sensor answers only its own domain's commands
-            log.warning("node result does not answer its command: ignored", extra={
-                "command_id": res.command_id, "result": f"{res.domain}/{res.action}",
-                "command": f"{row['domain']}/{row['kind']}"})
-            return
-        if row["done"]:
-            self._late_offline(res, row)
-            return
-        outcome = "ok" if res.ok else f"error: {res.error or res.output}"[:1000]
-        inst = self.store.instance(row["target"])
-        new: Instance | None = None
-        if inst is None:
-            pass
-        elif res.action == "remove" and res.ok:
-            new = evolve(inst, removed=True)  # the only proof of removal
-        elif res.action == "add" and not res.ok:
-            new = replace(inst, add_sent_at=None)  # retried next iteration
-        elif (res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == "scale-down"
-              and row["created_at"] <= inst.state_at):
-            # Only a failure of the offline that began the drain undoes it: a re-sent one may fail
-            # after an earlier attempt took (``epu sim --seed 7046 --scenario batch-faults``), and
-            # the next snapshot decides. ``drain_at`` stays: an error may be a timeout of an offline
-            # that took effect, which ``lifecycle`` (step 6b) drains once a snapshot shows it.
-            new = replace(inst, state="joined", retire="")
-        elif res.action == "online" and not res.ok and inst.state == "joined":
-            # still drained in the batch system: back on the way out (drain, remove, terminate)
-            new = replace(inst, state="draining", drain_at=self.clock.now(), retire=inst.retire or "scale-down")
-        self.store.record_node_result(res.command_id, outcome, new)
-
-    def _late_offline(self, res: NodeCommandResult, row: dict[str, Any]) -> None:
-        """A command is sent again while no answer came (the sensor was down), so one command can
-        be answered twice: a first attempt that failed (a timeout) and a later one that took
-        effect. The failure already put a scale-down drain back to ``joined``; a success after it
-        means the node *is* offline in the batch system. Believing the failure would leave a
-        drained node that the engine counts as in service, never idle and never retired — billed
-        forever (``epu sim --seed 1010 --scenario policy-spare``). So the drain is taken up again:
-        the node is on its way out (remove when empty, then terminate) or, if demand comes back,
-        reclaimed with ``online`` like any draining node."""
-        if not (res.ok and res.action == "offline" and str(row.get("outcome") or "").startswith("error")):
-            return
-        inst = self.store.instance(row["target"])
-        if inst is None or inst.state != "joined" or inst.retire or inst.removed:
-            return
-        self.store.save_instances([replace(inst, state="draining", drain_at=self.clock.now(),
-                                           retire=inst.retire or "scale-down")])
+        """A command's answer (``node_results``)."""
+        node_results.on_node_result(self.store, self.clock, res)
 
     # ------------------------------------------------------------------ control
     def handle_control(self, msg: Message, _envelope: Envelope | None = None) -> None:
@@ -552,66 +318,8 @@ class Engine:
             self._sync()
 
     def on_policy_change(self, change: PolicyChange) -> PolicyOutcome:
-        now = self.clock.now()
-        prior = self.store.change_outcome(change.change_id)
-        if prior is not None:  # a re-delivered change: answer again, apply once
-            current = self.store.current_config(change.domain)
-            out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=prior["applied"],
-                                version=prior["version"], reason=prior["reason"],
-                                config=current[1].model_dump(mode="json") if current else {})
-            self.publish(out)
-            return out
-        current = self.store.current_config(change.domain)
-        who = {"operator": change.operator, "request": change.model_dump_json(
-            exclude={"change_id", "domain", "operator"}, exclude_defaults=True)}
-        if change.domain not in self.config.domains or current is None:
-            reason = f"unknown domain {change.domain!r} (managed: {', '.join(self.domains) or 'none'})"
-            self.store.record_change(change.change_id, change.domain, False, reason, now, **who)
-            out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False, reason=reason)
-        else:
-            try:
-                retiring = self._retirements(change)
-                new = apply_change(current[1], change, list(self.site_infos))
-                check_ceiling(new, self.config.domains.get(change.domain),
-                              {n: s.quota for n, s in self.config.sites.items()})
-            except ChangeRejected as exc:
-                self.store.record_change(change.change_id, change.domain, False, str(exc), now, **who)
-                out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False,
-                                    version=current[0], reason=str(exc),
-                                    config=current[1].model_dump(mode="json"))
-            else:
-                changed = new != current[1]
-                version = self.store.record_change(change.change_id, change.domain, True, "", now,
-                                                   new if changed else None, retire=retiring, **who) or current[0]
-                if change.sites is not None:  # the operator lets listed sites back in
-                    health = self.store.site_health()
-                    self.store.save_sites([record_success(health[s]) for s in change.sites if s in health])
-                if change.release_breaker:
-                    h = self._health.get(change.domain)
-                    if h is not None and h.breaker:
-                        h.released = True
-                what = [f"applied by {change.operator or 'operator'}"]
-                if retiring:
-                    what.append(f"{len(retiring)} instance(s) to drain and terminate")
-                if change.release_breaker:
-                    what.append("circuit breaker released")
-                out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=True,
-                                    version=version, reason="; ".join(what), config=new.model_dump(mode="json"))
-        log.info("policy change", extra={"domain": change.domain, "applied": out.applied, "reason": out.reason})
-        self.publish(out)
-        return out
-
-    def _retirements(self, change: PolicyChange) -> list[Instance]:
-        """An operator's unforced terminate: the instances, marked to go the safe way out."""
-        out = []
-        for iid in change.retire or []:
-            inst = self.store.instance(iid)
-            if inst is None or inst.domain != change.domain:
-                raise ChangeRejected(f"retire: no instance {iid} in domain {change.domain}")
-            if inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent:
-                continue  # already on its way out
-            out.append(replace(inst, retire=inst.retire or "operator", idle_since=None))
-        return out
+        """An operator's change, applied once and answered (``control``)."""
+        return self.control.on_policy_change(change)
 
     # ------------------------------------------------------------------ iterations
     def iterate(self) -> list[DecisionRecord]:
@@ -661,7 +369,7 @@ class Engine:
                           exc_info=why, extra={"domain": p.domain})
                 continue
             try:
-                record = self._send_prepared(p)
+                record = self._send(p)
             except Exception:
                 log.exception("iteration failed", extra={"domain": p.domain})
                 continue
@@ -669,10 +377,10 @@ class Engine:
                 records.append(record)
         try:
             self.resend(active, now)
-            self._unfinished_terminates(active, now)
+            self.events.unfinished_terminates(active, now)
         except Exception:
             log.exception("re-send failed")
-            self._publish_failed(active)
+            self.health.publish_failed(active)
         return records
 
     def _commit(self, writes: list[PlanWrite]) -> dict[str, Exception]:
@@ -692,41 +400,12 @@ class Engine:
                               self.settings.backoff_max_seconds, tuple(cfg.node_names),
                               {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()})
 
-    def _site_context(self) -> tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]]:
+    def _site_context(self) -> SiteContext:
         """Site health and live/unproven counts over all domains (quota is per site)."""
         live, unproven = self.store.live_per_site()
         return self.store.site_health(), live, unproven
 
-    def _pipeline(self, domain: str, latest: _Latest, now: float, instances: list[Instance]) -> _Health:
-        """Update since when the pipeline has looked healthy for ``domain`` (see the module docstring)."""
-        gap = self.settings.pipeline_gap_seconds
-        h = self._health.get(domain)
-        if h is None:
-            h = self._health[domain] = _Health(healthy_since=now, last_iteration=now)
-        snap = latest.snapshot
-        why = ""
-        if now - h.last_iteration > gap:
-            why = "the engine was not iterating"
-        elif not snap.available:
-            why = "sensor unavailable"
-        elif now - latest.received_at > gap:
-            why = "no fresh snapshot"
-        elif h.publish_failed:
-            why = "publishing failed"
-        elif self.store.overdue(domain, now - gap):
-            why = "provisioner not answering"
-        elif (domain in self._reports and now - self._reports[domain] > gap
-              and any(i.pending for i in instances)):
-            # a provisioner that sends reports stopped sending them while launches are under way:
-            # it is down (its launches may have booted unseen), not the site
-            why = "provisioner silent"
-        h.publish_failed = False
-        h.last_iteration = now
-        if why:
-            h.healthy_since = now
-        return h
-
-    def _refresh(self, domain: str, latest: _Latest, now: float) -> tuple[
+    def _refresh(self, domain: str, latest: Latest, now: float) -> tuple[
             list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None,
             bool]:
         """The domain's instances refreshed from its latest snapshot (the census): (before, after,
@@ -741,11 +420,9 @@ class Engine:
             self.census.forget(domain)  # (the dissolved list is stored: the next census starts anew)
             after, parts = dissolved, partition(dissolved)
             changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
-        return before, after, parts, changed, came, dissolved, self._breaker_check(census, latest), census.gangs
+        return before, after, parts, changed, came, dissolved, self.health.breaker_check(census, latest), census.gangs
 
-    def iterate_domain(self, domain: str, now: float,
-                       sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
-                       ) -> DecisionRecord | None:
+    def iterate_domain(self, domain: str, now: float, sites: SiteContext | None = None) -> DecisionRecord | None:
         """One domain's iteration on its own: prepare, commit (raises ``Fenced`` when the lease
         is gone: nothing stored, nothing sent), send. ``iterate`` does the same for all domains
         with one commit."""
@@ -756,7 +433,7 @@ class Engine:
             self._launched = Counter()
             self.store.commit_plan(domain, w.plan, now, w.memory, w.iteration, w.refreshed, fence=w.fence)
             self._stored(w)
-        return self._send_prepared(p)
+        return self._send(p)
 
     def _stored(self, w: PlanWrite) -> None:
         """A domain's plan was committed: if it wrote only the census's changed instances, the
@@ -764,35 +441,31 @@ class Engine:
         if not w.plan.instances:
             self.census.stored(w.domain, self.store.domain_stamp(w.domain))
 
-    def _prepare(self, domain: str, now: float,
-                 sites: tuple[dict[str, SiteHealth], dict[str, int], dict[str, int]] | None = None,
-                 ) -> _Prepared:
+    def _prepare(self, domain: str, now: float, sites: SiteContext | None = None) -> _Prepared:
         """Everything of a domain's iteration up to its commit: refresh, view, policy, plan; the
         iteration's site context (``sites``) counts its launches at once, so the next domain's
         placement sees them (a plan that then fails to commit only made the others more careful)."""
-        latest = self._latest[domain]
+        latest = self.snapshots.latest[domain]
         current = self.store.current_config(domain)
         assert current is not None
         version, cfg = current
         memory, iteration = self.store.memory(domain)
         snap = latest.snapshot
         before, after, parts, changed, came, dissolved, why, gangs = self._refresh(domain, latest, now)
-        health_ = self._pipeline(domain, latest, now, before)
-        notes_extra = self._breaker(domain, health_, why, now)
-        if latest.free is None:
-            latest.free = [n for n in latest.nodes.by_name.values() if n.state == "free" and n.cores_used < n.cores]
+        health_ = self.health.update(domain, latest, now, before)
+        notes_extra = self.health.breaker(domain, health_, why, now)
         view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,
                           nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
-                          cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free,
+                          cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free_workers(),
                           gangs=gangs)
-        view.snapshot_at = self.skew.engine_time(domain, snap.taken_at, latest.received_at)  # vs. drain_at
+        view.snapshot_at = self.snapshots.skew.engine_time(domain, snap.taken_at, latest.received_at)  # vs. drain_at
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
             view.catalogue = self.catalogue(domain, cfg, live, now)
             if snap.available:
-                notes_extra += self._report_unsatisfiable(domain, view.demand.detail, view.catalogue)
+                notes_extra += self.catalogues.report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
         joined = [a for a, b in zip(after, before, strict=True) if a is not b and a.state == "joined"
                   and b.state != "joined"] if dissolved is not None else came
@@ -801,7 +474,7 @@ class Engine:
         health.update(successes)
         for i in joined:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
-        for site, why_ in self._take_failures(cfg).items():
+        for site, why_ in self.events.take_failures(set(cfg.sites or self.site_infos)).items():
             decision.failed_sites.setdefault(site, why_)
         placement = self._placement_input(cfg, health, live, unproven)
         if cfg.budget_per_hour or self.site_caps:
@@ -809,7 +482,7 @@ class Engine:
                 cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
                 budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()}, self.types)))
         out = plan(view, decision, placement, self.store.in_flight(domain))
-        notes_extra += self._held(domain, out.budget)
+        notes_extra += self.spend.note(domain, out.budget)
         if cfg.mode == "observe":
             out = shadow(out)
         out.sites = {**successes, **out.sites}
@@ -827,26 +500,14 @@ class Engine:
         notes_extra += out.refused  # a refused add is news even when nothing was sent
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
-        saw = summarize(view, self.unsatisfiable.get(domain, [])) if out.actions or out.shadow or notes_extra \
+        saw = summarize(view, self.catalogues.unsatisfiable.get(domain, [])) if out.actions or out.shadow or notes_extra \
             else None
         return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or out.shadow),
                          write)
 
-    def _send_prepared(self, p: _Prepared) -> DecisionRecord | None:
-        return self._send(p.domain, p.plan, p.now, p.iteration, p.plan.notes, p.saw, p.policy, p.version,
-                          always=p.always)
-
     def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
-        """The domain's offers now: its sites' types, their rooms, minus offerings cooling down
-        (and spot ones while the domain has fallen back to on-demand)."""
-        names = [n for n in (cfg.sites or list(self.site_infos)) if n in self.site_infos]
-        types = [t for n in names for t in self.types.get(n, [])]
-        excluded = {k for k, until in self.cooldown.items() if until > now}
-        if self._spot_off(domain, now):
-            excluded |= {(t.site, t.name) for t in types if t.spot}
-        return build_catalogue(types, cfg,
-                               {n: self.site_infos[n].quota for n in names}, live, self._live_per_type(),
-                               frozenset(excluded))
+        """The domain's offers now (``Catalogues.catalogue``), counting this iteration's launches."""
+        return self.catalogues.catalogue(domain, cfg, live, now, self._live_per_type())
 
     def _live_per_type(self) -> dict[tuple[str, str], int]:
         """The store's live instances per (site, type), plus this iteration's launches not
@@ -856,156 +517,43 @@ class Engine:
             counts[key] = counts.get(key, 0) + n
         return counts
 
-    def _offer(self, site: str, instance_type: str) -> Any:
-        return next((t for t in self.types.get(site, []) if t.name == instance_type), None)
-
-    def _capacity_error(self, inst: Instance, now: float, reason: str) -> None:
-        """A typed launch met a capacity error: that offering (site, type) is out for the cooldown —
-        the next iteration's packer places the demand on the next cheapest offer — and the site is
-        not backed off (its other types may have room). Spot errors count towards the fallback."""
-        key = (inst.site, inst.instance_type)
-        self.cooldown[key] = now + self.settings.capacity_cooldown_seconds
-        t = self._offer(*key)
-        spot = bool(t is not None and t.spot)
-        if spot:
-            n, _at = self.spot_failures.get(inst.domain, (0, 0.0))
-            self.spot_failures[inst.domain] = (n + 1, now)
-        log.warning("capacity error: offering cooling down, failing over", extra={
-            "domain": inst.domain, "site": inst.site, "type": inst.instance_type, "spot": spot,
-            "until": self.cooldown[key], "reason": reason})
-
-    def _spot_started(self, inst: Instance) -> None:
-        """A spot instance came up: spot has capacity again, the run of errors is over."""
-        t = self._offer(inst.site, inst.instance_type) if inst.instance_type else None
-        if t is not None and t.spot:
-            self.spot_failures.pop(inst.domain, None)
-
-    def _spot_off(self, domain: str, now: float) -> bool:
-        """Spot offers left out for ``domain``: too many capacity errors in a row, recently."""
-        n, at = self.spot_failures.get(domain, (0, 0.0))
-        if n < self.settings.spot_fallback_failures:
-            return False
-        if now - at >= self.settings.spot_fallback_seconds:
-            self.spot_failures.pop(domain, None)  # time to try spot again
-            return False
-        return True
-
-    def _report_unsatisfiable(self, domain: str, shapes: Any, catalogue: Catalogue) -> list[str]:
-        """Pending jobs no type can serve: logged once per shape (again only if it went away and came
-        back), kept for the metric and the decision records; notes for the shapes new this time (the
-        engine then publishes a record even without actions: the report is an event)."""
-        found = [UnsatisfiableShape(count=u.jobs, shape=describe_shape(u.shape), constraint=u.constraint,
-                                    reason=u.reason)
-                 for u in unservable(shapes, catalogue.offers, catalogue.default_partition)]
-        before = {(u.shape, u.constraint) for u in self.unsatisfiable.get(domain, [])}
-        self.unsatisfiable[domain] = found
-        notes = []
-        for u in found:
-            if (u.shape, u.constraint) not in before:
-                log.warning("unsatisfiable jobs: no instance type can serve them; never launched for",
-                            extra={"domain": domain, "jobs": u.count, "shape": u.shape, "constraint": u.constraint,
-                                   "reason": u.reason})
-                notes.append(f"unsatisfiable ({u.constraint}): {u.count} x {u.shape}: {u.reason}")
-        return notes
-
-    def _take_failures(self, cfg: Any) -> dict[str, str]:
-        """Launch failures since the last iteration, for the sites of this domain (once each)."""
-        mine = set(cfg.sites or self.site_infos)
-        out = {s: why for s, why in self._failures.items() if s in mine}
-        for s in out:
-            del self._failures[s]
-        return out
-
-    def _breaker_check(self, census: Census, latest: _Latest) -> str | None:
-        """Why the latest snapshot is implausible ("" = it is fine; None = unavailable, not judged):
-        ``breaker.check`` on the refresh's counts, its snapshot-only half once per snapshot."""
-        snap = latest.snapshot
-        if not snap.available:
-            return None
-        share, ok = self.settings.breaker_missing_share, self.settings.breaker_ok_count
-        if latest.jobs_verdict is None:
-            latest.jobs_verdict = breaker.jobs_verdict(snap, share=share, ok_count=ok)
-        return breaker.missing_verdict(census.known, census.missing, share=share, ok_count=ok) or latest.jobs_verdict
-
-    def _breaker(self, domain: str, h: _Health, why: str | None, now: float) -> list[str]:
-        """Evaluate the circuit breaker on the latest snapshot (``why``: ``_breaker_check``'s
-        verdict); notes when it opens or closes."""
-        if why is None:
-            return []
-        notes: list[str] = []
-        if why and not h.breaker:
-            h.breaker, h.breaker_since = why, now
-            notes.append(f"circuit breaker open: {why}; no scale-down and no lost-node handling until a "
-                         "healthy snapshot (or epu policy release-breaker)")
-            log.warning("circuit breaker open", extra={"domain": domain, "why": why})
-        elif not why and h.breaker:
-            notes.append(f"circuit breaker closed after {now - h.breaker_since:.0f}s: the snapshot is plausible "
-                         f"again (was: {h.breaker})")
-            log.info("circuit breaker closed", extra={"domain": domain})
-            h.breaker, h.released = "", False
-        elif why:
-            h.breaker = why
-        if h.breaker and not h.released:
-            h.healthy_since = now  # nothing is lost while we cannot see
-        return notes
-
-    def _held(self, domain: str, why: str) -> list[str]:
-        """Remember why the spend cap holds launches (status, metric); a note — hence a decision
-        record, the event — when the cap starts or stops holding them."""
-        before = self.budget_held.get(domain, "")
-        if why:
-            self.budget_held[domain] = why
-        else:
-            self.budget_held.pop(domain, None)
-        if why and not before:
-            log.warning("spend cap holds launches", extra={"domain": domain, "why": why})
-            return [why]
-        if before and not why:
-            return ["spend cap: no launch held any more"]
-        return []
-
     def next_deadlines(self, now: float) -> dict[str, float]:
         """Domain → the earliest time at which an iteration, given no new input, could do
         something other than nothing because one of this engine's own timers turns: the health
-        clock (``_Health.deadline``), a stale snapshot or silent provisioner (``_pipeline``), the
-        end of the active window, an unanswered terminate asked again
-        (``_unfinished_terminates``), an offering's cooldown, the spot fallback. ``now``: the next
-        iteration must run (also while the spend cap holds launches, or a policy whose decision
-        moves with time has jobs waiting, ``DEMAND_SENSITIVE``); ``inf``: nothing pending. The thresholds of the stored data (an
+        clock and a silent provisioner (``PipelineHealth.deadlines``), a stale snapshot, the end
+        of the active window, an unanswered launch or terminate turning overdue, a terminate asked
+        again (``InstanceEvents.deadlines``), an offering's cooldown, the spot fallback
+        (``Catalogues``). ``now``: the next iteration must run (also while the spend cap holds
+        launches, or a policy whose decision moves with time has jobs waiting,
+        ``DEMAND_SENSITIVE``); ``inf``: nothing pending. The thresholds of the stored data (an
         instance's stamps plus the policy's durations, re-sends, site backoff) are the store's
         to tell (the simulators' ``fastpath.next_wake``). A caller that skips iterations on this
         answer calls ``skip_iteration`` for each one it skips. Leases are not counted: one that
         lapses while no iteration runs is taken again by the next under the same holder, which
         is only the same outcome with a single engine (the simulators skip only then)."""
         gap, window = self.settings.pipeline_gap_seconds, self.settings.active_window_seconds
-        again = 10 * self.settings.resend_seconds
-        offering = min((u for u in self.cooldown.values() if u > now), default=math.inf)
+        offering = self.catalogues.next_cooldown_end(now)
         out: dict[str, float] = {}
         for d in self.domains:
-            latest = self._latest.get(d)
+            latest = self.snapshots.get(d)
             if latest is None or now - latest.received_at > window:
                 out[d] = math.inf  # not iterated until a snapshot (an input) comes
                 continue
             current = self.store.current_config(d)
-            if d in self.budget_held or (
+            if d in self.spend.held or (
                     current is not None and current[1].policy in DEMAND_SENSITIVE and latest.digest.jobs):
                 out[d] = now  # launches held by the spend cap are planned (ids drawn) each time
                 continue
-            spans = durations(self._policy_params(current[1].policy, current[1].params)) if current else []
+            spans = durations(self.params.get(current[1].policy, current[1].params)) if current else []
             times = [offering, latest.received_at + gap, latest.received_at + window]
-            h = self._health.get(d)
-            if h is not None:
-                times.append(h.deadline(now, spans))
-            if d in self._reports:
-                times.append(self._reports[d] + gap)
+            times += self.health.deadlines(d, now, spans)
             first = self.store.first_unanswered(d)
             if first is not None:
                 times.append(first + gap)
-            times += [max(i.state_at, self._asked_again.get(i.instance_id, i.state_at)) + again
-                      for i in self._terminating(d)]
-            spot = self.spot_failures.get(d)
+            times += self.events.deadlines(d)
+            spot = self.catalogues.spot_retry(d, now)
             if spot is not None:
-                times.append(max(now, spot[1] + self.settings.spot_fallback_seconds))
+                times.append(spot)
             out[d] = min((t for t in times if t >= now), default=math.inf)
         return out
 
@@ -1013,13 +561,12 @@ class Engine:
         """Stand for an iteration not run because ``next_deadlines`` said it would do nothing:
         the pipeline check still learns that the engine was iterating (a gap is a fault)."""
         for d in self.domains:
-            h = self._health.get(d)
-            if h is not None and self.is_active(d):
-                h.last_iteration = now
+            if self.is_active(d):
+                self.health.iterated(d, now)
 
     def breakers(self) -> dict[str, str]:
         """Domain → why its circuit breaker is open (for metrics and health)."""
-        return {d: h.breaker for d, h in self._health.items() if h.breaker and not h.released}
+        return self.health.breakers()
 
     def decide(self, view: DomainView, cfg: Any) -> Decision:
         if cfg.paused:
@@ -1027,57 +574,28 @@ class Engine:
         if not view.available:
             return Decision(add_started(view), None, ["sensor unavailable: no policy run, no scale-down"])
         policy = get_policy(cfg.policy)
-        return policy.decide(view, self._policy_params(cfg.policy, cfg.params), view.now)
+        return policy.decide(view, self.params.get(cfg.policy, cfg.params), view.now)
 
-    def _policy_params(self, name: str, params: dict[str, Any]) -> Params:
-        """``validate_params(name, params)``, validated again only when the parameters differ
-        from the last ones validated for ``name`` (a pydantic validation per iteration was ~1 %
-        of the engine's work). Compared with their types too (``1 == 1.0 == True`` would not do:
-        validation may tell them apart); the result is frozen, so it is shared safely."""
-        hit = self._params.get(name)
-        if hit is not None and _same_params(hit[1], params):
-            return hit[2]
-        out = validate_params(name, params)
-        self._params[name] = (name, copy.deepcopy(params), out)
-        return out
-
-    def _publish_failed(self, domains: list[str]) -> None:
-        for d in domains:
-            h = self._health.get(d)
-            if h is not None:
-                h.publish_failed = True
-
-    def _send(self, domain: str, out: Plan, now: float, iteration: int | None, notes: list[str],
-              saw: ViewSummary | None = None, policy: str = "", version: int = 0,
-              always: bool = False) -> DecisionRecord | None:
-        sent = []
+    def _send(self, p: _Prepared) -> DecisionRecord | None:
+        """Send a stored plan's actions (one confirmed batch when the service can), then publish
+        its decision record if it sent anything or its notes are an event (``always``)."""
+        out, sent = p.plan, []
         try:
             if self.publish_many is not None and len(out.actions) > 1:
-                self.publish_many([p.message for p in out.actions])
-                sent = [p.action_id for p in out.actions]
+                self.publish_many([a.message for a in out.actions])
+                sent = [a.action_id for a in out.actions]
             else:
-                for p in out.actions:
-                    self.publish(p.message)
-                    sent.append(p.action_id)
+                for a in out.actions:
+                    self.publish(a.message)
+                    sent.append(a.action_id)
         except Exception:
-            self._publish_failed([domain])
+            self.health.publish_failed([p.domain])
             raise
         finally:
-            self.store.mark_sent(sent, now)
-        if not out.actions and not always:
+            self.store.mark_sent(sent, p.now)
+        if not out.actions and not p.always:
             return None
-        if iteration is None:
-            iteration = self.store.memory(domain)[1]
-        if not policy:
-            current = self.store.current_config(domain)
-            policy, version = (current[1].policy, current[0]) if current else ("", 0)
-        record = DecisionRecord(
-            domain=domain, iteration=iteration, policy=policy, policy_version=version,
-            saw=saw if saw is not None else ViewSummary(),
-            actions=[ActionRecord(kind=p.kind, target=p.instance_id, site=p.site, reason=p.reason,
-                                  action_id=p.action_id, instance_type=p.instance_type, gang=p.gang)
-                     for p in out.actions or out.shadow],
-            at=now, notes=notes[:50], shadow=bool(out.shadow) and not out.actions)
+        record = decision_record(p.domain, out, p.now, p.iteration, out.notes, p.saw, p.policy, p.version)
         self.publish(record)
         return record
 
@@ -1094,46 +612,4 @@ class Engine:
         ids = [getattr(m, "launch_id", None) or getattr(m, "command_id", None) or m.request_id for m in msgs]
         self.store.mark_sent(ids, now)
         return len(msgs)
-
-
-_STATE = operator.attrgetter("state")
-_SITE = operator.attrgetter("site")
-_TYPE = operator.attrgetter("instance_type")
-
-
-def _same_jobs_question(before: SensorSnapshot, snap: SensorSnapshot) -> bool:
-    """``breaker.jobs_verdict`` asks ``snap`` what it asked ``before``: a function of ``available``,
-    ``running_jobs`` and the node list alone, and these are equal — the very node objects
-    (frozen), as most snapshots of a quiet cluster repeat them (its pass over every job on every
-    node was made again per snapshot)."""
-    a, b = before.nodes, snap.nodes
-    return (before.available == snap.available and before.running_jobs == snap.running_jobs
-            and len(a) == len(b) and all(map(operator.is_, a, b)))
-
-
-def _same_params(a: Any, b: Any) -> bool:
-    """Equal and of the same types throughout (dicts, lists, tuples walked; other values by
-    type and ``==``)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_params(v, b[k]) for k, v in a.items())
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(map(_same_params, a, b))
-    return bool(a == b)
-
-
-def summarize(view: DomainView, unsatisfiable: list[UnsatisfiableShape] | None = None) -> ViewSummary:
-    """What the iteration saw, for its decision record (counted with ``map`` over attribute
-    getters: in C, once per iteration that acts, over every node and instance)."""
-    return ViewSummary(
-        queued_jobs=view.demand.jobs, queued_cores=view.demand.cores,
-        nodes_by_state=dict(Counter(map(_STATE, view.nodes.values()))),
-        instances_by_state=dict(Counter(map(_STATE, view.instances))),
-        instances_by_site=dict(Counter(map(_SITE, view.instances))),
-        sensor_available=view.available,
-        instances_by_type=dict(Counter(map(_TYPE, view.instances))) if view.catalogue is not None
-        else {},
-        unsatisfiable=list(unsatisfiable or []))
-
 

@@ -58,18 +58,26 @@ def test_every_implementation_offers_every_method_of_its_port(port: type[Protoco
 
 
 def test_the_ports_name_every_method_the_engine_and_the_provisioner_call() -> None:
-    """``self.store.X`` / ``self.leases.X`` in the engine and the provisioner: each X is the port's."""
-    calls = {
-        ROOT / "services/decision/engine.py": {"store": DecisionStore, "leases": DecisionLeases},
-        ROOT / "services/provisioner/provisioner.py": {"store": ProvisionerStore},
-    }
+    """``self.store.X`` / ``self.leases.X`` (or ``store.X`` of a function given the store) in the
+    engine, the modules it hands its store to, and the provisioner: each X is the port's."""
+    decision = {"store": DecisionStore, "leases": DecisionLeases}
+    calls = {ROOT / f"services/decision/{name}.py": decision
+             for name in ("engine", "health", "instance_events", "node_results", "control")}
+    calls[ROOT / "services/provisioner/provisioner.py"] = {"store": ProvisionerStore}
     unnamed = []
     for path, ports in calls.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"
-                    and node.value.attr in ports and node.attr not in port_methods(ports[node.value.attr])):
-                unnamed.append(f"{path.name}:{node.lineno} self.{node.value.attr}.{node.attr}")
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self":
+                name, shown = owner.attr, f"self.{owner.attr}"
+            elif isinstance(owner, ast.Name):
+                name, shown = owner.id, owner.id
+            else:
+                continue
+            if name in ports and node.attr not in port_methods(ports[name]):
+                unnamed.append(f"{path.name}:{node.lineno} {shown}.{node.attr}")
     assert unnamed == []
 
 

@@ -313,7 +313,7 @@ def test_the_engine_decides_the_same_with_and_without_its_memo(seed: int) -> Non
             bus.clear()
             if not memo:  # keeper off: every iteration takes the census from nothing kept
                 engine.census.forget()
-                engine._ending.clear()
+                engine.events.forget()
             engine.iterate()
             # re-sends go out in action-id order, and ids are random: compare and answer sorted
             sent = sorted(bus.of("node.command"), key=lambda m: (m.action, m.instance_id))
@@ -407,7 +407,7 @@ def test_an_index_built_on_the_one_before_keeps_the_busy_names_that_left(seed: i
 def test_the_jobs_question_answered_once_per_node_list_is_the_breakers_answer(seed: int) -> None:
     """The circuit breaker's snapshot-only question (``breaker.jobs_verdict``), taken over from the
     last snapshot when the new one lists the very same node objects with the same running-jobs
-    count and availability (``Engine.on_snapshot``), is what asking it gives — over snapshots
+    count and availability (``Snapshots.admit``), is what asking it gives — over snapshots
     that repeat the node list, change one node, change ``running_jobs`` or go unavailable."""
     from epu.services.decision import breaker
 
@@ -428,13 +428,13 @@ def test_the_jobs_question_answered_once_per_node_list_is_the_breakers_answer(se
             nodes = nodes[:-1] if len(nodes) > 2 else nodes
         snap = snapshot(nodes=nodes, at=clock.now() + step, available=rnd.random() > 0.1)
         snap = snap.model_copy(update={"running_jobs": 30 if rnd.random() < 0.7 else rnd.choice([0, 12, 100])})
-        before = engine._latest.get("d")
+        before = engine.snapshots.get("d")
         reuse = before is not None and before.jobs_verdict is not None
         engine.on_snapshot(snap)
-        latest = engine._latest["d"]
+        latest = engine.snapshots.latest["d"]
         if latest.jobs_verdict is not None:
             taken += reuse
             assert latest.jobs_verdict == breaker.jobs_verdict(snap, share=share, ok_count=ok)
-        engine._breaker_check(refresh_census([], latest.nodes, clock.now(), snap.available), latest)
+        engine.health.breaker_check(refresh_census([], latest.nodes, clock.now(), snap.available), latest)
         assert latest.jobs_verdict in (None, breaker.jobs_verdict(snap, share=share, ok_count=ok))
     assert taken > 3

@@ -1,4 +1,4 @@
-"""``Engine._policy_params`` (the last validation per policy, reused) against ``validate_params``."""
+"""``PolicyParams`` (the last validation per policy, reused) against ``validate_params``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import copy
 import random
 from typing import Any
 
-from epu.services.decision.engine import _same_params
 from epu.services.decision.policies import PolicyError, validate_params
-
-from tests.decision.helpers import make_engine
+from epu.services.decision.policy_params import PolicyParams, same_params
 
 _VALUES: dict[str, list[Any]] = {
     "idle_seconds": [0, 0.0, 1, 1.0, 30, True, -1, "x"],
@@ -20,7 +18,7 @@ _VALUES: dict[str, list[Any]] = {
 
 
 def test_kept_validation_equals_validating_again() -> None:
-    engine, _bus, _clock = make_engine()
+    kept = PolicyParams()
     rng = random.Random(31)
     params: dict[str, Any] = {}
     for _ in range(2000):
@@ -38,7 +36,7 @@ def test_kept_validation_equals_validating_again() -> None:
         except PolicyError as exc:
             want = str(exc)
         try:
-            got: Any = engine._policy_params("queue-demand", params)
+            got: Any = kept.get("queue-demand", params)
         except PolicyError as exc:
             got = str(exc)
         assert got == want and type(got) is type(want), params
@@ -48,8 +46,8 @@ def test_kept_validation_equals_validating_again() -> None:
 
 
 def test_same_params_tells_types_apart() -> None:
-    assert _same_params({"a": [1, {"b": 2.0}]}, {"a": [1, {"b": 2.0}]})
-    assert not _same_params({"a": 1}, {"a": 1.0})
-    assert not _same_params({"a": 1}, {"a": True})
-    assert not _same_params({"a": [1]}, {"a": (1,)})
-    assert not _same_params({"a": 1}, {"a": 1, "b": 2})
+    assert same_params({"a": [1, {"b": 2.0}]}, {"a": [1, {"b": 2.0}]})
+    assert not same_params({"a": 1}, {"a": 1.0})
+    assert not same_params({"a": 1}, {"a": True})
+    assert not same_params({"a": [1]}, {"a": (1,)})
+    assert not same_params({"a": 1}, {"a": 1, "b": 2})

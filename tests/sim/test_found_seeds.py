@@ -11,12 +11,12 @@ from epu.sim.simulation import Simulation
 FOUND = [
     # an `offline` answered twice (a timed-out attempt, then one that took effect) left a drained
     # node counted in service: 3 VMs at rest where the spare policy keeps 2 (invariant 5);
-    # fixed by Engine._late_offline
+    # fixed by node_results._late_offline
     ("policy-spare", 1010),
     ("policy-spare", 1012),
     # an `offline` sent again during a drain (a stale snapshot showed the node in service) timed
     # out and put the drained node back to `joined`: offline in the batch system, counted in
-    # service, never retired — 1 VM left at rest (invariant 5); fixed in Engine.on_node_result
+    # service, never retired — 1 VM left at rest (invariant 5); fixed in node_results.on_node_result
     # (only the offline that began the drain undoes it) with the planner keeping the drain's start
     ("batch-faults", 7046),
     ("batch-faults", 7077),

@@ -1,0 +1,99 @@
+"""The control queue's message: an operator's ``PolicyChange``, applied once and answered.
+
+Why its own module: a change is an operator's order, and its handling has rules of its own that
+the iterations do not share — a change re-delivered (the same ``change_id``) is answered again but
+applied once; it is checked whole (``changes.apply_change``, the config's ceilings) and stored with
+who asked and what, or refused with the reason; an operator's terminate retires instances the safe
+way (drained first); listed sites are let back in; the circuit breaker can be released. Every
+outcome is published (``PolicyOutcome``) for the operator's CLI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from epu.common.clock import Clock
+from epu.common.config import EpuConfig
+from epu.common.messages import TERMINAL_INSTANCE_STATES, Message, PolicyChange, PolicyOutcome
+from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
+from epu.services.decision.health import PipelineHealth
+from epu.services.decision.placement import SiteInfo, record_success
+from epu.services.decision.ports import DecisionStore
+from epu.services.decision.view import Instance
+
+log = logging.getLogger("epu.decision")
+
+
+class PolicyChanges:
+    """Applies operators' changes to the configured domains in ``store``."""
+
+    def __init__(self, config: EpuConfig, store: DecisionStore, clock: Clock, publish: Callable[[Message], Any],
+                 site_infos: Mapping[str, SiteInfo], health: PipelineHealth) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.publish = publish
+        self.site_infos = site_infos
+        self.health = health
+
+    def on_policy_change(self, change: PolicyChange) -> PolicyOutcome:
+        now = self.clock.now()
+        prior = self.store.change_outcome(change.change_id)
+        if prior is not None:  # a re-delivered change: answer again, apply once
+            current = self.store.current_config(change.domain)
+            out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=prior["applied"],
+                                version=prior["version"], reason=prior["reason"],
+                                config=current[1].model_dump(mode="json") if current else {})
+            self.publish(out)
+            return out
+        current = self.store.current_config(change.domain)
+        who = {"operator": change.operator, "request": change.model_dump_json(
+            exclude={"change_id", "domain", "operator"}, exclude_defaults=True)}
+        if change.domain not in self.config.domains or current is None:
+            reason = f"unknown domain {change.domain!r} (managed: {', '.join(self.config.domains) or 'none'})"
+            self.store.record_change(change.change_id, change.domain, False, reason, now, **who)
+            out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False, reason=reason)
+        else:
+            try:
+                retiring = self._retirements(change)
+                new = apply_change(current[1], change, list(self.site_infos))
+                check_ceiling(new, self.config.domains.get(change.domain),
+                              {n: s.quota for n, s in self.config.sites.items()})
+            except ChangeRejected as exc:
+                self.store.record_change(change.change_id, change.domain, False, str(exc), now, **who)
+                out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False,
+                                    version=current[0], reason=str(exc),
+                                    config=current[1].model_dump(mode="json"))
+            else:
+                changed = new != current[1]
+                version = self.store.record_change(change.change_id, change.domain, True, "", now,
+                                                   new if changed else None, retire=retiring, **who) or current[0]
+                if change.sites is not None:  # the operator lets listed sites back in
+                    health = self.store.site_health()
+                    self.store.save_sites([record_success(health[s]) for s in change.sites if s in health])
+                if change.release_breaker:
+                    self.health.release(change.domain)
+                what = [f"applied by {change.operator or 'operator'}"]
+                if retiring:
+                    what.append(f"{len(retiring)} instance(s) to drain and terminate")
+                if change.release_breaker:
+                    what.append("circuit breaker released")
+                out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=True,
+                                    version=version, reason="; ".join(what), config=new.model_dump(mode="json"))
+        log.info("policy change", extra={"domain": change.domain, "applied": out.applied, "reason": out.reason})
+        self.publish(out)
+        return out
+
+    def _retirements(self, change: PolicyChange) -> list[Instance]:
+        """An operator's unforced terminate: the instances, marked to go the safe way out."""
+        out = []
+        for iid in change.retire or []:
+            inst = self.store.instance(iid)
+            if inst is None or inst.domain != change.domain:
+                raise ChangeRejected(f"retire: no instance {iid} in domain {change.domain}")
+            if inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent:
+                continue  # already on its way out
+            out.append(replace(inst, retire=inst.retire or "operator", idle_since=None))
+        return out
