@@ -537,11 +537,16 @@ class MemoryStore:
         self._commit()
 
     def record_node_result(self, action_id: str, outcome: str, inst: Instance | None) -> None:
-        """As ``Store.record_node_result``: the action done and the instance row, one transaction."""
-        with self._write(cas=True) as conn:
-            self.complete(action_id=action_id, outcome=outcome, conn=conn)
-            if inst is not None:
-                self.save_instances([inst], conn)
+        """As ``Store.record_node_result``: the action done and the instance row, one transaction
+        (``complete`` and ``save_instances`` nested in it, inlined as in ``record_instance_event``:
+        one per command result)."""
+        self._begin(cas=True)
+        ids = self._to_complete(action_id, None, ())
+        if ids:
+            self._close(ids, outcome)
+        if inst is not None:
+            self._put([inst])
+        self._commit()
 
     def action(self, action_id: str) -> dict[str, Any] | None:
         row = self.db.actions.get(action_id)
