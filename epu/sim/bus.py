@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from epu.common.messages import Message
 from epu.common.senders import SenderPolicy
@@ -62,9 +62,9 @@ class MessageFaults:
     """Extra uniform jitter per delivery (seconds): enough of it and messages overtake."""
 
 
-@dataclass(frozen=True)
-class Sent:
-    """How a message was published: what the broker knows of it, beside its body."""
+class Sent(NamedTuple):
+    """How a message was published: what the broker knows of it, beside its body (a tuple: one
+    is made per publish, and a frozen dataclass's ``__init__`` costs twice as much)."""
 
     routing_key: str
     user: str | None
@@ -222,8 +222,10 @@ class Bus:
         self._rng = world.rng("bus")
         self.identities: Identities | None = None
         """Broker users and their permissions (None: every publisher may publish anything)."""
-        self.senders = SenderPolicy(require_sender_user=True)
-        """The consumers' rule (``common.senders``), as production runs it with deploy/rabbitmq's users."""
+        self._senders = SenderPolicy(require_sender_user=True)
+        self._verdicts: dict[tuple[str | None, str, str | None], tuple[str | None, bool]] = {}
+        """(user, type, domain) → the user rule's verdict and whether the user is a foreign sender
+        (``_user_verdict``), for ``_senders``; emptied when the policy is replaced."""
         self.bind_senders = True
         """Consumers check each message against its sender (False: as before issue 26)."""
         self.on_foreign: list[Callable[[Message, Sent, str], None]] = []
@@ -232,6 +234,32 @@ class Bus:
         self.around: list[Callable[[Message, Sent, Any], Callable[[], None] | None]] = []
         """Called (message, how it was sent, consuming process) before a handler runs; a callable
         it returns runs after the handler returned (invariant 10: what the handler did with it)."""
+
+    @property
+    def senders(self) -> SenderPolicy:
+        """The consumers' rule (``common.senders``), as production runs it with deploy/rabbitmq's users."""
+        return self._senders
+
+    @senders.setter
+    def senders(self, policy: SenderPolicy) -> None:
+        self._senders = policy
+        self._verdicts = {}
+
+    def _user_verdict(self, user: str | None, type_: str, msg: Message) -> tuple[str | None, bool]:
+        """The user rule's reason to refuse (``SenderPolicy.check_user``, None: none) and whether
+        ``user`` is not among the users allowed to send it (invariant 10's test), remembered per
+        (user, type, domain): both are pure functions of those and the policy, and a run checks
+        every one of its hundreds of thousands of deliveries."""
+        domain = getattr(msg, "domain", None)
+        if not isinstance(domain, str):
+            domain = None
+        k = (user, type_, domain)
+        verdict = self._verdicts.get(k)
+        if verdict is None:
+            allowed = self._senders.allowed_users(type_, domain)
+            verdict = self._verdicts[k] = (self._senders.check_user(user, type_, msg),
+                                           user is not None and bool(allowed) and user not in allowed)
+        return verdict
 
     def queue(self, name: str, mode: str = "single", latest_value: bool = False) -> SimQueue:
         q = self.queues.get(name)
@@ -343,20 +371,18 @@ class Bus:
         sender was not allowed is reported to ``on_foreign`` (invariant 10)."""
         if sent is None:
             return False
+        why, foreign = self._user_verdict(sent.user, msg.TYPE, msg)
         if self.bind_senders:
-            key_ok = sent.routing_key == msg.routing_key()  # the exchange is the type's: publish chose it
-            why = None if key_ok else f"came by {sent.routing_key!r}, body is for {msg.routing_key()!r}"
-            why = why or self.senders.check_user(sent.user, msg.TYPE, msg)
+            body_key = msg.routing_key()  # the exchange is the type's: publish chose it
+            if sent.routing_key != body_key:
+                why = f"came by {sent.routing_key!r}, body is for {body_key!r}"
             if why is not None:
                 self.stats.refused_senders += 1
                 self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: sender not allowed: {why}")
                 return True
-        if self.on_foreign and sent.user is not None:
-            domain = getattr(msg, "domain", None)
-            allowed = self.senders.allowed_users(msg.TYPE, domain if isinstance(domain, str) else None)
-            if allowed and sent.user not in allowed:
-                for fn in self.on_foreign:
-                    fn(msg, sent, q.name)
+        if foreign and self.on_foreign:
+            for fn in self.on_foreign:
+                fn(msg, sent, q.name)
         return False
 
     def _deliver_to(self, q: SimQueue, c: Consumer, msg: Message, attempt: int, sent: Sent | None = None) -> None:

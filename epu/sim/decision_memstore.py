@@ -87,10 +87,6 @@ class MemoryDecisionDatabase:
     leases: dict[str, _Lease] = field(default_factory=dict)
     generation: int = 0
     before_write: Callable[[], None] | None = None
-    instances_stamp: int = field(default_factory=lambda: next(_STAMPS))
-    """Moved to a value no database had before by every call that stores instances (before its
-    first write and after its last): while it stands, ``instances`` and ``live`` are unchanged
-    (``MemoryStore.report_stamp``)."""
     counts: tuple[dict[str, int], dict[str, int]] | None = None
     """``count_per_site`` of ``live``, kept current by ``save_instances`` (the only writer of
     ``instances`` and ``live``) once counted: the engine asks every iteration, and counting
@@ -98,11 +94,6 @@ class MemoryDecisionDatabase:
     (as ``Store``'s own counts: readers ``get`` with a default, none iterates them)."""
     type_counts: dict[tuple[str, str], int] | None = None
     """Likewise ``count_per_type`` of ``live``."""
-    saved: list[str] = field(default_factory=list)
-    """The ids of the instances stored, in the order stored, since position ``saved_base``
-    (``MemoryStore.saved_since``); cleared now and then (``_SAVED_KEEP``)."""
-    saved_base: int = 0
-    """How many ids were stored before ``saved``'s first."""
 
     def recount(self, old: Instance | None, new: Instance | None) -> None:
         """Move the kept counts from ``old`` (a live row replaced, None: none) to ``new`` (the
@@ -120,11 +111,6 @@ class MemoryDecisionDatabase:
 
     def _count(self, inst: Instance, sign: int) -> None:
         count_live(self.counts, self.type_counts, inst, sign)
-
-
-_SAVED_KEEP = 100_000
-"""``MemoryDecisionDatabase.saved`` is cleared when it grows past this (a mark older than that
-then answers None: the reader does its full pass)."""
 
 
 def _ended_unclean(inst: Instance) -> bool:
@@ -312,28 +298,9 @@ class MemoryStore:
         return sorted((known[iid] for iid in self.db.unclean if known[iid].domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
 
-    def report_stamp(self) -> int:
-        """Equal values: no instance was stored in between (by any handle on this database), so
-        ``seqs`` and ``instances`` answer the same. The engine's handling of an anti-entropy report
-        that repeats a quiet one is skipped on it (``Engine.on_instance_report``)."""
-        return self.db.instances_stamp
-
-    def saved_mark(self) -> int:
-        """A mark for ``saved_since``: how many instances were stored so far (by any handle)."""
-        return self.db.saved_base + len(self.db.saved)
-
-    def saved_since(self, mark: int) -> set[str] | None:
-        """The ids of the instances stored since ``saved_mark`` answered ``mark`` (None: no
-        longer known). The engine re-reads only the entries of a report that may have changed
-        since the last quiet one (``Engine.on_instance_report``)."""
-        db = self.db
-        if mark < db.saved_base:
-            return None
-        return set(db.saved[mark - db.saved_base:])
-
     def seqs(self, instance_ids: list[str]) -> dict[str, int]:
-        known = self.db.instances
-        return {iid: known[iid].seq for iid in instance_ids if iid in known}
+        get = self.db.instances.get
+        return {iid: inst.seq for iid in instance_ids if (inst := get(iid)) is not None}
 
     def instance(self, instance_id: str) -> Instance | None:
         return self.db.instances.get(instance_id)
@@ -349,11 +316,6 @@ class MemoryStore:
         """``save_instances``' rows, inside the caller's write transaction."""
         db = self.db
         order, live, known, unclean, stamps = self._order, db.live, db.instances, db.unclean, self._stamps
-        db.instances_stamp = next(_STAMPS)
-        if len(db.saved) > _SAVED_KEEP:
-            db.saved_base += len(db.saved)
-            db.saved.clear()
-        db.saved.extend(inst.instance_id for inst in items)
         for inst in items:
             iid = inst.instance_id
             alive = inst.state in LIVE_STATES
@@ -374,7 +336,6 @@ class MemoryStore:
                 unclean[iid] = None
             else:
                 unclean.pop(iid, None)
-        db.instances_stamp = next(_STAMPS)
 
     def live_per_site(self) -> tuple[dict[str, int], dict[str, int]]:
         """As ``Store.live_per_site``: counted once, then kept current (``db.counts``); copies,
@@ -576,11 +537,16 @@ class MemoryStore:
         self._commit()
 
     def record_node_result(self, action_id: str, outcome: str, inst: Instance | None) -> None:
-        """As ``Store.record_node_result``: the action done and the instance row, one transaction."""
-        with self._write(cas=True) as conn:
-            self.complete(action_id=action_id, outcome=outcome, conn=conn)
-            if inst is not None:
-                self.save_instances([inst], conn)
+        """As ``Store.record_node_result``: the action done and the instance row, one transaction
+        (``complete`` and ``save_instances`` nested in it, inlined as in ``record_instance_event``:
+        one per command result)."""
+        self._begin(cas=True)
+        ids = self._to_complete(action_id, None, ())
+        if ids:
+            self._close(ids, outcome)
+        if inst is not None:
+            self._put([inst])
+        self._commit()
 
     def action(self, action_id: str) -> dict[str, Any] | None:
         row = self.db.actions.get(action_id)
