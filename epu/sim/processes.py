@@ -38,7 +38,7 @@ from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChang
 from epu.services.decision.engine import Engine
 from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.store import Store as DecisionStore
-from epu.services.provisioner.app import ReportCache, build_provisioner
+from epu.services.provisioner.app import build_provisioner
 from epu.services.provisioner.provisioner import Provisioner
 from epu.services.provisioner.runner import InlineRunner
 from epu.services.provisioner.store import Store as ProvisionerStore
@@ -50,6 +50,7 @@ from epu.sim.cloud import SimCloud
 from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases
 from epu.sim.decision_memstore import MemoryStore as MemoryDecisionStore
 from epu.sim.provisioner_memstore import MemoryDatabase, MemoryStore
+from epu.sim.report_memo import EventMemo
 from epu.sim.world import World, WorldClock
 
 log = logging.getLogger("epu.sim")
@@ -454,12 +455,12 @@ class ProvisionerProc(Proc):
         """Armed by a fault: die right after a create call returned, before the store knows."""
         self.queue = queue
         self.alerts: list[tuple[float, Message]] = []
-        self._reported = ReportCache()
-        """``publish_reports``' cache of events by record (emptied at each boot, as a restart would)."""
+        self._report_memo = EventMemo()
+        """The report's events by record object (``epu.sim.report_memo``; new at each boot)."""
         bus.subscribe(queue, "competing", self, self._handle)
 
     def boot(self) -> None:
-        self._reported = ReportCache()
+        self._report_memo = EventMemo()
         if self.databases is not None:
             mem = MemoryStore(self.databases.setdefault(self.store_url, MemoryDatabase()), self.store_url)
             self.store_faults.attach_memory(mem, self.world, self)
@@ -536,7 +537,7 @@ class ProvisionerProc(Proc):
 
         assert self.store is not None
         publish_reports(self, self.store, self.config.provisioner.report_horizon_seconds,  # type: ignore[arg-type]
-                        cache=self._reported)
+                        make=self._report_memo)
 
     def _handle(self, msg: Message) -> None:
         assert self.prov is not None

@@ -157,8 +157,6 @@ class Provisioner:
         self._steady: dict[str, _Steady] = {}
         """Per site, the inputs of the last poll whose ``observe`` found every node listed and
         nothing to do (``Plan.steady``); see ``poll``."""
-        self._observed: dict[str, core.ObserveCache] = {}
-        """Per site, what ``observe`` keeps between polls (``core.ObserveCache``)."""
         self._rules: tuple[tuple[object, ...], core.Rules] | None = None
         """The last ``rules()`` and the identity and settings it was made from."""
         self._crash_at = os.environ.get(CRASH_ENV, "")
@@ -684,15 +682,7 @@ class Provisioner:
         return core.World(
             site=site_name, nodes=tuple(nodes), listed_at=listed_at, now=self.clock.now(),
             records=self.store.records_for(site_name, launch_ids), misses=self.store.misses(site_name),
-            sightings=self.store.sightings(site_name) if sightings else {}, busy=busy,
-            kept=self._observe_cache(site_name))
-
-    def _observe_cache(self, site_name: str) -> core.ObserveCache:
-        """The site's ``core.ObserveCache`` (made on first use)."""
-        kept = self._observed.get(site_name)
-        if kept is None:
-            kept = self._observed[site_name] = core.ObserveCache()
-        return kept
+            sightings=self.store.sightings(site_name) if sightings else {}, busy=busy)
 
     def poll(self, site_name: str) -> int:
         """List the site's nodes once and move records to what the cloud says. Returns the

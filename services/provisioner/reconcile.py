@@ -47,7 +47,7 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import compress, repeat
+from itertools import repeat
 
 from epu.common.messages import PREEMPTED_REASON
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
@@ -90,9 +90,6 @@ class World:
     """By cloud id, this site's."""
     busy: frozenset[str] = frozenset()
     """Work in flight here: ``launch:<id>`` and ``terminate:<id>``."""
-    kept: ObserveCache | None = field(default=None, compare=False, repr=False)
-    """What the caller keeps between observations of this site (optional; ``ObserveCache``):
-    work saved, never a different plan."""
 
 
 # --------------------------------------------------------------------------- actions
@@ -281,98 +278,18 @@ def ours(world: World, rules: Rules) -> dict[str, CloudNode]:
     return out
 
 
-class ObserveCache:
-    """What ``observe`` keeps between calls for one site (``World.kept``, optional): the last
-    listing's ``ours``. The poll of a busy site sees the very same listing (the same CloudNode
-    objects: ``LibcloudSite.nodes`` hands them out again while the cloud's nodes did not change)
-    with other records most of the time; ``ours`` is a function of the nodes (each by its object:
-    a CloudNode is immutable) and of the deployment only, so it is taken again then."""
-
-    def __init__(self) -> None:
-        self.last: tuple[str, tuple[CloudNode, ...], dict[str, CloudNode]] | None = None
-        """(deployment, listing, ``ours`` of it): read-only, shared with the ``observe`` calls."""
-        self.judged: tuple[str, dict[str, CloudNode], dict[str, InstanceRecord], set[str]] | None = None
-        """(site, the ``ours`` it used, the records by key, the keys of those it judged — absent,
-        or not ``_quiet`` —) of the last ``observe`` without misses: see ``observe_again``."""
-
-    def observe_again(self, plan: Plan, world: World, rules: Rules, nodes: dict[str, CloudNode]) -> bool:
-        """``observe``'s loop over the records, judging only those that may plan something. With
-        no miss held now or at the last observation of this site, a record that is the very
-        object it was then (records are immutable) and whose node is too (by its cloud id in
-        ``ours``: the very object, or absent both times) is skipped or ``_quiet`` exactly when it
-        was then — both are functions of the record, its node and, for ``_quiet``, the misses
-        (none). So only the records new or changed since, those whose node changed, appeared or
-        left, and those judged last time (absence and ``_present`` also read the listing time,
-        the misses and the rules) are judged again, in record order: the same actions in the same
-        order. Records may come and go and listings change between the two (a launch, a listing
-        that lost or gained nodes). False: not applicable, ``plan`` untouched."""
-        last = self.judged
-        if last is None or world.misses or last[0] != world.site:
-            return False
-        records = world.records
-        keys = list(records)
-        values = list(records.values())
-        before, judged_before = last[2], last[3]
-        again = map(operator.is_not, map(before.get, keys), values)  # new or changed records
-        old_nodes = last[1]
-        if old_nodes is not nodes:
-            moved = old_nodes.keys() - nodes.keys()  # nodes gone from ``ours``...
-            moved.update(compress(nodes, map(operator.is_not, map(old_nodes.get, nodes), nodes.values())))
-            if moved:  # ... and new or changed ones: their records (by cloud id) judged again
-                again = map(operator.or_, again, map(moved.__contains__, map(_CLOUD_ID, values)))
-        if judged_before:
-            again = map(operator.or_, again, map(judged_before.__contains__, keys))
-        site, misses = world.site, world.misses
-        absent = False
-        judged: set[str] = set()
-        for i in compress(range(len(values)), again):
-            rec = values[i]
-            if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
-                continue
-            node = nodes.get(rec.cloud_id)
-            if node is None:
-                absent = True
-                judged.add(keys[i])
-                _absent(plan, world, rules, rec)
-            elif not _quiet(rec, node, misses):
-                judged.add(keys[i])
-                _present(plan, world, rules, rec, node)
-        plan.steady = not absent and not plan.actions
-        self.judged = (site, nodes, dict(zip(keys, values, strict=True)), judged)
-        return True
-
-    def ours(self, world: World, rules: Rules) -> dict[str, CloudNode]:
-        """``ours(world, rules)``, the kept one while the deployment and listing are the last's."""
-        last, nodes = self.last, world.nodes
-        if (last is not None and last[0] == rules.deployment and len(last[1]) == len(nodes)
-                and all(map(operator.is_, last[1], nodes))):
-            return last[2]
-        out = ours(world, rules)
-        self.last = (rules.deployment, nodes, out)
-        return out
-
-
 def observe(world: World, rules: Rules) -> Plan:
     """The poll loop: move each tracked record to what the cloud says, count misses, presume
     gone, re-adopt. Destroys nothing but a node the cloud itself lists as failed (right after its
     record is closed ``failed``: it holds a quota slot until it is gone)."""
     plan = Plan()
-    kept = world.kept
-    if kept is not None:
-        nodes = kept.ours(world, rules)
-        if kept.observe_again(plan, world, rules, nodes):
-            return plan
-    else:
-        nodes = ours(world, rules)
+    nodes = ours(world, rules)
     site, misses = world.site, world.misses
-    judged: set[str] | None = set() if kept is not None and not misses else None
     # The watched records only matter to forget the misses of those no longer watched: none
     # held (a poll's common case), none is gathered.
     watched: set[str] | None = set() if misses else None
     absent = False
-    keys = list(world.records)
-    values = list(world.records.values())
-    for i, rec in enumerate(values):
+    for rec in world.records.values():
         if rec.site != site or rec.cloud_id is None or rec.state in TERMINAL_INSTANCE_STATES:
             continue  # a launch in flight owns a record without a node
         if watched is not None:
@@ -383,15 +300,9 @@ def observe(world: World, rules: Rules) -> Plan:
             _absent(plan, world, rules, rec)
         elif not _quiet(rec, node, misses):
             _present(plan, world, rules, rec, node)
-        else:
-            continue
-        if judged is not None:
-            judged.add(keys[i])
     if watched is not None:
         plan.actions += [ClearMiss(iid) for iid in misses if iid not in watched]  # closed since: forget
     plan.steady = not absent and not plan.actions
-    if kept is not None:  # what ``observe_again`` starts from next time (nothing, after misses)
-        kept.judged = (site, nodes, dict(zip(keys, values, strict=True)), judged) if judged is not None else None
     return plan
 
 
