@@ -67,6 +67,13 @@ from epu.services.provisioner.userdata import UserdataError, UserdataRenderer
 
 log = logging.getLogger("epu.provisioner")
 
+
+class _Unanswered:
+    """A site could not be asked where a launch's node is: the answer is unknown, never "gone"."""
+
+
+_UNANSWERED = _Unanswered()
+
 #: Test hook: ``EPU_PROVISIONER_CRASH_AT=after_cloud_call`` SIGKILLs this process right after
 #: a create call returned and before the store knows (the window the design worries about).
 CRASH_ENV = "EPU_PROVISIONER_CRASH_AT"
@@ -521,20 +528,32 @@ class Provisioner:
         rec = self.store.get(instance_id)
         if rec is None or rec.terminal or rec.site:
             return
+        found = self._find_launch(instance_id, domain, "reconciliation retries")
+        if isinstance(found, _Unanswered):
+            return
+        if found is not None:
+            name, node = found
+            self.store.set_cloud_fields(instance_id, cloud_id=node.cloud_id, ip=node.ip, site=name)
+            log.info("node of an unknown instance found by launch id", extra={
+                "site": name, "instance": instance_id, "cloud_id": node.cloud_id})
+            self._do_terminate(instance_id, name)
+            return
+        self._advance(instance_id, "terminated", reason="no node carries its launch id at any site")
+
+    def _find_launch(self, instance_id: str, domain: str, then: str) -> tuple[str, CloudNode] | None | _Unanswered:
+        """The site and node carrying ``instance_id``'s launch id (and no other domain's tag), by
+        asking every site; ``None``: no site lists one; ``_UNANSWERED``: a site could not be
+        asked (logged with ``then``, what happens instead) — unknown, never "gone"."""
         for name, site in self.sites.items():
             try:
-                found = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
+                node = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
             except Exception as exc:
-                log.warning("cannot look for the node of a terminate; reconciliation retries",
+                log.warning(f"cannot look for the node of a terminate; {then}",
                             extra={"site": name, "instance": instance_id, "error": describe(exc)})
-                return
-            if found is not None and found.tags.get(TAG_DOMAIN) in (None, domain):
-                self.store.set_cloud_fields(instance_id, cloud_id=found.cloud_id, ip=found.ip, site=name)
-                log.info("node of an unknown instance found by launch id", extra={
-                    "site": name, "instance": instance_id, "cloud_id": found.cloud_id})
-                self._do_terminate(instance_id, name)
-                return
-        self._advance(instance_id, "terminated", reason="no node carries its launch id at any site")
+                return _UNANSWERED
+            if node is not None and node.tags.get(TAG_DOMAIN) in (None, domain):
+                return name, node
+        return None
 
     def _terminate_unstarted(self, instance_id: str, site_name: str, reason: str) -> None:
         """Carry out a terminate sent ``unless_started``: list the site now and act on
@@ -577,17 +596,9 @@ class Provisioner:
         store that launched it tells the engine it started), as is an unknown answer."""
         if self.store.get(instance_id) is not None:
             return  # recorded since (a launch arrived): the sender's re-send judges it
-        found: tuple[str, CloudNode] | None = None
-        for name, site in self.sites.items():
-            try:
-                node = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
-            except Exception as exc:
-                log.warning("cannot look for the node of a terminate (unless started); its sender re-sends",
-                            extra={"site": name, "instance": instance_id, "error": describe(exc)})
-                return
-            if node is not None and node.tags.get(TAG_DOMAIN) in (None, domain):
-                found = (name, node)
-                break
+        found = self._find_launch(instance_id, domain, "its sender re-sends (unless started)")
+        if isinstance(found, _Unanswered):
+            return
         j = unstarted.judge(None, found[1] if found else None, listed=True, create_may_exist=False)
         log.info("terminate (unless started) of an unknown instance",
                  extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
