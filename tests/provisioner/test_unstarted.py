@@ -160,6 +160,22 @@ def test_an_instance_this_store_does_not_know_is_destroyed_only_while_booting(ma
     assert events.states("launch-3") == ["terminated"]
 
 
+def test_an_unknown_instance_whose_lookup_failed_is_neither_destroyed_nor_closed(make_provisioner, cloud,
+                                                                               clock) -> None:
+    """A site that cannot be asked where the node is: unknown, not "no node anywhere"."""
+    prov, events = make_provisioner({"sim": cloud})
+    size, image = cloud.list_sizes()[0], cloud.list_images()[0]
+    tags = {TAG_DEPLOYMENT: "epu-old", TAG_STORE: "old", "epu-domain": "alpha", TAG_LAUNCH: "launch-2"}
+    cloud.create_node("worker-2", size, image, ex_metadata=tags)  # still booting
+    cloud.inject("transient", 5, call="list")  # the lookup fails past every retry
+    prov.handle_terminate(unless_started(2))
+    assert prov.wait_idle()
+    assert live(cloud) == 1 and prov.store.get("launch-2") is None and events.states("launch-2") == []
+    prov.handle_terminate(unless_started(2))  # the engine's re-send decides
+    assert prov.wait_idle()
+    assert live(cloud) == 0 and events.states("launch-2") == ["terminating"]
+
+
 def test_a_node_the_polls_missed_until_presumed_gone_is_terminated(make_provisioner, cloud, clock) -> None:
     """The VM vanished while booting: one listing without it is unknown (the terminate waits for
     the re-send), but the poll's presumption ends the wait — else the terminate would stay
