@@ -436,6 +436,9 @@ class SimNodeDriver(NodeDriver):
         self._same = SameObjects()
         """Remembers the tuple of Nodes ``listing_unchanged`` last found to be ``_steady``'s very
         Nodes: a steady site is asked every poll with the same tuple."""
+        self.last_answer: tuple[Node, ...] | None = None
+        """The Nodes ``list_nodes`` last answered, in order (``epu.sim.quiet_poll`` keeps a steady
+        poll's and asks ``listing_unchanged`` about them at the next)."""
 
     def _node(self, vm: VM) -> Node:
         last = self._listed.get(vm.cloud_id)
@@ -506,6 +509,7 @@ class SimNodeDriver(NodeDriver):
         wrong = self.cloud.misreported
         if wrong:
             nodes = [self._shown_as(n, wrong[n.id]) if n.id in wrong else n for n in nodes]
+        self.last_answer = tuple(nodes)
         return nodes
 
     def _shown_as(self, node: Node, state: NodeState) -> Node:

@@ -46,10 +46,11 @@ from epu.services.sensor.core import PollSchedule, SensorCore
 from epu.services.sensor.dedupe import MemoryCommandLog
 from epu.sim.batch import SimBatchSystem
 from epu.sim.bus import Bus, Crash, snapshot_queue
-from epu.sim.cloud import SimCloud
+from epu.sim.cloud import SimCloud, SimNodeDriver
 from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases
 from epu.sim.decision_memstore import MemoryStore as MemoryDecisionStore
 from epu.sim.provisioner_memstore import MemoryDatabase, MemoryStore
+from epu.sim.quiet_poll import QuietPolls
 from epu.sim.report_memo import EventMemo
 from epu.sim.world import World, WorldClock
 
@@ -438,9 +439,14 @@ class ProvisionerProc(Proc):
     def __init__(self, world: World, bus: Bus, name: str, config: EpuConfig, store_url: str,
                  clouds: dict[str, SimCloud], store_faults: StoreFaults,
                  api_latency: Callable[[], float], queue: str = "provisioner",
-                 databases: dict[str, MemoryDatabase] | None = None) -> None:
+                 databases: dict[str, MemoryDatabase] | None = None, skip_quiet_polls: bool = True) -> None:
         super().__init__(world, bus, name)
         self.config = config
+        self.skip_quiet_polls = skip_quiet_polls
+        """Skip a site's poll when it is exactly a no-op (``epu.sim.quiet_poll``)."""
+        self.quiet = QuietPolls(enabled=False)
+        """This boot's poll skipping (new at each boot: it keeps what the last polls saw)."""
+        self.drivers: dict[str, SimNodeDriver] = {}
         self.store_url = store_url
         self.databases = databases
         """In-memory store databases by URL (they outlive a crash, as files do), or ``None``: the
@@ -468,7 +474,7 @@ class ProvisionerProc(Proc):
         else:
             self.store = ProvisionerStore(self.store_url)
             self.store_faults.attach(self.store.engine, self.world, self)
-        drivers = {}
+        drivers: dict[str, SimNodeDriver] = {}
         for name, cloud in self.clouds.items():
             d = cloud.driver(self.name)
             drivers[name] = d
@@ -478,6 +484,8 @@ class ProvisionerProc(Proc):
         accepted = inspect.signature(build_provisioner).parameters
         self.prov = build_provisioner(self.config, self.publish, clock=self.clock, drivers=drivers,
                                       store=self.store, **{k: v for k, v in extra.items() if k in accepted})
+        self.drivers = drivers
+        self.quiet = QuietPolls(enabled=self.skip_quiet_polls)
         retry = self.prov.settings.retry
         self.prov.runners = {name: InlineRunner(name, self._scheduler(name), retry)  # type: ignore[assignment]
                              for name in self.prov.sites}
@@ -520,8 +528,12 @@ class ProvisionerProc(Proc):
         self.store = None
 
     def _poll(self) -> None:
-        assert self.prov is not None
-        self.prov.poll_all()
+        """As the service's ``poll_all``: one poll per site through its runner, each skipped by
+        ``QuietPolls`` when it is exactly a no-op."""
+        prov, quiet, drivers, store = self.prov, self.quiet, self.drivers, self.store
+        assert prov is not None
+        for name in prov.sites:
+            prov.runners[name].observe("poll", lambda name=name: quiet.poll(prov, name, drivers[name], store))
 
     def _reconcile(self) -> None:
         assert self.prov is not None

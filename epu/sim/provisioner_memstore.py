@@ -453,7 +453,7 @@ class MemoryStore:
 
     def records_version(self) -> int:
         """Equal values: no record was stored in between (by any handle on this database), so
-        ``records_for`` answers with the very same records (``Provisioner.poll`` skips a steady
+        ``records_for`` answers with the very same records (``epu.sim.quiet_poll`` skips a steady
         poll on it)."""
         return self.db.version
 

@@ -104,8 +104,10 @@ class RunResult:
 class Simulation:
     def __init__(self, scenario: Scenario, seed: int, workdir: str | None = None, *,
                  sqlite_provisioner_stores: bool = False, sqlite_decision_store: bool = False,
-                 skip_idle: bool = True) -> None:
+                 skip_idle: bool = True, skip_quiet_polls: bool = True) -> None:
         self.scenario = scenario
+        self.skip_quiet_polls = skip_quiet_polls
+        """Provisioners skip a site's poll when it is exactly a no-op (``epu.sim.quiet_poll``)."""
         self.seed = seed
         self.world = World(seed, id_prefix_bits=scenario.id_prefix_bits)
         self._own_dir = workdir is None
@@ -214,7 +216,7 @@ class Simulation:
         p = ProvisionerProc(self.world, self.bus, spec.name, config, self.store_url(spec.store),
                             {n: self.clouds[n] for n in names}, faults, latency,
                             queue="provisioner" if spec.managed else f"provisioner.{spec.name}",
-                            databases=self.databases)
+                            databases=self.databases, skip_quiet_polls=self.skip_quiet_polls)
         p.spec = spec  # type: ignore[attr-defined]
         return p
 

@@ -20,7 +20,6 @@ deployment; which of them this store may sweep is ``reconcile``'s business.
 from __future__ import annotations
 
 import hashlib
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -269,16 +268,6 @@ class LibcloudSite:
         self.deployment = deployment
         """Set here only by callers that name the deployment explicitly; else by ``bind``."""
         self.store_id: str | None = None
-        self._converted: dict[int, tuple[Node, CloudNode, bool]] = {}
-        """The last listing's nodes, what they converted to and whether they are this
-        deployment's (for the deployment of ``_last_listing``; see ``nodes``)."""
-        self._last_listing: tuple[str, tuple[Node, ...], tuple[CloudNode, ...]] | None = None
-        """The last listing (deployment, the driver's Nodes, our answer): handed back whole
-        when the driver returns the very same Node objects in the same order."""
-        self._launched: dict[int, tuple[Node, CloudNode]] = {}
-        """The Nodes ``launch`` converted since the last listing that converted anything: a
-        driver that lists the very Node its create answered (the simulators' do, while it boots)
-        is not converted twice. Emptied by that listing (a Node not in it is converted afresh)."""
         self._create_params, takes_any = keyword_names(driver.create_node)
         self._extras = create_extras(name, config, driver, self._create_params, takes_any)
         self._image = NodeImage(id=config.image, name=config.image, driver=driver)
@@ -354,10 +343,7 @@ class LibcloudSite:
         return self.driver.list_sizes()
 
     def launch(self, spec: LaunchSpec) -> CloudNode:
-        node = self.driver.create_node(**self.create_kwargs(spec))
-        answer = to_cloud_node(node)
-        self._launched[id(node)] = (node, answer)
-        return answer
+        return to_cloud_node(self.driver.create_node(**self.create_kwargs(spec)))
 
     def terminate(self, cloud_id: str) -> None:
         node = Node(id=cloud_id, name="", state=NodeState.UNKNOWN, public_ips=[], private_ips=[],
@@ -378,28 +364,8 @@ class LibcloudSite:
         """This deployment's nodes (tagged with it); others' are none of our business."""
         deployment, _ = self._identity()
         out = []
-        # A driver that hands back the same Node object for a node that did not change (the
-        # simulators' clouds do; libcloud's real drivers build new ones) is not converted again:
-        # the poll of a large, quiet site was mostly this conversion. Identity-checked, and only
-        # the last listing is kept.
-        listing = self.driver.list_nodes()
-        last = self._last_listing
-        if (last is not None and last[0] == deployment and len(last[1]) == len(listing)
-                and all(map(operator.is_, last[1], listing))):
-            return list(last[2])  # the very same Node objects as last time: the same answer
-        seen = self._converted if last is not None and last[0] == deployment else {}
-        launched, self._launched = self._launched, {}
-        converted: dict[int, tuple[Node, CloudNode, bool]] = {}
-        for node in listing:
-            key = id(node)
-            hit = seen.get(key)
-            if hit is None or hit[0] is not node:
-                made = launched.get(key)
-                cn = made[1] if made is not None and made[0] is node else to_cloud_node(node)
-                hit = (node, cn, cn.tags.get(TAG_DEPLOYMENT) == deployment)
-            converted[key] = hit
-            if hit[2]:
-                out.append(hit[1])
-        self._converted = converted
-        self._last_listing = (deployment, tuple(listing), tuple(out))
+        for node in self.driver.list_nodes():
+            cn = to_cloud_node(node)
+            if cn.tags.get(TAG_DEPLOYMENT) == deployment:
+                out.append(cn)
         return out

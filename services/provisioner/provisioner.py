@@ -24,7 +24,6 @@ re-adopt, adopt, sweep (capped), re-drive — is decided by the pure functions o
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import signal
 import threading
@@ -126,8 +125,14 @@ class ReconcileReport:
     transitions: int = 0
 
 
-_Steady = tuple[tuple[CloudNode, ...], tuple[InstanceRecord, ...], core.Rules]
-"""A steady poll's listing, records and rules."""
+@dataclass(frozen=True)
+class PollResult:
+    """What ``Provisioner.poll`` did."""
+
+    transitions: int
+    """Records moved (each published once)."""
+    steady: bool
+    """The plan was ``reconcile.Plan.steady``: every watched record's node listed, nothing to do."""
 
 
 class Provisioner:
@@ -161,11 +166,6 @@ class Provisioner:
         self._lock = threading.Lock()
         self._inflight: set[str] = set()
         self._publish_lock = threading.Lock()
-        self._steady: dict[str, _Steady] = {}
-        """Per site, the inputs of the last poll whose ``observe`` found every node listed and
-        nothing to do (``Plan.steady``); see ``poll``."""
-        self._rules: tuple[tuple[object, ...], core.Rules] | None = None
-        """The last ``rules()`` and the identity and settings it was made from."""
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # ------------------------------------------------------------------ events
@@ -654,21 +654,7 @@ class Provisioner:
     # ------------------------------------------------------------------ observation
     def rules(self, resume_after: float | None = None) -> core.Rules:
         """The rules of ``reconcile`` from the identity and the settings now (which a caller may
-        change between polls). Without ``resume_after``, the same object as last time while they
-        are the same (a poll asks every 15 s; ``poll`` then compares by identity)."""
-        st = self.settings
-        key = (self.identity.deployment, self.identity.store_id, st.vanish_misses, st.vanish_min_seconds,
-               st.orphan_grace_seconds, st.max_destroys_per_reconcile, st.resume_after_seconds)
-        if resume_after is None:
-            kept = self._rules
-            if kept is not None and _same(kept[0], key):  # the very values: nothing was set since
-                return kept[1]
-        rules = self._make_rules(resume_after)
-        if resume_after is None:
-            self._rules = (key, rules)
-        return rules
-
-    def _make_rules(self, resume_after: float | None) -> core.Rules:
+        change between polls); ``resume_after`` overrides the settings' resume delay."""
         st = self.settings
         return core.Rules(
             deployment=self.identity.deployment, store_id=self.identity.store_id,
@@ -695,29 +681,19 @@ class Provisioner:
             records=self.store.records_for(site_name, launch_ids), misses=self.store.misses(site_name),
             sightings=self.store.sightings(site_name) if sightings else {}, busy=busy)
 
-    def poll(self, site_name: str) -> int:
+    def poll(self, site_name: str) -> PollResult:
         """List the site's nodes once and move records to what the cloud says. Returns the
-        number of transitions."""
+        number of transitions and whether the plan was steady (every node listed, nothing to
+        do: a caller that knows its inputs did not change may take that as the next poll's
+        answer too; the simulator does, see ``epu.sim.processes.ProvisionerProc``)."""
         listing = self._list(site_name, "poll")
         if listing is None:
-            return 0
+            return PollResult(0, False)
         world = self._world(site_name, *listing, sightings=False)
-        rules = self.rules()
-        records = tuple(world.records.values())
-        last = self._steady.pop(site_name, None)
-        if (last is not None and not world.misses and _same_rules(last[2], rules) and _same(last[0], world.nodes)
-                and _same(last[1], records)):
-            # The very objects of a steady poll (records and nodes are immutable; a change is a
-            # new object) and no miss: ``observe`` would plan nothing again (``Plan.steady``).
-            # A node gone from the listing makes it differ, so every miss is still counted.
-            self._steady[site_name] = last
-            return 0
-        plan = core.observe(world, rules)
-        if plan.steady:
-            self._steady[site_name] = (world.nodes, records, rules)
+        plan = core.observe(world, self.rules())
         report = ReconcileReport(site_name)
         self._carry_out(site_name, plan, report)
-        return report.transitions
+        return PollResult(report.transitions, plan.steady)
 
     def reconcile(self, site_name: str, resume_after: float | None = None) -> ReconcileReport:
         """Make the store and the cloud agree (on start and every few minutes)."""
@@ -890,17 +866,6 @@ def _node_of(nodes: list[CloudNode], rec: InstanceRecord) -> CloudNode | None:
     if rec.cloud_id is not None:
         return next((n for n in nodes if n.cloud_id == rec.cloud_id), None)
     return next((n for n in nodes if n.launch_id == rec.instance_id and n.live), None)
-
-
-def _same_rules(a: core.Rules, b: core.Rules) -> bool:
-    """``a == b``, at once when they are the very object (``Provisioner.rules`` hands out the
-    same one while nothing it is made from changed)."""
-    return a is b or a == b
-
-
-def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    """The same objects in the same order (identity, not equality: a cheap exact test)."""
-    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _named_deployment(sites: dict[str, Site]) -> str | None:

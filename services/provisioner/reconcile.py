@@ -244,8 +244,8 @@ class Plan:
     """Set by ``observe``: every watched record's node was listed and nothing is to be done.
     ``observe`` is a pure function of the listing, the records, the misses and the rules, and
     with every node listed the listing time plays no part: the same inputs again (the same
-    objects — records and nodes are immutable) give the same empty plan
-    (``Provisioner.poll`` skips it then)."""
+    objects — records and nodes are immutable) give the same empty plan (``Provisioner.poll``
+    returns it; the simulator skips its next poll of the site on it, ``epu.sim.quiet_poll``)."""
 
     def of(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]

@@ -35,10 +35,10 @@ def test_events_carry_node_name_ip_and_increasing_seq(make_provisioner, cloud, c
     prov, events = make_provisioner({"sim": cloud})
     prov.handle_launch(launch(cores=4))
     assert prov.wait_idle()
-    assert prov.poll("sim") == 0
+    assert prov.poll("sim").transitions == 0
     clock.advance(30)
-    assert prov.poll("sim") == 1
-    assert prov.poll("sim") == 0  # each transition published once
+    assert prov.poll("sim").transitions == 1
+    assert prov.poll("sim").transitions == 0  # each transition published once
     started = events.for_("launch-1")[-1]
     assert started.state == "started" and started.node_name == "worker-1" and started.ip and started.cores == 4
     assert [e.seq for e in events.for_("launch-1")] == [1, 2, 3]

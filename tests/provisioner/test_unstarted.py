@@ -105,7 +105,7 @@ def test_a_record_already_started_is_refused_again_without_a_cloud_call(make_pro
     prov.handle_launch(launch())
     assert prov.wait_idle()
     clock.advance(30)
-    assert prov.poll("sim") == 1
+    assert prov.poll("sim").transitions == 1
     calls.clear()
     prov.handle_terminate(unless_started())
     assert prov.wait_idle()
