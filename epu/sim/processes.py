@@ -49,9 +49,10 @@ from epu.sim.bus import Bus, Crash, snapshot_queue
 from epu.sim.cloud import SimCloud, SimNodeDriver
 from epu.sim.decision_memstore import MemoryDecisionDatabase, MemoryLeases
 from epu.sim.decision_memstore import MemoryStore as MemoryDecisionStore
+from epu.sim.node_memo import NodeMemo
 from epu.sim.provisioner_memstore import MemoryDatabase, MemoryStore
 from epu.sim.quiet_poll import QuietPolls
-from epu.sim.report_memo import EventMemo
+from epu.sim.report_memo import ReportEvents
 from epu.sim.world import World, WorldClock
 
 log = logging.getLogger("epu.sim")
@@ -461,12 +462,12 @@ class ProvisionerProc(Proc):
         """Armed by a fault: die right after a create call returned, before the store knows."""
         self.queue = queue
         self.alerts: list[tuple[float, Message]] = []
-        self._report_memo = EventMemo()
+        self._report_events = ReportEvents()
         """The report's events by record object (``epu.sim.report_memo``; new at each boot)."""
         bus.subscribe(queue, "competing", self, self._handle)
 
     def boot(self) -> None:
-        self._report_memo = EventMemo()
+        self._report_events = ReportEvents()
         if self.databases is not None:
             mem = MemoryStore(self.databases.setdefault(self.store_url, MemoryDatabase()), self.store_url)
             self.store_faults.attach_memory(mem, self.world, self)
@@ -480,7 +481,8 @@ class ProvisionerProc(Proc):
             drivers[name] = d
             d.on_created = self._created  # type: ignore[attr-defined]
         ids = self.world.rng(f"ids/{self.name}")
-        extra: dict[str, Any] = {"alert": self._alert, "new_id": lambda: f"{ids.getrandbits(128):032x}"}
+        extra: dict[str, Any] = {"alert": self._alert, "new_id": lambda: f"{ids.getrandbits(128):032x}",
+                                 "convert": {name: NodeMemo() for name in drivers}}
         accepted = inspect.signature(build_provisioner).parameters
         self.prov = build_provisioner(self.config, self.publish, clock=self.clock, drivers=drivers,
                                       store=self.store, **{k: v for k, v in extra.items() if k in accepted})
@@ -549,7 +551,7 @@ class ProvisionerProc(Proc):
 
         assert self.store is not None
         publish_reports(self, self.store, self.config.provisioner.report_horizon_seconds,  # type: ignore[arg-type]
-                        make=self._report_memo)
+                        events=self._report_events)
 
     def _handle(self, msg: Message) -> None:
         assert self.prov is not None

@@ -26,7 +26,7 @@ from epu.common.messages import (
     TerminateRequest,
 )
 from epu.common.runtime import Reject, RuntimeSettings, Service
-from epu.services.provisioner.cloud import LibcloudSite, Site
+from epu.services.provisioner.cloud import LibcloudSite, NodeConversion, Site, to_cloud_nodes
 from epu.services.provisioner.discovery import Catalogues, domain_sites
 from epu.services.provisioner.drivers import make_driver
 from epu.services.provisioner.metrics import ProvisionerMetrics
@@ -51,24 +51,27 @@ class ProvisionerService(Service):
 
 
 def build_sites(config: EpuConfig, *, clock: Clock | None = None,
-                drivers: dict[str, NodeDriver] | None = None) -> dict[str, Site]:
-    """The configured sites; the provisioner binds its store's deployment identity to them."""
+                drivers: dict[str, NodeDriver] | None = None,
+                convert: dict[str, NodeConversion] | None = None) -> dict[str, Site]:
+    """The configured sites; the provisioner binds its store's deployment identity to them.
+    ``convert``: by site name, a function equal to ``to_cloud_nodes`` (``LibcloudSite.convert``)."""
     sites: dict[str, Site] = {}
     for name, site_cfg in config.sites.items():
         driver = (drivers or {}).get(name) or make_driver(name, site_cfg, clock=clock)
-        sites[name] = LibcloudSite(name, site_cfg, driver)
+        sites[name] = LibcloudSite(name, site_cfg, driver, convert=(convert or {}).get(name, to_cloud_nodes))
     return sites
 
 
 def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = None,
                       drivers: dict[str, NodeDriver] | None = None, store: Store | None = None,
                       on_cloud_call: CallObserver | None = None, alert: Any = None,
-                      new_id: Callable[[], str] | None = None) -> Provisioner:
+                      new_id: Callable[[], str] | None = None,
+                      convert: dict[str, NodeConversion] | None = None) -> Provisioner:
     """``alert`` receives every ``ProvisionerAlert`` (the service publishes them); ``new_id`` makes
     the store id and a generated deployment identity at a store's first start (default: random;
     a simulator passes a seeded one so a run replays exactly)."""
     pc = config.provisioner
-    sites = build_sites(config, clock=clock, drivers=drivers)
+    sites = build_sites(config, clock=clock, drivers=drivers, convert=convert)
     workers = worker_contexts(config)
     renderers = {name: UserdataRenderer.from_path(s.userdata_template, s.userdata_max_bytes, workers)
                  for name, s in config.sites.items()}
@@ -135,10 +138,6 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     return service
 
 
-EventOf = Callable[[InstanceRecord], InstanceEvent]
-"""How a record becomes its entry in a report."""
-
-
 def event_of(r: InstanceRecord) -> InstanceEvent:
     """A record's entry in a report."""
     return InstanceEvent(instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
@@ -146,31 +145,34 @@ def event_of(r: InstanceRecord) -> InstanceEvent:
                          error_kind=r.error_kind, at=r.updated_at)
 
 
-def report_events(records: list[InstanceRecord], cutoff: float,
-                  make: EventOf = event_of) -> dict[str, list[InstanceEvent]]:
+def report_events(records: list[InstanceRecord], cutoff: float) -> dict[str, list[InstanceEvent]]:
     """A report's events per domain, in listing order: every record listed but an ended one older
     than ``cutoff`` (a store may list more than the horizon asks for)."""
     by_domain: defaultdict[str, list[InstanceEvent]] = defaultdict(list)
     for r in records:
         if r.state in TERMINAL_INSTANCE_STATES and r.updated_at < cutoff:
             continue
-        by_domain[r.domain].append(make(r))
+        by_domain[r.domain].append(event_of(r))
     return by_domain
 
 
+ReportEvents = Callable[[list[InstanceRecord], float], dict[str, list[InstanceEvent]]]
+"""``report_events``' type: ``publish_reports`` takes any function equal to it."""
+
+
 def publish_reports(service: Service, store: Store, horizon: float, catalogues: Catalogues | None = None,
-                    domain_sites: dict[str, list[str]] | None = None, make: EventOf = event_of) -> int:
+                    domain_sites: dict[str, list[str]] | None = None, events: ReportEvents = report_events) -> int:
     """Anti-entropy: per domain, the current state of every instance this provisioner knows
     (live, or ended within ``horizon``) as one ``instance.report``, with the instance types its
     sites were found to offer (``catalogues``, for the domains of ``domain_sites``: a domain
     without instances gets a report when one of its sites discovered types). Returns how many
-    were sent. ``make``: how a record becomes its entry — the service uses ``event_of``; the
-    simulator passes one that hands out the event it already made from the very same record
-    object (``epu.sim.report_memo``), an equal event, to save its CPU."""
+    were sent. ``events``: how the listed records become the report's entries — the service uses
+    ``report_events``; the simulator passes an equal function that hands out the events it
+    already made from the very same record objects (``epu.sim.report_memo``), to save its CPU."""
     now = service.clock.now()
     cutoff = now - horizon
     records = store.list(live_or_updated_since=cutoff)  # not every record ever (O(history))
-    by_domain = report_events(records, cutoff, make)
+    by_domain = events(records, cutoff)
     offered = {d: catalogues.offered(names) for d, names in (domain_sites or {}).items()} if catalogues else {}
     sent = 0
     for domain in [*by_domain, *(d for d, o in offered.items() if o and d not in by_domain)]:

@@ -168,6 +168,15 @@ def to_cloud_node(node: Node) -> CloudNode:
                      end_observed=ours in ("failed", "terminated") and (node.extra or {}).get("end_observed") is True)
 
 
+def to_cloud_nodes(nodes: list[Node]) -> list[CloudNode]:
+    """A listing's nodes, each converted (``to_cloud_node``)."""
+    return [to_cloud_node(n) for n in nodes]
+
+
+#: ``to_cloud_nodes``' type: ``LibcloudSite`` takes any function equal to it.
+NodeConversion = Callable[[list[Node]], list[CloudNode]]
+
+
 def is_not_found(exc: BaseException) -> bool:
     """Does this error say the node is already gone? (Terminate is then done.)"""
     text = str(exc)
@@ -261,10 +270,15 @@ def create_extras(site: str, config: SiteConfig, driver: NodeDriver | None, para
 class LibcloudSite:
     """A ``Site`` over one libcloud driver."""
 
-    def __init__(self, name: str, config: SiteConfig, driver: NodeDriver, deployment: str | None = None) -> None:
+    def __init__(self, name: str, config: SiteConfig, driver: NodeDriver, deployment: str | None = None,
+                 convert: NodeConversion = to_cloud_nodes) -> None:
         self.name = name
         self.config = config
         self.driver = driver
+        self.convert = convert
+        """How libcloud ``Node``s become ``CloudNode``s: ``to_cloud_nodes``. A caller may pass an
+        equal function (the simulator passes one that remembers the conversion of each very Node
+        object its driver hands out again, ``epu.sim.node_memo``)."""
         self.deployment = deployment
         """Set here only by callers that name the deployment explicitly; else by ``bind``."""
         self.store_id: str | None = None
@@ -343,7 +357,7 @@ class LibcloudSite:
         return self.driver.list_sizes()
 
     def launch(self, spec: LaunchSpec) -> CloudNode:
-        return to_cloud_node(self.driver.create_node(**self.create_kwargs(spec)))
+        return self.convert([self.driver.create_node(**self.create_kwargs(spec))])[0]
 
     def terminate(self, cloud_id: str) -> None:
         node = Node(id=cloud_id, name="", state=NodeState.UNKNOWN, public_ips=[], private_ips=[],
@@ -354,8 +368,7 @@ class LibcloudSite:
         """The live node carrying ``launch_id``, whatever deployment tag it has. Only for a
         terminate the engine asked for by that launch id while this store does not know it (the
         store was replaced: its nodes carry the old store's identity)."""
-        for node in self.driver.list_nodes():
-            cn = to_cloud_node(node)
+        for cn in self.convert(self.driver.list_nodes()):
             if cn.launch_id == launch_id and cn.live:
                 return cn
         return None
@@ -363,9 +376,4 @@ class LibcloudSite:
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""
         deployment, _ = self._identity()
-        out = []
-        for node in self.driver.list_nodes():
-            cn = to_cloud_node(node)
-            if cn.tags.get(TAG_DEPLOYMENT) == deployment:
-                out.append(cn)
-        return out
+        return [cn for cn in self.convert(self.driver.list_nodes()) if cn.tags.get(TAG_DEPLOYMENT) == deployment]

@@ -1,4 +1,4 @@
-"""The simulated provisioner's reports (``EventMemo``: the event made from the very same record
+"""The simulated provisioner's reports (``ReportEvents``: the event made from the very same record
 object handed out again) equal the reports the service builds from nothing, over random launches,
 state changes, endings, records forgotten, a clock stepping back across the horizon, and the memo
 pruned on the way. A memoized report that missed a change would let the simulator judge a report
@@ -16,7 +16,7 @@ from epu.services.provisioner.app import publish_reports
 from epu.services.provisioner.store import InstanceRecord
 
 from epu.sim import report_memo
-from epu.sim.report_memo import EventMemo
+from epu.sim.report_memo import ReportEvents
 
 
 class Records:
@@ -42,10 +42,10 @@ class Sender:
         self.sent.append(message)
 
 
-def _step(rng: random.Random, clock: ManualClock, records: list[InstanceRecord], i: int) -> None:
+def _step(rng: random.Random, clock: ManualClock, records: list[InstanceRecord], i: int, domains: str) -> None:
     op, now = rng.random(), clock.now()
     if op < 0.2:
-        records.append(InstanceRecord(f"i{i}", rng.choice("ab"), "s", f"w{i}", 4, "requested", 1,
+        records.append(InstanceRecord(f"i{i}", rng.choice(domains), "s", f"w{i}", 4, "requested", 1,
                                       None, None, "", None, now, now))
     elif op < 0.5 and records:
         k = rng.randrange(len(records))
@@ -60,18 +60,19 @@ def _step(rng: random.Random, clock: ManualClock, records: list[InstanceRecord],
         clock.advance(rng.choice((0.0, 10.0, 60.0, 250.0)))
 
 
+@pytest.mark.parametrize("domains", ["ab", "a"])  # several domains, and the one-domain shortcut
 @pytest.mark.parametrize("seed", range(6))
-def test_memoized_reports_are_the_reports_built_from_nothing(seed: int, monkeypatch) -> None:
+def test_memoized_reports_are_the_reports_built_from_nothing(seed: int, domains: str, monkeypatch) -> None:
     monkeypatch.setattr(report_memo, "MIN_PRUNE", 8)  # prune often
     rng = random.Random(seed)
     clock = ManualClock(10_000.0)
-    store, memo = Records(rng), EventMemo()
+    store, memo = Records(rng), ReportEvents()
     hits, reused, previous = 0, 0, []
     for i in range(400):
-        _step(rng, clock, store.records, i)
+        _step(rng, clock, store.records, i, domains)
         state = rng.getstate()
         memoized, plain = Sender(clock), Sender(clock)
-        publish_reports(memoized, store, 300.0, make=memo)  # type: ignore[arg-type]
+        publish_reports(memoized, store, 300.0, events=memo)  # type: ignore[arg-type]
         rng.setstate(state)  # the same listing for both
         publish_reports(plain, store, 300.0)  # type: ignore[arg-type]
         assert memoized.sent == plain.sent
@@ -82,13 +83,16 @@ def test_memoized_reports_are_the_reports_built_from_nothing(seed: int, monkeypa
         previous = memoized.sent
     assert hits == 0  # the plain path makes its own events: the comparison above is not of one object
     assert reused > 100  # ... and the memo did hand out kept events
+    assert memo.reused > 10  # ... and whole answers again
 
 
 def test_the_memo_hands_out_the_event_while_the_record_is_the_same_object() -> None:
     rec = InstanceRecord("i1", "a", "s", "w1", 4, "started", 3, "c1", "10.0.0.1", "", None, 1.0, 2.0)
-    memo = EventMemo()
-    first = memo(rec)
-    assert memo(rec) is first
+    memo = ReportEvents()
+    (first,) = memo([rec], 0.0)["a"]
+    assert memo([rec], 0.0)["a"][0] is first and memo.made == 1
     changed = replace(rec, seq=4, state="joined")
-    assert memo(changed) is not first and memo(changed).state == "joined"
-    assert memo(replace(changed)) == memo(changed)  # an equal new object: made again, equal
+    (again,) = memo([changed], 0.0)["a"]
+    assert again is not first and again.state == "joined"
+    assert memo([replace(changed)], 0.0) == memo([changed], 0.0)  # an equal new object: made again, equal
+    assert memo.made == 3
