@@ -298,9 +298,9 @@ class MemoryStore:
         return sorted((known[iid] for iid in self.db.unclean if known[iid].domain == domain),
                       key=lambda i: (i.launched_at, i.instance_id))
 
-    def seqs(self, instance_ids: list[str]) -> dict[str, int]:
-        get = self.db.instances.get
-        return {iid: inst.seq for iid in instance_ids if (inst := get(iid)) is not None}
+    def known(self, instance_ids: list[str]) -> dict[str, Instance | None]:
+        """(Unknown ids map to ``None``, as the port allows: no test per id.)"""
+        return dict(zip(instance_ids, map(self.db.instances.get, instance_ids), strict=True))
 
     def instance(self, instance_id: str) -> Instance | None:
         return self.db.instances.get(instance_id)

@@ -67,21 +67,25 @@ class InstanceEvents:
         self.health.report_seen(report.domain, self.clock.now())  # the provisioner is alive (our pipeline check)
         self.catalogues.apply_offered(report.offered)
         repaired = 0
-        items = [e for e in report.instances if e.domain == report.domain]
-        known = self.store.seqs([e.instance_id for e in items]) if items else {}
-        live = {i.instance_id: i.state for i in self.store.instances(report.domain)} if items else {}
+        domain = report.domain
+        entries = report.instances
+        known = self.store.known([e.instance_id for e in entries]) if entries else {}
         stale: list[str] = []
-        for evt in items:
-            seq = known.get(evt.instance_id)
-            state = live.get(evt.instance_id)
-            if seq is None or evt.seq > seq or (
+        for evt in entries:
+            if evt.domain != domain:  # not this report's to tell
+                continue
+            inst = known.get(evt.instance_id)
+            # Our state of it while it is live here (an ended one, or another domain's: None).
+            state = (inst.state if inst is not None and inst.domain == domain
+                     and inst.state not in TERMINAL_INSTANCE_STATES else None)
+            if inst is None or evt.seq > inst.seq or (
                     state is not None and INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[state]):
                 repaired += 1
                 self.on_instance_event(evt, repair=True)
             elif state is None and evt.state not in TERMINAL_INSTANCE_STATES:
                 stale.append(evt.instance_id)
         if stale:
-            self._end_stale(report.domain, stale)
+            self._end_stale(domain, stale)
         if repaired:
             log.info("instance table repaired from a provisioner report",
                      extra={"domain": report.domain, "entries": repaired})

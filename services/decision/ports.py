@@ -15,7 +15,7 @@ names its fallback where it catches that.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -97,8 +97,10 @@ class DecisionStore(Protocol):
         """Ended instances whose batch node is not confirmed removed."""
         ...
 
-    def seqs(self, instance_ids: list[str]) -> dict[str, int]:
-        """The stored ``seq`` of each known instance among ``instance_ids``."""
+    def known(self, instance_ids: list[str]) -> Mapping[str, Instance | None]:
+        """Each of ``instance_ids`` that is stored, live or ended, to its instance as stored now;
+        an unknown id is absent or maps to ``None`` (an anti-entropy report compares its entries
+        with them: their ``seq`` and state)."""
         ...
 
     def instance(self, instance_id: str) -> Instance | None:

@@ -661,25 +661,25 @@ class Store:
         self._live()
         return sorted(self._cache.ended.get(domain, {}).values(), key=lambda i: (i.launched_at, i.instance_id))
 
-    def seqs(self, instance_ids: list[str]) -> dict[str, int]:
-        """The stored ``seq`` of each known instance among ``instance_ids`` (one query for those
-        the working set does not hold: an anti-entropy report lists ended ones too)."""
-        live = self._live()
-        out: dict[str, int] = {}
+    def known(self, instance_ids: list[str]) -> dict[str, Instance]:
+        """Each stored instance among ``instance_ids`` (one query for those the working set does
+        not hold: an anti-entropy report lists ended ones too)."""
+        live, ended = self._live(), self._cache.ended.values()
+        out: dict[str, Instance] = {}
         rest = []
         for iid in instance_ids:
             inst = live.get(iid)
             if inst is None:
-                inst = next((e[iid] for e in self._cache.ended.values() if iid in e), None)
+                inst = next((e[iid] for e in ended if iid in e), None)
             if inst is not None:
-                out[iid] = inst.seq
+                out[iid] = inst
             else:
                 rest.append(iid)
+        q = select(*[instances.c[f] for f in _INSTANCE_FIELDS])  # field order: Instance(*row)
         for i in range(0, len(rest), 500):
             with self.engine.connect() as conn:
-                out.update({r.instance_id: r.seq for r in conn.execute(
-                    select(instances.c.instance_id, instances.c.seq)
-                    .where(instances.c.instance_id.in_(rest[i:i + 500])))})
+                out.update({inst.instance_id: inst for inst in (
+                    _fix(Instance(*r)) for r in conn.execute(q.where(instances.c.instance_id.in_(rest[i:i + 500]))))})
         return out
 
     def instance(self, instance_id: str) -> Instance | None:

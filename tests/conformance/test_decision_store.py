@@ -147,6 +147,15 @@ def test_updates_write_the_changed_columns_and_read_back_whole(store_url):
     want = {i.instance_id: i for i in base} | {i.instance_id: i for i in changed}
     assert got == want
     assert {i.instance_id: i for i in s.instances("d", live_only=False)} == want
+    # ``known`` (an anti-entropy report's lookup) answers live, ended and unknown ids alike,
+    # from a warm working set and from a fresh handle's database read.
+    ids = [*want, "never-stored"]
+    warm = Store(store_url) if not isinstance(store_url, MemoryDecisionDatabase) else open_store(store_url)
+    warm.instances("d")
+    for handle in (s, fresh, warm):
+        known = handle.known(ids)
+        assert {k: v for k, v in known.items() if v is not None} == want
+        assert known.get("never-stored") is None
 
 
 def _inst(iid: str, state: str, at: float, domain: str = "d") -> Instance:
@@ -165,7 +174,7 @@ def test_a_second_handle_sees_the_other_handles_writes_after_sync(store_url):
     assert sorted(i.instance_id for i in b.instances("d")) == ["i1", "i2"]
     assert [i.instance_id for i in b.terminating("d")] == ["i2"]
     assert b.domain_stamp("d") != stamp
-    assert b.seqs(["i1", "i9"]) == {"i1": -1}
+    assert {k: (v.seq, v.state) for k, v in b.known(["i1", "i9"]).items() if v} == {"i1": (-1, "requested")}
     again = b.domain_stamp("d")
     b.sync()
     assert b.domain_stamp("d") == again, "nothing stored since: the same stamp"
