@@ -71,6 +71,9 @@ class Sent(NamedTuple):
     """The sender's broker user (RabbitMQ validates ``user_id``: a sender cannot claim another)."""
     sender: Any
     """The process that published it (the world's truth, for the invariants; no core sees it)."""
+    body_key: bool = False
+    """``routing_key`` is the body's own (``msg.routing_key()``, as EPU's publishers use): the
+    consumer's check that they agree need not work it out again."""
 
 
 class Identities:
@@ -298,7 +301,7 @@ class Bus:
                 self.stats.refused_publishes += 1
                 self.world.note(f"refused {msg.TYPE} from {user} on {exchange} {key}")
                 raise PermissionError(f"simulated: ACCESS_REFUSED: {user} may not publish to {exchange} with {key}")
-        sent = Sent(key, user, sender)
+        sent = Sent(key, user, sender, routing_key is None)
         self.stats.published += 1
         for tap in self.taps:
             tap(msg, sender)
@@ -373,8 +376,9 @@ class Bus:
             return False
         why, foreign = self._user_verdict(sent.user, msg.TYPE, msg)
         if self.bind_senders:
-            body_key = msg.routing_key()  # the exchange is the type's: publish chose it
-            if sent.routing_key != body_key:
+            # the exchange is the type's: publish chose it; the key is the body's unless the
+            # sender chose one (a message's body does not change on the way)
+            if not sent.body_key and sent.routing_key != (body_key := msg.routing_key()):
                 why = f"came by {sent.routing_key!r}, body is for {body_key!r}"
             if why is not None:
                 self.stats.refused_senders += 1
