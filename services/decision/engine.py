@@ -70,7 +70,6 @@ from epu.services.decision.planner import PlacementInput, Plan, plan, shadow
 from epu.services.decision.policies import (
     DEMAND_SENSITIVE,
     PolicyError,
-    durations,
     get_policy,
     validate_params,
 )
@@ -544,7 +543,7 @@ class Engine:
                     current is not None and current[1].policy in DEMAND_SENSITIVE and latest.digest.jobs):
                 out[d] = now  # launches held by the spend cap are planned (ids drawn) each time
                 continue
-            spans = durations(self.params.get(current[1].policy, current[1].params)) if current else []
+            spans = self.params.durations(current[1].policy, current[1].params) if current else []
             times = [offering, latest.received_at + gap, latest.received_at + window]
             times += self.health.deadlines(d, now, spans)
             first = self.store.first_unanswered(d)

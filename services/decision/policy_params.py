@@ -12,26 +12,35 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from epu.services.decision.policies import Params, validate_params
+from epu.services.decision.policies import Params, durations, validate_params
 
 
 class PolicyParams:
     """``validate_params`` with its last answer per policy kept."""
 
     def __init__(self) -> None:
-        self._params: dict[str, tuple[str, dict[str, Any], Params]] = {}
-        """Per policy name: (the name, a copy of the parameters it validated, the result)."""
+        self._params: dict[str, tuple[str, dict[str, Any], Params, list[float]]] = {}
+        """Per policy name: (the name, a copy of the parameters it validated, the result, its
+        ``durations``)."""
 
     def get(self, name: str, params: dict[str, Any]) -> Params:
         """``validate_params(name, params)``, validated again only when the parameters differ
         from the last ones validated for ``name``; the result is frozen, so it is shared safely.
         Raises ``PolicyError`` as ``validate_params`` does."""
+        return self._kept(name, params)[2]
+
+    def durations(self, name: str, params: dict[str, Any]) -> list[float]:
+        """``durations(validate_params(name, params))``, kept with the validation (the engine's
+        ``next_deadlines`` asks for them per domain at every answer)."""
+        return self._kept(name, params)[3]
+
+    def _kept(self, name: str, params: dict[str, Any]) -> tuple[str, dict[str, Any], Params, list[float]]:
         hit = self._params.get(name)
         if hit is not None and same_params(hit[1], params):
-            return hit[2]
+            return hit
         out = validate_params(name, params)
-        self._params[name] = (name, copy.deepcopy(params), out)
-        return out
+        hit = self._params[name] = (name, copy.deepcopy(params), out, durations(out))
+        return hit
 
 
 def same_params(a: Any, b: Any) -> bool:

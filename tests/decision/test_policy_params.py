@@ -6,7 +6,7 @@ import copy
 import random
 from typing import Any
 
-from epu.services.decision.policies import PolicyError, validate_params
+from epu.services.decision.policies import PolicyError, durations, validate_params
 from epu.services.decision.policy_params import PolicyParams, same_params
 
 _VALUES: dict[str, list[Any]] = {
@@ -43,6 +43,7 @@ def test_kept_validation_equals_validating_again() -> None:
         if not isinstance(got, str):
             assert got.model_dump() == want.model_dump() and all(
                 type(getattr(got, k)) is type(getattr(want, k)) for k in type(got).model_fields)
+            assert kept.durations("queue-demand", params) == durations(want)
 
 
 def test_same_params_tells_types_apart() -> None:
