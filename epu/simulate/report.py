@@ -56,7 +56,9 @@ def vm_life(vm: Any, end: float) -> tuple[float, float]:
     return vm.created_at, min(gone, end)
 
 
-def summarize(d: RunData) -> dict[str, Any]:
+def summarize(d: RunData, with_attribution: bool = True) -> dict[str, Any]:
+    """The run's figures; ``with_attribution``: and its cost per account, user and partition
+    (``attribution``, the one costly part: a caller that needs only the totals leaves it out)."""
     started = [j for j in d.jobs if j.start is not None]
     completed = [j for j in d.jobs if j.end is not None]
     out: dict[str, Any] = {
@@ -125,7 +127,8 @@ def summarize(d: RunData) -> dict[str, Any]:
         out["skipped"] = dict(d.skipped)
     churn = churn_warning(launches, len(d.jobs), never_ran)
     out["warnings"] = [*d.warnings, *([churn] if churn else [])]
-    out["attribution"] = attribution(d, cost)
+    if with_attribution:
+        out["attribution"] = attribution(d, cost)
     return out
 
 

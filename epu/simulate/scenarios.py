@@ -104,7 +104,7 @@ def _fig3_extra(d: RunData) -> dict[str, Any]:
 def _static_extra(nodes: int, price: float, period: float) -> Callable[[RunData], dict[str, Any]]:
     def extra(d: RunData) -> dict[str, Any]:
         s = static_summary(d.workload, nodes, d.config.domains[d.domain].cores_per_node, price, period)
-        mine = summarize(d)
+        mine = summarize(d, with_attribution=False)
         return {"static_nodes": nodes, "static_cost": s["cost"], "static_wait_p95_s": s["wait_p95_s"],
                 "cost_vs_static": round(mine["cost"] / s["cost"], 3) if s["cost"] else None}
 
