@@ -37,7 +37,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -66,7 +66,7 @@ from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
-from epu.services.decision.planner import PlacementInput, Plan, plan, shadow
+from epu.services.decision.planner import Plan, placement_input, plan, shadow
 from epu.services.decision.policies import (
     DEMAND_SENSITIVE,
     PolicyError,
@@ -387,13 +387,6 @@ class Engine:
         except Exception as exc:
             return {w.domain: exc for w in writes}
 
-    def _placement_input(self, cfg: Any, health: dict[str, SiteHealth], live: dict[str, int],
-                         unproven: dict[str, int]) -> PlacementInput:
-        return PlacementInput(cfg.sites or list(self.site_infos), cfg.placement, self.site_infos, health,
-                              live, unproven, self.settings.backoff_initial_seconds,
-                              self.settings.backoff_max_seconds, tuple(cfg.node_names),
-                              {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()})
-
     def _site_context(self) -> SiteContext:
         """Site health and live/unproven counts over all domains (quota is per site)."""
         live, unproven = self.store.live_per_site()
@@ -453,11 +446,14 @@ class Engine:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
         for site, why_ in self.events.take_failures(set(cfg.sites or self.site_infos)).items():
             decision.failed_sites.setdefault(site, why_)
-        placement = self._placement_input(cfg, health, live, unproven)
+        caps = None  # the spend caps (budget_per_hour of the domain and of sites)
         if cfg.budget_per_hour or self.site_caps:
-            placement = replace(placement, budget=budget.budget_for(
-                cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
-                budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()}, self.types)))
+            caps = budget.budget_for(cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
+                                     budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()},
+                                                        self.types))
+        placement = placement_input(cfg, self.site_infos, health, live, unproven, budget=caps,
+                                    backoff_initial=self.settings.backoff_initial_seconds,
+                                    backoff_max=self.settings.backoff_max_seconds)
         out = plan(view, decision, placement, self.store.in_flight(domain))
         notes_extra += self.spend.note(domain, out.budget)
         if cfg.mode == "observe":
