@@ -1,6 +1,8 @@
 """The census: what a snapshot says about the engine's instances (joined, idle, lost). Pure.
 
-One definition (``refresh_census``), one entry point for the engine (``CensusKeeper.take``).
+One definition (``refresh_census``), one entry point for the engine's iteration
+(``CensusKeeper.for_iteration``: the kept census, ``CensusKeeper.take``, then the gangs complete
+now dissolved).
 The rules, per instance (``tests/decision/test_census.py`` keeps them written plainly as the
 oracle the code is compared with on random tables and snapshots):
 
@@ -31,6 +33,7 @@ from epu.services.decision.view import (
     Instance,
     NodeIndex,
     Parts,
+    dissolve_complete_gangs,
     evolve,
     partition,
     short_name,
@@ -71,6 +74,24 @@ class Census:
     gathered_at: int | None = None
     """With ``quiet``: the ``NodeIndex.serial`` it was gathered on (each quiet busy name was busy
     there: on the next index, built with that one ``before``, only its ``left_busy`` names can leave)."""
+
+
+@dataclass
+class Refreshed:
+    """A domain's instances refreshed from its latest snapshot for an iteration
+    (``CensusKeeper.for_iteration``): the census, with the gangs complete now dissolved."""
+
+    before: list[Instance]
+    """The store's instances, as the census found them."""
+    instances: list[Instance]
+    parts: Parts
+    """active/pending/joined/draining of ``instances``."""
+    changed: list[Instance]
+    """The instances replaced (new timers or states, gangs dissolved: to be stored)."""
+    joined: list[Instance]
+    """Of ``instances``, those that joined in this refresh."""
+    census: Census
+    """The census itself (the circuit breaker's counts; ``gangs``: before any was dissolved)."""
 
 
 def refresh(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
@@ -339,8 +360,9 @@ class _Kept:
 
 
 class CensusKeeper:
-    """The engine's one entry point to the census, per domain: ``take`` it, ``stored`` after a
-    commit, ``forget`` when the store may have changed under it.
+    """The engine's one entry point to the census, per domain: ``take`` it (``for_iteration``:
+    and dissolve the complete gangs), ``stored`` after a commit, ``forget`` when the store may
+    have changed under it.
 
     Why it keeps one: at 50,000 instances the census is ~30 ms, and an engine iterates every few
     seconds on the same snapshot and the same instances (the sensor polls every minute). A census
@@ -402,6 +424,21 @@ class CensusKeeper:
                 list(census.instances), (list(a), list(p), list(j), list(d)), [], [], census.known, census.missing,
                 census.gangs, census.counted, census.quiet, census.rest, census.gathered_at))
         return before, census
+
+    def for_iteration(self, domain: str, stamp: int | None, index: NodeIndex, available: bool, now: float,
+                      instances: Callable[[], list[Instance]]) -> Refreshed:
+        """The domain's instances refreshed for an iteration (``take``'s arguments): the census,
+        then the gangs whose members have all joined dissolved (``dissolve_complete_gangs``; the
+        new list is stored, so the next census starts anew)."""
+        before, census = self.take(domain, stamp, index, available, now, instances)
+        assert census.parts is not None  # take partitions its result
+        dissolved = dissolve_complete_gangs(census.instances) if census.gangs else None
+        if dissolved is None:
+            return Refreshed(before, census.instances, census.parts, census.changed, census.joined, census)
+        self.forget(domain)
+        pairs = [(a, b) for a, b in zip(dissolved, before, strict=True) if a is not b]
+        return Refreshed(before, dissolved, partition(dissolved), [a for a, b in pairs if a != b],
+                         [a for a, b in pairs if a.state == "joined" and b.state != "joined"], census)
 
     def stored(self, domain: str, stamp: int) -> None:
         """The engine committed exactly the last census's changes of ``domain`` (nothing else):

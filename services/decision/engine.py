@@ -37,7 +37,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -66,7 +66,7 @@ from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
-from epu.services.decision.planner import PlacementInput, Plan, plan, shadow
+from epu.services.decision.planner import Plan, placement_input, plan, shadow
 from epu.services.decision.policies import (
     DEMAND_SENSITIVE,
     PolicyError,
@@ -78,16 +78,10 @@ from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.records import decision_record, summarize
 from epu.services.decision.shaped import Catalogue, uses_catalogue
 from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
-from epu.services.decision.snapshots import Latest, Snapshots
+from epu.services.decision.snapshots import Snapshots
 from epu.services.decision.spend import SpendHolds
 from epu.services.decision.store import PlanWrite
-from epu.services.decision.view import (
-    DomainView,
-    Instance,
-    build_view,
-    dissolve_complete_gangs,
-    partition,
-)
+from epu.services.decision.view import DomainView, build_view
 
 log = logging.getLogger("epu.decision")
 
@@ -392,34 +386,10 @@ class Engine:
         except Exception as exc:
             return {w.domain: exc for w in writes}
 
-    def _placement_input(self, cfg: Any, health: dict[str, SiteHealth], live: dict[str, int],
-                         unproven: dict[str, int]) -> PlacementInput:
-        return PlacementInput(cfg.sites or list(self.site_infos), cfg.placement, self.site_infos, health,
-                              live, unproven, self.settings.backoff_initial_seconds,
-                              self.settings.backoff_max_seconds, tuple(cfg.node_names),
-                              {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()})
-
     def _site_context(self) -> SiteContext:
         """Site health and live/unproven counts over all domains (quota is per site)."""
         live, unproven = self.store.live_per_site()
         return self.store.site_health(), live, unproven
-
-    def _refresh(self, domain: str, latest: Latest, now: float) -> tuple[
-            list[Instance], list[Instance], Any, list[Instance], list[Instance], list[Instance] | None, str | None,
-            bool]:
-        """The domain's instances refreshed from its latest snapshot (the census): (before, after,
-        parts, changed, newly joined, dissolved gangs' list or None, the breaker's verdict,
-        whether an instance of ``after`` may belong to a gang)."""
-        snap = latest.snapshot
-        before, census = self.census.take(domain, self.store.domain_stamp(domain), latest.nodes, snap.available, now,
-                                          lambda: self.store.instances(domain))
-        after, parts, changed, came = census.instances, census.parts, census.changed, census.joined
-        dissolved = dissolve_complete_gangs(after) if census.gangs else None
-        if dissolved is not None:
-            self.census.forget(domain)  # (the dissolved list is stored: the next census starts anew)
-            after, parts = dissolved, partition(dissolved)
-            changed = [a for a, b in zip(after, before, strict=True) if a is not b and a != b]
-        return before, after, parts, changed, came, dissolved, self.health.breaker_check(census, latest), census.gangs
 
     def iterate_domain(self, domain: str, now: float, sites: SiteContext | None = None) -> DecisionRecord | None:
         """One domain's iteration on its own: prepare, commit (raises ``Fenced`` when the lease
@@ -450,15 +420,17 @@ class Engine:
         version, cfg = current
         memory, iteration = self.store.memory(domain)
         snap = latest.snapshot
-        before, after, parts, changed, came, dissolved, why, gangs = self._refresh(domain, latest, now)
-        health_ = self.health.update(domain, latest, now, before)
+        r = self.census.for_iteration(domain, self.store.domain_stamp(domain), latest.nodes, snap.available, now,
+                                      lambda: self.store.instances(domain))  # the census
+        why = self.health.breaker_check(r.census, latest)
+        health_ = self.health.update(domain, latest, now, r.before)
         notes_extra = self.health.breaker(domain, health_, why, now)
-        view = build_view(domain, snap, latest.digest, after, now, min_nodes=cfg.min_nodes,
+        view = build_view(domain, snap, latest.digest, r.instances, now, min_nodes=cfg.min_nodes,
                           max_nodes=cfg.max_nodes, cores_per_node=cfg.cores_per_node, memory=memory,
-                          nodes=latest.nodes, all_live=True, parts=parts, healthy_since=health_.healthy_since,
+                          nodes=latest.nodes, all_live=True, parts=r.parts, healthy_since=health_.healthy_since,
                           breaker="" if health_.released else health_.breaker,
                           cleanup=self.store.cleanup(domain) if snap.available else [], free=latest.free_workers(),
-                          gangs=gangs)
+                          gangs=r.census.gangs)
         view.snapshot_at = self.snapshots.skew.engine_time(domain, snap.taken_at, latest.received_at)  # vs. drain_at
         health, live, unproven = sites if sites is not None else self._site_context()
         if uses_catalogue(cfg, self.config.sites):
@@ -466,29 +438,30 @@ class Engine:
             if snap.available:
                 notes_extra += self.catalogues.report_unsatisfiable(domain, view.demand.detail, view.catalogue)
         decision = self.decide(view, cfg)
-        joined = [a for a, b in zip(after, before, strict=True) if a is not b and a.state == "joined"
-                  and b.state != "joined"] if dissolved is not None else came
-        successes = {i.site: record_success(health[i.site]) for i in joined
+        successes = {i.site: record_success(health[i.site]) for i in r.joined
                      if i.site in health and health[i.site].failures}
         health.update(successes)
-        for i in joined:
+        for i in r.joined:
             unproven[i.site] = max(0, unproven.get(i.site, 0) - 1)
         for site, why_ in self.events.take_failures(set(cfg.sites or self.site_infos)).items():
             decision.failed_sites.setdefault(site, why_)
-        placement = self._placement_input(cfg, health, live, unproven)
+        caps = None  # the spend caps (budget_per_hour of the domain and of sites)
         if cfg.budget_per_hour or self.site_caps:
-            placement = replace(placement, budget=budget.budget_for(
-                cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
-                budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()}, self.types)))
+            caps = budget.budget_for(cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
+                                     budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()},
+                                                        self.types))
+        placement = placement_input(cfg, self.site_infos, health, live, unproven, budget=caps,
+                                    backoff_initial=self.settings.backoff_initial_seconds,
+                                    backoff_max=self.settings.backoff_max_seconds)
         out = plan(view, decision, placement, self.store.in_flight(domain))
         notes_extra += self.spend.note(domain, out.budget)
         if cfg.mode == "observe":
             out = shadow(out)
         out.sites = {**successes, **out.sites}
         write = None
-        if out.actions or changed or out.sites or (decision.memory is not None and decision.memory != memory):
+        if out.actions or r.changed or out.sites or (decision.memory is not None and decision.memory != memory):
             iteration += 1
-            write = PlanWrite(domain, out, now, decision.memory, iteration, changed, self._fence(domain, now))
+            write = PlanWrite(domain, out, now, decision.memory, iteration, r.changed, self._fence(domain, now))
         health.update(out.sites)
         for p in out.actions:
             if p.kind == "launch":

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from epu.common.config.decision import DomainConfig
 from epu.common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
 from epu.services.decision.actions import Decision, Launch, Node, Terminate
 from epu.services.decision.budget import Budget, admit
@@ -82,6 +83,17 @@ class PlacementInput:
     """Instance type → (its pool of worker names, a name pattern) (``type_nodes`` of the domain)."""
     budget: Budget | None = None
     """Spend caps, rates and prices (None: no cap)."""
+
+
+def placement_input(cfg: DomainConfig, infos: dict[str, SiteInfo], health: dict[str, SiteHealth],
+                    live: dict[str, int], unproven: dict[str, int], *, backoff_initial: float, backoff_max: float,
+                    budget: Budget | None = None) -> PlacementInput:
+    """A domain's ``PlacementInput`` from its config: its sites (none named: every site of
+    ``infos``, in their order) and placement, its worker names, with the sites' health and live
+    and unproven counts over all domains, the backoff bounds and the spend caps (``budget``)."""
+    return PlacementInput(cfg.sites or list(infos), cfg.placement, infos, health, live, unproven, backoff_initial,
+                          backoff_max, tuple(cfg.node_names),
+                          {t: (tuple(n.names), n.pattern) for t, n in cfg.type_nodes.items()}, budget)
 
 
 #: How many characters of the launch id a generated node name carries. A launch id is a uuid4 in
