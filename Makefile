@@ -59,11 +59,11 @@ test: $(STAMP) services
 	@bash scripts/ensure-promtool.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-# The suites that need no system service: every test not marked rabbitmq, postgres, slurm, e2e or
-# cluster (tests/conftest.py marks a test by the service fixtures it takes). EPU_TEST_OFFLINE=1
+# The suites that need no system service or tool: every test not marked rabbitmq, postgres, slurm,
+# e2e, cluster or promtool (tests/conftest.py marks a test by the service fixtures it takes). EPU_TEST_OFFLINE=1
 # makes a test that reaches for RabbitMQ or PostgreSQL anyway fail with the reason, and the
 # addresses point nowhere, so the run proves it needs neither.
-FAST_MARKERS := not rabbitmq and not postgres and not slurm and not e2e and not cluster
+FAST_MARKERS := not rabbitmq and not postgres and not slurm and not e2e and not cluster and not promtool
 test-fast: $(STAMP)
 	EPU_TEST_OFFLINE=1 EPU_TEST_RABBIT_HOST=127.0.0.1:1 EPU_TEST_PG_URL=postgresql://postgres@127.0.0.1:1 \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider -m "$(FAST_MARKERS)" $(PYTEST_ARGS)

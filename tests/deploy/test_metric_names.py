@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.deploy.conftest import Running
 from tests.deploy.prometheus_tool import promtool_path
 from tests.deploy.scrape import SERVICES, scrape
@@ -12,6 +14,7 @@ from tests.deploy.scrape import SERVICES, scrape
 PER_INSTANCE = {"instance_id", "node", "node_name", "launch_id", "job_id", "vm", "ip"}
 
 
+@pytest.mark.promtool  # Prometheus's promtool: `make test` installs it
 def test_promtool_finds_no_convention_broken_in_any_services_metrics(running: Running) -> None:
     for name in SERVICES:
         text = scrape(running.host, running.ports[name])
@@ -20,6 +23,7 @@ def test_promtool_finds_no_convention_broken_in_any_services_metrics(running: Ru
         assert out.returncode == 0, f"{name}:\n{out.stdout}{out.stderr}"
 
 
+@pytest.mark.promtool  # Prometheus's promtool: `make test` installs it
 def test_the_linter_catches_a_name_against_the_conventions() -> None:
     bad = "# HELP epu_x_count x\n# TYPE epu_x_count counter\nepu_x_count 1\n"
     out = subprocess.run([promtool_path(), "check", "metrics"], input=bad, capture_output=True, text=True, timeout=60)

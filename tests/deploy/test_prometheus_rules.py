@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.deploy.conftest import Running
@@ -35,6 +36,7 @@ def rules() -> list[dict]:
     return [r for g in doc["groups"] for r in g["rules"]]
 
 
+@pytest.mark.promtool  # Prometheus's promtool: `make test` installs it
 def test_promtool_accepts_the_rules_and_the_scrape_config() -> None:
     out = promtool("check", "rules", RULES.name)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -42,6 +44,7 @@ def test_promtool_accepts_the_rules_and_the_scrape_config() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.promtool  # Prometheus's promtool: `make test` installs it
 def test_the_rules_unit_tests_pass_and_cover_every_alert() -> None:
     out = promtool("test", "rules", "tests/epu-alerts.test.yml")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -51,6 +54,7 @@ def test_the_rules_unit_tests_pass_and_cover_every_alert() -> None:
     assert fired == ALERTS, f"alerts without a test that fires them: {sorted(ALERTS - fired)}"
 
 
+@pytest.mark.promtool  # Prometheus's promtool: `make test` installs it
 def test_a_broken_rule_fails_its_unit_test(tmp_path: Path) -> None:
     """The unit tests can fail: the site-backoff alert without its gap tolerance misses a site
     backed off again and again."""
