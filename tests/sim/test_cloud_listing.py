@@ -13,7 +13,7 @@ import pytest
 from libcloud.compute.base import NodeImage, NodeSize
 from libcloud.compute.types import NodeState
 
-from epu.sim.cloud import VM, CloudFaults, SimCloud
+from epu.sim.cloud import VM, CloudFaults, SimCloud, SimNodeDriver
 from epu.sim.world import World
 
 
@@ -22,6 +22,24 @@ def fresh(cloud: SimCloud, now: float) -> list[VM]:
     linger = cloud.terminated_linger
     return [v for v in cloud.vms.values()
             if v.listed_from <= now and (v.terminated_at is None or not v.terminated_at <= now - linger)]
+
+
+def random_step(rng: random.Random, cloud: SimCloud, driver: SimNodeDriver, i: int, tags: dict[str, str]) -> None:
+    """One random change of the cloud: a create (with ``tags``), a destroy, a VM vanishing or
+    preempted, a reclaim notice, or time passing (also used by ``test_node_memo.py``)."""
+    op = rng.random()
+    live = [v for v in cloud.vms.values() if v.terminated_at is None]
+    if op < 0.2:
+        size, image = NodeSize("m", "m", 0, 0, 0, 0, driver), NodeImage("sim-image", "sim-image", driver)
+        driver.create_node(f"n{i}", size, image, ex_metadata=tags, ex_clienttoken=f"t{i}")
+    elif op < 0.28 and live:
+        cloud.destroy("prov", rng.choice(live).cloud_id)
+    elif op < 0.32 and live:
+        cloud._accident(rng.choice(live), rng.choice(("vanish", "preempt")))
+    elif op < 0.36 and live:
+        cloud._announce(rng.choice(live), cloud.world.t + 120.0)
+    elif op < 0.75:
+        cloud.world.t += rng.choice((0.0, 1.0, 10.0, 30.0, 60.0, 200.0))
 
 
 def state(vm: VM, now: float) -> NodeState:
@@ -39,22 +57,10 @@ def test_a_kept_listing_is_what_a_fresh_look_shows(seed: int) -> None:
     cloud = SimCloud(world, "site", boot_seconds=(30.0, 120.0), terminated_linger=120.0,
                      faults=CloudFaults(listing_lag_seconds=40.0, boot_failure_rate=0.15))
     driver = cloud.driver("prov")
-    size, image = NodeSize("m", "m", 0, 0, 0, 0, driver), NodeImage("sim-image", "sim-image", driver)
     steady_hits = unchanged_hits = 0
     last = None
     for i in range(300):
-        op = rng.random()
-        live = [v for v in cloud.vms.values() if v.terminated_at is None]
-        if op < 0.2:
-            driver.create_node(f"n{i}", size, image, ex_metadata={"epu-launch": f"l{i}"}, ex_clienttoken=f"t{i}")
-        elif op < 0.28 and live:
-            cloud.destroy("prov", rng.choice(live).cloud_id)
-        elif op < 0.32 and live:
-            cloud._accident(rng.choice(live), rng.choice(("vanish", "preempt")))
-        elif op < 0.36 and live:
-            cloud._announce(rng.choice(live), world.t + 120.0)
-        elif op < 0.75:
-            world.t += rng.choice((0.0, 1.0, 10.0, 30.0, 60.0, 200.0))
+        random_step(rng, cloud, driver, i, {"epu-launch": f"l{i}"})
         before = driver._steady
         said = driver.listing_unchanged(last) if last is not None else False
         lists = cloud.stats.lists

@@ -18,6 +18,7 @@ from epu.sim.cloud import CloudFaults, SimCloud
 from epu.sim.node_memo import NodeMemo
 from epu.sim.world import World
 from tests.provisioner.conftest import site_config
+from tests.sim.test_cloud_listing import random_step
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -32,23 +33,10 @@ def test_a_memoized_listing_is_the_plain_conversion(seed: int, monkeypatch) -> N
     memo = NodeMemo()
     site = LibcloudSite("site", site_config(), driver, "epu", convert=memo)
     site.bind("epu", "store")
-    size, image = NodeSize("m", "m", 0, 0, 0, 0, driver), NodeImage("sim-image", "sim-image", driver)
     listed = 0
     for i in range(300):
-        op = rng.random()
-        live = [v for v in cloud.vms.values() if v.terminated_at is None]
-        if op < 0.2:
-            whose = rng.choice(("epu", "epu", "someone-else"))
-            driver.create_node(f"n{i}", size, image, ex_metadata={TAG_DEPLOYMENT: whose, "epu-launch-id": f"l{i}"},
-                               ex_clienttoken=f"t{i}")
-        elif op < 0.28 and live:
-            cloud.destroy("prov", rng.choice(live).cloud_id)
-        elif op < 0.32 and live:
-            cloud._accident(rng.choice(live), rng.choice(("vanish", "preempt")))
-        elif op < 0.36 and live:
-            cloud._announce(rng.choice(live), world.t + 120.0)
-        elif op < 0.75:
-            world.t += rng.choice((0.0, 1.0, 10.0, 30.0, 60.0, 200.0))
+        whose = rng.choice(("epu", "epu", "someone-else"))
+        random_step(rng, cloud, driver, i, {TAG_DEPLOYMENT: whose, "epu-launch-id": f"l{i}"})
         nodes = driver.list_nodes()
         memoized = memo(nodes)
         assert memoized == to_cloud_nodes(nodes)
