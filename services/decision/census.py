@@ -108,6 +108,28 @@ def refresh_parts(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIn
     return r.instances, r.parts
 
 
+def node_idle(node: NodeInfo) -> bool:
+    """Is the node idle: free, with no job and no core used? (A joined instance's ``idle_since``
+    runs while it is.)"""
+    return node.state == "free" and not node.jobs and not node.cores_used
+
+
+def joined_timers(inst: Instance, node: NodeInfo | None, now: float) -> Instance:
+    """A joined instance's idle and lost timers on a snapshot, the rule's one statement (both
+    passes call it): idle (``idle_since``) while its node is idle (``node_idle``), lost
+    (``missing_since``) while its node is absent (``None``) or ``down``; each starts when its
+    condition starts and clears when it ends. The same object when neither moves."""
+    if node is None:
+        idle, lost = False, True
+    else:
+        idle, lost = node_idle(node), node.state == "down"
+    if idle != (inst.idle_since is not None):
+        inst = evolve(inst, idle_since=now if idle else None)
+    if lost != (inst.missing_since is not None):
+        inst = evolve(inst, missing_since=now if lost else None)
+    return inst
+
+
 def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeIndex, now: float,
                    available: bool) -> Census:
     """The census's one definition: the instances refreshed from the snapshot (module
@@ -142,23 +164,14 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
         if node is not None and inst.seen_at is None:
             new = evolve(new, seen_at=now)
         if state == "joined":
-            if node is None:
-                idle, lost = False, True
-            else:
-                ns = node.state
-                idle = ns == "free" and not node.jobs and not node.cores_used
-                lost = ns == "down"
-            if idle != (inst.idle_since is not None):
-                new = evolve(new, idle_since=now if idle else None)
-            if lost != (inst.missing_since is not None):
-                new = evolve(new, missing_since=now if lost else None)
+            new = joined_timers(new, node, now)
         elif (node is not None and state in PENDING_STATES and node.state in IN_SERVICE
               and not inst.terminate_sent and not inst.retire):
             # joined = in service. A name that is merely known to the batch system (a
             # pre-declared, powered-down pool slot; a node still offline or down) has not
             # joined: the instance still needs its "add".
-            idle = node.state == "free" and not node.jobs and not node.cores_used
-            new = evolve(new, state="joined", state_at=now, joined_at=now, idle_since=now if idle else None)
+            new = evolve(new, state="joined", state_at=now, joined_at=now,
+                         idle_since=now if node_idle(node) else None)
             came.append(new)
         if new is not inst:
             changed.append(new)
@@ -258,8 +271,8 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
                     rest.append(inst)
             continue
         if gather and node is not None and inst.seen_at is not None and inst.missing_since is None:
-            if (state == "joined" and inst.idle_since is not None and node.state == "free" and not node.jobs
-                    and not node.cores_used):  # idle, and its node still is: nothing to change
+            if state == "joined" and inst.idle_since is not None and node_idle(node):
+                # idle, and its node still is: nothing to change
                 if name in idle_names and name not in quiet_idle:
                     quiet_idle[name] = inst
                 else:
@@ -288,10 +301,7 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
         new = inst
         if node is None:
             if state == "joined":
-                if inst.idle_since is not None:
-                    new = evolve(new, idle_since=None)
-                if inst.missing_since is None:
-                    new = evolve(new, missing_since=now)
+                new = joined_timers(new, None, now)
             if (state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
                     and not inst.terminate_sent):
                 missing += 1
@@ -299,12 +309,7 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
             if inst.seen_at is None:
                 new = evolve(new, seen_at=now)
             if state == "joined":
-                ns = node.state
-                idle = ns == "free" and not node.jobs and not node.cores_used
-                if idle != (inst.idle_since is not None):
-                    new = evolve(new, idle_since=now if idle else None)
-                if (ns == "down") != (inst.missing_since is not None):
-                    new = evolve(new, missing_since=now if ns == "down" else None)
+                new = joined_timers(new, node, now)
             elif (state in PENDING_STATES and node.state in IN_SERVICE and not inst.terminate_sent
                   and not inst.retire):
                 return None  # it joins
