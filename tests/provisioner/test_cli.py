@@ -98,7 +98,9 @@ def test_forced_terminate_goes_to_the_provisioners_and_waits_for_their_answer(tm
     t, taken = answer_one(broker, broker.topology.n("epu.provisioner"), lambda m: InstanceEvent(
         instance_id=m.instance_id, domain=m.domain, site="sim", state="terminating", previous="started", seq=3,
         reason=f"{m.reason} (forced)", at=102.0))
-    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck", "--force"]) == 0
+    # --timeout: how long the command waits for the answer, which comes as soon as it is given
+    # (generous: a loaded machine once took over the default 10 s to answer)
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck", "--force", "--timeout", "60"]) == 0
     t.join(10)
     assert "instance=i1 domain=alpha is terminating (stuck (forced))" in capsys.readouterr().out
     [msg] = taken
@@ -147,7 +149,7 @@ def test_unforced_terminate_asks_the_engine_to_drain_first(tmp_path, sqlite_url,
         watch(conn.channel()).declare()
     t, taken = answer_one(broker, watch.name, lambda m: PolicyOutcome(change_id=m.change_id, domain=m.domain,
                                                                       applied=True, version=2))
-    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck"]) == 0
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck", "--timeout", "60"]) == 0
     t.join(10)
     assert "drain and terminate accepted by the decision engine" in capsys.readouterr().out
     assert drain(broker, topo.n("epu.provisioner")) == []
@@ -156,7 +158,7 @@ def test_unforced_terminate_asks_the_engine_to_drain_first(tmp_path, sqlite_url,
     assert "stuck" in msg.operator
     t, taken = answer_one(broker, watch.name, lambda m: PolicyOutcome(
         change_id=m.change_id, domain=m.domain, applied=False, reason="retire: no instance i1 in domain alpha"))
-    assert main(["instances", "terminate", "i1", "-c", cfg]) == 1
+    assert main(["instances", "terminate", "i1", "-c", cfg, "--timeout", "60"]) == 1
     t.join(10)
     assert "refused: retire: no instance i1 in domain alpha" in capsys.readouterr().err
 
