@@ -19,6 +19,7 @@ import hashlib
 import heapq
 import itertools
 import random
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from typing import Any
 
 _push = heapq.heappush
 _new, _set, _UUID, _UNKNOWN = object.__new__, object.__setattr__, uuid.UUID, uuid.SafeUUID.unknown
+get_ident = threading.get_ident
 _CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
 """The variant and version bits of a UUID's int (``uuid.UUID.__init__`` with ``version``)."""
 _V4 = (0x8000 << 48) | (4 << 76)
@@ -186,10 +188,14 @@ class World:
     # ------------------------------------------------------------------ ids
     @contextmanager
     def running(self) -> Iterator[World]:
-        """Make ``uuid.uuid4`` draw from this world's ``ids`` stream while the run lasts."""
+        """Make ``uuid.uuid4`` draw from this world's ``ids`` stream while the run lasts — for
+        the thread that runs it only: the patch is process-wide, and another thread's id (a
+        service thread of a test that ran before, still reconnecting) must neither come from the
+        stream nor move it, or the run's ids, and its digest, would depend on that thread."""
         draw = self.rng("ids").getrandbits
         original = uuid.uuid4
         small = self.id_prefix_bits
+        owner = threading.get_ident()
 
         def few(_n: int) -> int:
             """128 bits whose upper half (a generated name's part) has only ``small`` random bits."""
@@ -201,6 +207,8 @@ class World:
             """``uuid.UUID(int=bits(128), version=4)``, as its ``__init__`` builds it (variant and
             version bits set, ``is_safe`` unknown) without its argument checks: a run makes an id
             for every message and launch."""
+            if get_ident() != owner:
+                return original()
             u = _new(_UUID)
             _set(u, "int", bits(128) & _CLEAR | _V4)
             _set(u, "is_safe", _UNKNOWN)

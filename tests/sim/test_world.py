@@ -166,3 +166,26 @@ def test_running_uuid4_is_the_uuid_module_s() -> None:
                 assert got.version == 4 and got.variant == want.variant and got.is_safe is want.is_safe
                 assert hash(got) == hash(want)
     assert uuid.uuid4 is original
+
+
+def test_another_threads_ids_neither_come_from_the_stream_nor_move_it() -> None:
+    """``uuid.uuid4`` is patched process-wide while a world runs: a thread that is not the
+    world's (a service thread left reconnecting by an earlier test, as one CI run had) gets a real
+    id, and the world's stream is exactly what it is without that thread."""
+    import threading
+    import uuid
+
+    w = World(7)
+    ref = random.Random("7/ids")
+    others: list[uuid.UUID] = []
+    with w.running():
+        first = uuid.uuid4()
+        thread = threading.Thread(target=lambda: others.extend(uuid.uuid4() for _ in range(100)))
+        thread.start()
+        thread.join()
+        second = uuid.uuid4()
+    assert first == uuid.UUID(int=ref.getrandbits(128), version=4)
+    assert second == uuid.UUID(int=ref.getrandbits(128), version=4)  # the thread drew nothing
+    stream = random.Random("7/ids")
+    drawn = {uuid.UUID(int=stream.getrandbits(128), version=4) for _ in range(1000)}
+    assert len(others) == 100 and not drawn & set(others)
