@@ -374,9 +374,7 @@ class Bus:
         sender was not allowed is reported to ``on_foreign`` (invariant 10)."""
         if sent is None:
             return False
-        domain = getattr(msg, "domain", None)  # ``_user_verdict``'s memo, looked up inline (every delivery)
-        hit = self._verdicts.get((sent.user, msg.TYPE, domain if isinstance(domain, str) else None))
-        why, foreign = hit if hit is not None else self._user_verdict(sent.user, msg.TYPE, msg)
+        why, foreign = self._user_verdict(sent.user, msg.TYPE, msg)
         if self.bind_senders:
             # the exchange is the type's: publish chose it; the key is the body's unless the
             # sender chose one (a message's body does not change on the way)

@@ -71,21 +71,19 @@ class InstanceEvents:
         entries = report.instances
         known = self.store.known([e.instance_id for e in entries]) if entries else {}
         stale: list[str] = []
-        order, ended, get = INSTANCE_STATE_ORDER, TERMINAL_INSTANCE_STATES, known.get
-        for evt in entries:  # every entry of every report: one look-up and at most three tests each
+        for evt in entries:
             if evt.domain != domain:  # not this report's to tell
                 continue
-            inst = get(evt.instance_id)
-            if inst is None or evt.seq > inst.seq:
+            inst = known.get(evt.instance_id)
+            # Our state of it while it is live here (an ended one, or another domain's: None).
+            state = (inst.state if inst is not None and inst.domain == domain
+                     and inst.state not in TERMINAL_INSTANCE_STATES else None)
+            if inst is None or evt.seq > inst.seq or (
+                    state is not None and INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[state]):
                 repaired += 1
                 self.on_instance_event(evt, repair=True)
-            elif inst.domain != domain or inst.state in ended:
-                # ended here (or another domain's): news only if the provisioner holds it live
-                if evt.state not in ended:
-                    stale.append(evt.instance_id)
-            elif order[evt.state] > order[inst.state]:  # live here, and the report is further on
-                repaired += 1
-                self.on_instance_event(evt, repair=True)
+            elif state is None and evt.state not in TERMINAL_INSTANCE_STATES:
+                stale.append(evt.instance_id)
         if stale:
             self._end_stale(domain, stale)
         if repaired:
