@@ -8,6 +8,7 @@ around it is written by hand; the part between the markers is rewritten by
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import typing
@@ -112,6 +113,8 @@ def _type_name(ann: Any) -> str:
         return f"map {_type_name(k)} → {_type_name(v)}"
     if ann is typing.Any:
         return "any msgpack scalar"
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):
+        return "one of " + ", ".join(f"`{m.value}`" for m in ann)
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return f"[{ann.__name__}](#{ann.__name__.lower()})"
     return {str: "string", int: "integer", float: "float (epoch seconds for times)", bool: "boolean"}.get(ann, str(ann))

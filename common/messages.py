@@ -18,7 +18,8 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from epu.common.retire import JUDGED_UNSTARTED, REQUESTED_PROOFS, Proof, RetireReason, legacy_proof
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 1
@@ -467,6 +468,31 @@ class TerminateRequest(Message):
     running; otherwise it refuses — publishes the instance ``started`` — and the sender takes it
     out the safe way (removed from the batch system first). A VM that boots may already run a
     self-registering daemon (an HTCondor startd) with a job."""
+
+    retire: Annotated[RetireReason | None, Field(strict=False)] = None
+    """Why the instance leaves (``common.retire``); None from a sender of schema 1.x."""
+    proof: Annotated[Proof | None, Field(strict=False)] = None
+    """What makes its end safe (``common.retire``): the provisioner's destroy acts on it. None
+    from a sender of schema 1.x: derived from ``force`` and ``unless_started``
+    (``effective_proof``)."""
+
+    @model_validator(mode="after")
+    def _flags_agree(self) -> TerminateRequest:
+        """A proof and the two flags of schema 1.x say the same (a provisioner of 1.x reads only
+        the flags): ``force`` exactly with ``forced``, ``unless_started`` exactly with a proof
+        judged on a fresh listing (``unstarted``, ``bookkeeping``)."""
+        if self.proof is not None and (self.force != (self.proof == Proof.FORCED)
+                                       or self.unless_started != (self.proof in JUDGED_UNSTARTED)):
+            raise ValueError(f"proof {self.proof.value!r} contradicts force={self.force} "
+                             f"unless_started={self.unless_started}")
+        if self.proof is not None and self.proof not in REQUESTED_PROOFS:
+            raise ValueError(f"proof {self.proof.value!r} is the provisioner's own, never requested")
+        return self
+
+    @property
+    def effective_proof(self) -> Proof:
+        """``proof``, or for a sender that names none, the one its two flags mean."""
+        return self.proof if self.proof is not None else legacy_proof(self.force, self.unless_started)
 
     def routing_key(self) -> str:
         return "provisioner.terminate"
