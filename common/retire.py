@@ -71,14 +71,17 @@ REQUESTED_PROOFS = frozenset({Proof.UNSTARTED, Proof.REMOVED, Proof.FORCED, Proo
 
 #: Reason → the proofs a terminate of that reason may carry. A reason absent here is never the
 #: reason of a terminate. ``forced`` is an operator's only; bookkeeping is never anything else.
+#: ``bookkeeping`` is allowed with every reason: it is the most careful proof (it never destroys a
+#: started VM), what the engine sends when it asks again for an end whose proof its record no
+#: longer shows (a terminate accepted, then lost with a provisioner's store).
 PROOFS: dict[RetireReason, frozenset[Proof]] = {
-    RetireReason.SCALE_DOWN: frozenset({Proof.REMOVED, Proof.UNSTARTED}),
-    RetireReason.STALLED: frozenset({Proof.UNSTARTED, Proof.REMOVED}),
-    RetireReason.LOST: frozenset({Proof.REMOVED}),
-    RetireReason.GANG: frozenset({Proof.UNSTARTED, Proof.REMOVED}),
-    RetireReason.INTERRUPTED: frozenset({Proof.REMOVED, Proof.UNSTARTED}),
-    RetireReason.OPERATOR: frozenset({Proof.REMOVED, Proof.UNSTARTED, Proof.FORCED}),
-    RetireReason.NATIVE: frozenset({Proof.REMOVED, Proof.UNSTARTED}),
+    RetireReason.SCALE_DOWN: frozenset({Proof.REMOVED, Proof.UNSTARTED, Proof.BOOKKEEPING}),
+    RetireReason.STALLED: frozenset({Proof.UNSTARTED, Proof.REMOVED, Proof.BOOKKEEPING}),
+    RetireReason.LOST: frozenset({Proof.REMOVED, Proof.BOOKKEEPING}),
+    RetireReason.GANG: frozenset({Proof.UNSTARTED, Proof.REMOVED, Proof.BOOKKEEPING}),
+    RetireReason.INTERRUPTED: frozenset({Proof.REMOVED, Proof.UNSTARTED, Proof.BOOKKEEPING}),
+    RetireReason.OPERATOR: frozenset({Proof.REMOVED, Proof.UNSTARTED, Proof.FORCED, Proof.BOOKKEEPING}),
+    RetireReason.NATIVE: frozenset({Proof.REMOVED, Proof.UNSTARTED, Proof.BOOKKEEPING}),
     RetireReason.ENDED: frozenset({Proof.BOOKKEEPING}),
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from epu.common.retire import RetireReason
 from epu.services.decision.packing import Offer
 
 NodeOp = Literal["add", "offline", "online", "remove"]
@@ -41,7 +42,7 @@ class Node:
     op: NodeOp
     instance_id: str
     reason: str
-    retire: str = ""
+    retire: RetireReason | Literal[""] = ""
     """Set on the first step of taking an instance out (scale-down, stalled, lost, operator)."""
     requeue: bool = False
     """For remove: requeue the node's jobs first (the cloud preempted its machine: they died
@@ -61,7 +62,7 @@ class Terminate:
     force: bool = False
     stalled: bool = False
     kind: Literal["terminate"] = "terminate"
-    retire: str = ""
+    retire: RetireReason | Literal[""] = ""
 
 
 Action = Launch | Node | Terminate

@@ -17,6 +17,7 @@ from typing import Any
 from epu.common.clock import Clock
 from epu.common.config import EpuConfig
 from epu.common.messages import TERMINAL_INSTANCE_STATES, Message, PolicyChange, PolicyOutcome
+from epu.common.retire import RetireReason
 from epu.services.decision.changes import ChangeRejected, apply_change, check_ceiling
 from epu.services.decision.health import PipelineHealth
 from epu.services.decision.placement import SiteInfo, record_success
@@ -57,8 +58,8 @@ class PolicyChanges:
             out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=False, reason=reason)
         else:
             try:
-                retiring = self._retirements(change)
                 new = apply_change(current[1], change, list(self.site_infos))
+                retiring = self._retirements(change, new.mode)
                 check_ceiling(new, self.config.domains.get(change.domain),
                               {n: s.quota for n, s in self.config.sites.items()})
             except ChangeRejected as exc:
@@ -86,8 +87,15 @@ class PolicyChanges:
         self.publish(out)
         return out
 
-    def _retirements(self, change: PolicyChange) -> list[Instance]:
-        """An operator's unforced terminate: the instances, marked to go the safe way out."""
+    def _retirements(self, change: PolicyChange, mode: str) -> list[Instance]:
+        """An operator's unforced terminate: the instances, marked to go the safe way out, on the
+        operator's authority (``retire = operator``, their name in the instance's reason). Refused
+        in observe mode, where nothing leaves the engine: accepted, it would do nothing."""
+        if change.retire and mode == "observe":
+            raise ChangeRejected(f"domain {change.domain} is in observe mode: nothing leaves the engine, so no "
+                                 "instance would be retired; set mode=active first (a forced terminate goes to "
+                                 "the provisioners directly)")
+        who = change.operator or "an operator"
         out = []
         for iid in change.retire or []:
             inst = self.store.instance(iid)
@@ -95,5 +103,6 @@ class PolicyChanges:
                 raise ChangeRejected(f"retire: no instance {iid} in domain {change.domain}")
             if inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent:
                 continue  # already on its way out
-            out.append(replace(inst, retire=inst.retire or "operator", idle_since=None))
+            out.append(replace(inst, retire=inst.retire or RetireReason.OPERATOR, idle_since=None,
+                               reason=f"retired by {who}" if not inst.retire else inst.reason))
         return out

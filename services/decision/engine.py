@@ -61,12 +61,13 @@ from epu.services.decision.actions import Decision
 from epu.services.decision.catalogues import Catalogues
 from epu.services.decision.census import CensusKeeper
 from epu.services.decision.control import PolicyChanges
+from epu.services.decision.gate import Authority, Gate, shadow_plan, shadow_signature
 from epu.services.decision.health import PipelineHealth
 from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
-from epu.services.decision.planner import Plan, placement_input, plan, shadow
+from epu.services.decision.planner import Plan, placement_input, plan
 from epu.services.decision.policies import (
     DEMAND_SENSITIVE,
     PolicyError,
@@ -121,9 +122,8 @@ class Engine:
         self.config = config
         self.settings = config.decision
         self.store: DecisionStore = store
-        self.publish = publish
-        self.publish_many = publish_many
-        """Sends a burst of actions with one confirm wait (the service's); without it, one by one."""
+        self.gate = Gate(store, publish, publish_many)
+        """The one door every command leaves by (``gate``); it holds the publish functions."""
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
         self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
@@ -135,7 +135,9 @@ class Engine:
         self.spend = SpendHolds()
         self.health = PipelineHealth(self.settings, store)
         self.catalogues = Catalogues(config, self.site_infos)
-        self.events = InstanceEvents(config, store, self.clock, publish, self.acting, self.catalogues, self.health)
+        self._shadowed: dict[str, tuple[Any, ...]] = {}
+        """Domain → what its last published shadow record would have done (``shadow_signature``)."""
+        self.events = InstanceEvents(config, store, self.clock, self.gate, self.acting, self.catalogues, self.health)
         self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health)
         self.census = CensusKeeper()
         """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
@@ -150,6 +152,24 @@ class Engine:
             except PolicyError as exc:
                 raise ValueError(f"domains.{name}: {exc}") from None
             store.seed_config(name, cfg, self.clock.now())
+
+    @property
+    def publish(self) -> Callable[[Message], Any]:
+        """Publishes one message (the service's): records here, commands by the gate."""
+        return self.gate.publish
+
+    @publish.setter
+    def publish(self, fn: Callable[[Message], Any]) -> None:
+        self.gate.publish = fn
+
+    @property
+    def publish_many(self) -> Callable[[list[Message]], Any] | None:
+        """Sends a burst of commands with one confirm wait (the service's); without it, one by one."""
+        return self.gate.publish_many
+
+    @publish_many.setter
+    def publish_many(self, fn: Callable[[list[Message]], Any] | None) -> None:
+        self.gate.publish_many = fn
 
     # what the modules keep, read by the service's metrics and status and by tests
     @property
@@ -455,8 +475,14 @@ class Engine:
                                     backoff_max=self.settings.backoff_max_seconds)
         out = plan(view, decision, placement, self.store.in_flight(domain))
         notes_extra += self.spend.note(domain, out.budget)
+        shadow_changed = False
         if cfg.mode == "observe":
-            out = shadow(out)
+            out = shadow_plan(out)
+            signature = shadow_signature(out.shadow)
+            shadow_changed = bool(out.shadow) and self._shadowed.get(domain) != signature
+            self._shadowed[domain] = signature
+        else:
+            self._shadowed.pop(domain, None)
         out.sites = {**successes, **out.sites}
         write = None
         if out.actions or r.changed or out.sites or (decision.memory is not None and decision.memory != memory):
@@ -472,9 +498,9 @@ class Engine:
         notes_extra += out.refused  # a refused add is news even when nothing was sent
         if notes_extra:
             out.notes = notes_extra + [n for n in out.notes if n not in notes_extra]
-        saw = summarize(view, self.catalogues.unsatisfiable.get(domain, [])) if out.actions or out.shadow or notes_extra \
-            else None
-        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or out.shadow),
+        saw = summarize(view, self.catalogues.unsatisfiable.get(domain, [])) \
+            if out.actions or shadow_changed or notes_extra else None
+        return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or shadow_changed),
                          write)
 
     def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
@@ -553,14 +579,9 @@ class Engine:
         its decision record if it sent anything or its notes are an event (``always``)."""
         out, sent = p.plan, []
         try:
-            if self.publish_many is not None and len(out.actions) > 1:
-                self.publish_many([a.message for a in out.actions])
-                sent = [a.action_id for a in out.actions]
-            else:
-                for a in out.actions:
-                    self.publish(a.message)
-                    sent.append(a.action_id)
-        except Exception:
+            sent = self.gate.send(p.domain, [a.message for a in out.actions], instances=out.instances).ids
+        except Exception as exc:
+            sent = getattr(exc, "sent", [])
             self.health.publish_failed([p.domain])
             raise
         finally:
@@ -575,13 +596,19 @@ class Engine:
         """Re-send every open action not sent yet or sent ``resend_seconds`` ago (same ids)."""
         if not domains:
             return 0
-        msgs = self.store.unsent_or_due(domains, now, self.settings.resend_seconds)
-        if self.publish_many is not None and len(msgs) > 1:
-            self.publish_many(msgs)
-        else:
-            for m in msgs:
-                self.publish(m)
-        ids = [getattr(m, "launch_id", None) or getattr(m, "command_id", None) or m.request_id for m in msgs]
-        self.store.mark_sent(ids, now)
-        return len(msgs)
+        by_domain: dict[str, list[Message]] = {}
+        for m in self.store.unsent_or_due(domains, now, self.settings.resend_seconds):
+            by_domain.setdefault(m.domain, []).append(m)  # type: ignore[attr-defined]
+        n = 0
+        for domain, msgs in by_domain.items():
+            ids: list[str] = []
+            try:
+                ids = self.gate.send(domain, msgs, Authority.SAFETY_NET).ids
+            except Exception as exc:
+                ids = getattr(exc, "sent", [])
+                raise
+            finally:
+                self.store.mark_sent(ids, now)
+                n += len(ids)
+        return n
 

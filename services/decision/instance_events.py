@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from epu.common.clock import Clock
 from epu.common.config import EpuConfig
@@ -26,11 +25,10 @@ from epu.common.messages import (
     TERMINAL_INSTANCE_STATES,
     InstanceEvent,
     InstanceReport,
-    Message,
-    TerminateRequest,
-    new_id,
 )
+from epu.common.retire import Proof, RetireReason
 from epu.services.decision.catalogues import Catalogues
+from epu.services.decision.gate import Authority, Gate, proof_of, retire_of, terminate_request
 from epu.services.decision.health import PipelineHealth
 from epu.services.decision.planner import node_name_for
 from epu.services.decision.ports import DecisionStore
@@ -42,13 +40,14 @@ log = logging.getLogger("epu.decision")
 class InstanceEvents:
     """Applies the provisioner's events and reports of the configured domains to ``store``."""
 
-    def __init__(self, config: EpuConfig, store: DecisionStore, clock: Clock, publish: Callable[[Message], Any],
+    def __init__(self, config: EpuConfig, store: DecisionStore, clock: Clock, gate: Gate,
                  acting: Callable[[str, float], bool], catalogues: Catalogues, health: PipelineHealth) -> None:
         self.config = config
         self.settings = config.decision
         self.store = store
         self.clock = clock
-        self.publish = publish
+        self.gate = gate
+        """The engine's one door (``gate``): the terminates asked again leave by it."""
         self.acting = acting
         """Whether this engine acts for a domain now (``Engine.acting``): only then does it re-send."""
         self.catalogues = catalogues
@@ -70,20 +69,27 @@ class InstanceEvents:
         domain = report.domain
         entries = report.instances
         known = self.store.known([e.instance_id for e in entries]) if entries else {}
-        stale: list[str] = []
+        stale: list[Instance] = []
         for evt in entries:
             if evt.domain != domain:  # not this report's to tell
                 continue
             inst = known.get(evt.instance_id)
-            # Our state of it while it is live here (an ended one, or another domain's: None).
-            state = (inst.state if inst is not None and inst.domain == domain
-                     and inst.state not in TERMINAL_INSTANCE_STATES else None)
-            if inst is None or evt.seq > inst.seq or (
-                    state is not None and INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[state]):
-                repaired += 1
+            if inst is None:
+                repaired += 1  # news: adopted
                 self.on_instance_event(evt, repair=True)
-            elif state is None and evt.state not in TERMINAL_INSTANCE_STATES:
-                stale.append(evt.instance_id)
+            elif inst.domain != domain:
+                continue  # another domain's instance: not this report's to tell
+            elif inst.state not in TERMINAL_INSTANCE_STATES:
+                if evt.seq > inst.seq or INSTANCE_STATE_ORDER[evt.state] > INSTANCE_STATE_ORDER[inst.state]:
+                    repaired += 1
+                    self.on_instance_event(evt, repair=True)
+            elif evt.state not in TERMINAL_INSTANCE_STATES:
+                # live there, ended here: reopened after our failure, or a record older than our end
+                if _reopens(inst, evt):
+                    repaired += 1
+                    self.on_instance_event(evt, repair=True)
+                else:
+                    stale.append(inst)
         if stale:
             self._end_stale(domain, stale)
         if repaired:
@@ -91,19 +97,31 @@ class InstanceEvents:
                      extra={"domain": report.domain, "entries": repaired})
         return repaired
 
-    def _end_stale(self, domain: str, instance_ids: list[str]) -> None:
+    def _end_stale(self, domain: str, ended: list[Instance]) -> None:
         """A provisioner holds live records of instances that ended here (its store was restored
         from a backup older than their end): tell it they are over, or its store never matches
-        the cloud. Safe: each ended here on a provisioner's word that its node was terminated or
-        failed; a record already closed there ignores it."""
-        if self.acting(domain, self.clock.now()):  # else the acting engine does it
-            self._terminate_again(domain, instance_ids,
-                                  "ended (the provisioner's record of it is older than its end)")
+        the cloud. A bookkeeping terminate (``ended``, proof ``bookkeeping``): it closes the record
+        of a node that is gone or never started, and never destroys a started VM — behind a record
+        the engine takes for stale may be a node that came back and runs jobs. Asked at most once
+        per ``10 × resend_seconds`` per instance (the reports come every few seconds)."""
+        now = self.clock.now()
+        if not self.acting(domain, now):  # else the acting engine does it
+            return
+        after = 10 * self.settings.resend_seconds
+        due = [i for i in ended if now - self._asked_again.get(i.instance_id, -after) >= after]
+        for i in due:
+            self._asked_again[i.instance_id] = now
+        self._terminate_again(domain, [(i, RetireReason.ENDED, Proof.BOOKKEEPING) for i in due],
+                              "ended (the provisioner's record of it is older than its end)")
 
-    def _terminate_again(self, domain: str, instance_ids: list[str], reason: str) -> None:
-        for iid in instance_ids:
-            log.info("terminate re-sent", extra={"domain": domain, "instance": iid, "reason": reason})
-            self.publish(TerminateRequest(request_id=new_id(), instance_id=iid, domain=domain, reason=reason))
+    def _terminate_again(self, domain: str, ends: list[tuple[Instance, RetireReason, Proof]], reason: str) -> None:
+        """Ask again (a new request id) on the safety net's authority, through the gate."""
+        if not ends:
+            return
+        for inst, retire, proof in ends:
+            log.info("terminate re-sent", extra={"domain": domain, "instance": inst.instance_id, "reason": reason,
+                                                 "retire": retire.value, "proof": proof.value})
+        self.gate.send(domain, [terminate_request(i, r, p, reason) for i, r, p in ends], Authority.SAFETY_NET)
 
     def unfinished_terminates(self, domains: list[str], now: float) -> None:
         """A terminate is answered by ``terminating``; if ``terminated`` never follows, the
@@ -113,11 +131,14 @@ class InstanceEvents:
         after = 10 * self.settings.resend_seconds
         for domain in domains:
             ending = self._terminating(domain)
-            due = [i.instance_id for i in ending if now - i.state_at >= after
+            due = [i for i in ending if now - i.state_at >= after
                    and now - self._asked_again.get(i.instance_id, i.state_at) >= after]
-            for iid in due:
-                self._asked_again[iid] = now
-            self._terminate_again(domain, due, "terminate re-sent: terminating for too long")
+            for i in due:
+                self._asked_again[i.instance_id] = now
+            # the end was decided with its proof; the record shows it still (removed, never known
+            # to the batch system), else only the careful one is sent
+            self._terminate_again(domain, [(i, retire_of(i), proof_of(i) or Proof.BOOKKEEPING) for i in due],
+                                  "terminate re-sent: terminating for too long")
         if len(self._asked_again) > 1000:  # forget the ended ones now and then
             ending_ids = {i.instance_id for d in domains for i in self.store.instances(d) if i.state == "terminating"}
             self._asked_again = {k: v for k, v in self._asked_again.items() if k in ending_ids}
@@ -164,9 +185,13 @@ class InstanceEvents:
         if evt.interruption_at is not None and not repair:
             self._interrupted(inst, evt)
             return
-        if (evt.previous == "failed" and inst.state == "failed" and evt.state not in TERMINAL_INSTANCE_STATES
-                and evt.seq > inst.seq):
-            self._reopened(inst, evt, now)
+        if inst.state in TERMINAL_INSTANCE_STATES and evt.state not in TERMINAL_INSTANCE_STATES:
+            # a live word about an instance ended here: the provisioner reopened it after our
+            # failure, else it is older than our end (its record is closed by ``_end_stale``).
+            # Never raise the ended row's seq on it: the reopen event that follows must still
+            # read as news (a report that overtook it carries no ``previous``)
+            if _reopens(inst, evt):
+                self._reopened(inst, evt, now)
             return
         if inst.reopened_seq is not None and evt.seq < inst.reopened_seq:
             return  # older than its reopening (a delayed event, an older report): the failure it undid
@@ -219,10 +244,19 @@ class InstanceEvents:
         served is placed again now, not after the preemption. Idempotent; a notice for an
         instance already ended or being terminated changes nothing."""
         if (inst.state in TERMINAL_INSTANCE_STATES or inst.terminate_sent or inst.removed
-                or inst.retire == "interrupted" or inst.seq < 0):
+                or inst.retire == RetireReason.INTERRUPTED or inst.seq < 0):
             return
-        self.store.save_instances([replace(inst, retire="interrupted", idle_since=None,
+        self.store.save_instances([replace(inst, retire=RetireReason.INTERRUPTED, idle_since=None,
                                            reason=evt.reason or INTERRUPTION_REASON)])
         log.warning("interruption notice: draining the node before the cloud takes it",
                     extra={"domain": inst.domain, "instance": inst.instance_id, "node": inst.node_name,
                            "at": evt.interruption_at})
+
+
+def _reopens(inst: Instance, evt: InstanceEvent) -> bool:
+    """Does ``evt``, a live state of an instance ended here, reopen it? Only a ``failed`` row, and
+    only by a word later than the failure (``seq``): a provisioner's record moves on from
+    ``failed`` only when it reopens the launch (its node is alive). Whether the word is the
+    reopen event itself (``previous == "failed"``) or a report entry that overtook it (a report
+    carries no ``previous``) does not matter; ``terminated`` is never reopened."""
+    return inst.state == "failed" and evt.seq > inst.seq

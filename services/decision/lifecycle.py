@@ -31,11 +31,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from epu.common.retire import RetireReason
 from epu.services.decision.actions import Action, Decision, Launch, Node, Terminate
 from epu.services.decision.view import IN_SERVICE, DomainView, Instance, gang_size, short_name
 
-WHY = {"scale-down": "drained", "stalled": "stalled", "lost": "lost", "operator": "operator's terminate",
-       "gang": "gang released", "interrupted": "interruption notice"}
+WHY = {RetireReason.SCALE_DOWN: "drained", RetireReason.STALLED: "stalled", RetireReason.LOST: "lost",
+       RetireReason.OPERATOR: "operator's terminate", RetireReason.GANG: "gang released",
+       RetireReason.INTERRUPTED: "interruption notice", RetireReason.NATIVE: "powered down by the batch system"}
 
 
 def add_started(view: DomainView) -> list[Action]:
@@ -135,7 +137,7 @@ class Cycle:
                 if len(back) >= min(wanted, room):
                     break
                 node = view.node_of(inst)
-                if (inst.retire in ("", "scale-down") and not inst.removed and inst.state == "draining"
+                if (inst.retire in ("", RetireReason.SCALE_DOWN) and not inst.removed and inst.state == "draining"
                         and node is not None and node.state == "offline"):
                     back.append(inst)
         self._reclaim = back
@@ -191,23 +193,23 @@ class Cycle:
                 assert inst.missing_since is not None
                 why = (f"lost: node missing or down for {int(view.now - inst.missing_since)}s "
                        f"(limit {int(self.stall_seconds)}s of healthy pipeline)")
-                claim(inst, Node("remove", inst.instance_id, why, retire="lost"))
+                claim(inst, Node("remove", inst.instance_id, why, retire=RetireReason.LOST))
                 continue
             why = (f"stalled: not joined {int(view.now - inst.launched_at)}s after launch "
                    f"(limit {int(self.stall_seconds)}s of healthy pipeline)")
             failed.setdefault(inst.site, f"stalled: instance {inst.instance_id}")
             if inst.batch_may_know:
-                claim(inst, Node("remove", inst.instance_id, why, retire="stalled"))
+                claim(inst, Node("remove", inst.instance_id, why, retire=RetireReason.STALLED))
             else:
-                claim(inst, Terminate(inst.instance_id, why, stalled=True, retire="stalled"))
+                claim(inst, Terminate(inst.instance_id, why, stalled=True, retire=RetireReason.STALLED))
         # 2b. release incomplete gangs (no failure counted: capacity errors cooled their offering)
         for inst, why in self.released:
             if not inst.batch_may_know:
-                claim(inst, Terminate(inst.instance_id, why, retire="gang"))
+                claim(inst, Terminate(inst.instance_id, why, retire=RetireReason.GANG))
             elif inst.state == "joined":
-                claim(inst, Node("offline", inst.instance_id, why, retire="gang"))
+                claim(inst, Node("offline", inst.instance_id, why, retire=RetireReason.GANG))
             else:
-                claim(inst, Node("remove", inst.instance_id, why, retire="gang"))
+                claim(inst, Node("remove", inst.instance_id, why, retire=RetireReason.GANG))
         # 3. reclaim
         for inst in self._reclaim:
             claim(inst, Node("online", inst.instance_id, "draining node needed again"))
@@ -219,7 +221,7 @@ class Cycle:
                 claim(inst, Node("add", inst.instance_id, "instance running, add it to the batch system"))
         # 6. scale down
         for inst, why in self._down:
-            claim(inst, Node("offline", inst.instance_id, why, retire="scale-down"))
+            claim(inst, Node("offline", inst.instance_id, why, retire=RetireReason.SCALE_DOWN))
         # 6b. an offline answered with an error that took effect after all (a timeout): the node is
         # offline in a snapshot taken after it was sent, while the engine put it back to joined
         if view.available and not view.breaker:
@@ -228,7 +230,7 @@ class Cycle:
                     node = view.node_of(inst)
                     if node is not None and node.state == "offline":
                         claim(inst, Node("offline", inst.instance_id, "offline in the batch system after an "
-                                         "offline answered with an error: drain it", retire="scale-down"))
+                                         "offline answered with an error: drain it", retire=RetireReason.SCALE_DOWN))
         # 7. finish drains, clean up after instances that ended without one
         for inst in view.draining:
             if inst.instance_id not in claimed:
@@ -258,7 +260,7 @@ class Cycle:
             return Terminate(inst.instance_id, f"{why}: removed from the batch system")
         if not inst.batch_may_know:
             return Terminate(inst.instance_id, f"{why}: never in the batch system")
-        if inst.retire == "interrupted":
+        if inst.retire == RetireReason.INTERRUPTED:
             # the cloud takes it within minutes whatever we do: its jobs go back to the queue
             # now (Slurm: drained, requeued, removed), not when they die with the machine
             return Node("remove", inst.instance_id, f"{why}: requeue its jobs and remove it before the cloud "

@@ -14,6 +14,7 @@ from typing import Any
 
 from epu.common.clock import Clock
 from epu.common.messages import NodeCommandResult
+from epu.common.retire import RetireReason
 from epu.services.decision.ports import DecisionStore
 from epu.services.decision.view import Instance, evolve
 
@@ -45,7 +46,7 @@ def on_node_result(store: DecisionStore, clock: Clock, res: NodeCommandResult) -
         new = evolve(inst, removed=True)  # the only proof of removal
     elif res.action == "add" and not res.ok:
         new = replace(inst, add_sent_at=None)  # retried next iteration
-    elif (res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == "scale-down"
+    elif (res.action == "offline" and not res.ok and inst.state == "draining" and inst.retire == RetireReason.SCALE_DOWN
           and row["created_at"] <= inst.state_at):
         # Only a failure of the offline that began the drain undoes it: a re-sent one may fail
         # after an earlier attempt took (``epu sim --seed 7046 --scenario batch-faults``), and
@@ -54,7 +55,7 @@ def on_node_result(store: DecisionStore, clock: Clock, res: NodeCommandResult) -
         new = replace(inst, state="joined", retire="")
     elif res.action == "online" and not res.ok and inst.state == "joined":
         # still drained in the batch system: back on the way out (drain, remove, terminate)
-        new = replace(inst, state="draining", drain_at=clock.now(), retire=inst.retire or "scale-down")
+        new = replace(inst, state="draining", drain_at=clock.now(), retire=inst.retire or RetireReason.SCALE_DOWN)
     store.record_node_result(res.command_id, outcome, new)
 
 
@@ -73,4 +74,4 @@ def _late_offline(store: DecisionStore, clock: Clock, res: NodeCommandResult, ro
     if inst is None or inst.state != "joined" or inst.retire or inst.removed:
         return
     store.save_instances([replace(inst, state="draining", drain_at=clock.now(),
-                                  retire=inst.retire or "scale-down")])
+                                  retire=inst.retire or RetireReason.SCALE_DOWN)])

@@ -27,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from epu.common.config.decision import DomainConfig
-from epu.common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
+from epu.common.messages import Message, new_id
+from epu.common.retire import Proof, RetireReason
 from epu.services.decision.actions import Decision, Launch, Node, Terminate
 from epu.services.decision.budget import Budget, admit
+from epu.services.decision.gate import launch_request, node_command, proof_of, retire_of, terminate_request
 from epu.services.decision.placement import SiteHealth, SiteInfo, place, record_failure
 from epu.services.decision.view import ACTIVE_STATES, DomainView, Instance, evolve, short_name
 
@@ -197,11 +199,11 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
             # unforced, and not known to the batch system as far as this view goes: the view lags
             # the cloud, so the provisioner checks that the VM has not started (a daemon that
             # registers by itself may have joined and taken a job)
-            msg: Message = TerminateRequest(request_id=make_id(), instance_id=iid, domain=view.domain,
-                                            reason=action.reason, force=action.force,
-                                            unless_started=not action.force and not inst.batch_may_know)
-            out.instances[iid] = evolve(inst, terminate_sent=True, idle_since=None,
-                                         retire=inst.retire or action.retire)
+            retire = retire_of(inst, RetireReason(action.retire) if action.retire else RetireReason.SCALE_DOWN)
+            proof = Proof.FORCED if action.force else proof_of(inst)
+            assert proof is not None  # removed, or unknown to the batch system (checked above)
+            msg: Message = terminate_request(inst, retire, proof, action.reason, make_id=make_id)
+            out.instances[iid] = evolve(inst, terminate_sent=True, idle_since=None, retire=retire)
             out.actions.append(Planned(msg.request_id, "terminate", iid, inst.site, action.reason, msg))
         else:
             assert isinstance(action, Node)
@@ -239,31 +241,28 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                 if holder is not None and _shown_as(view, inst.node_name, holder):
                     if kind == "remove" and not terminal:
                         out.instances[iid] = evolve(inst, removed=True, idle_since=None,
-                                                    retire=action.retire or inst.retire or "scale-down")
+                                                    retire=action.retire or inst.retire or RetireReason.SCALE_DOWN)
                     elif kind == "remove":
                         out.instances[iid] = evolve(inst, removed=True)
                     out.notes.append(f"no {kind} for {inst.node_name} of instance {iid}: the batch system shows "
                                      f"that name as instance {holder}'s; this one has no node there")
                     seen.add((iid, kind))
                     continue
-            msg = NodeCommand(command_id=make_id(), domain=view.domain, action=action.op,
-                              node=node.name if node is not None else inst.node_name,
-                              instance_id=iid, address=inst.ip if action.op == "add" else None,
-                              cores=inst.cores if action.op == "add" else None, reason=action.reason,
-                              requeue=action.requeue and action.op == "remove")
+            msg = node_command(view.domain, action.op, node.name if node is not None else inst.node_name, inst,
+                               action.reason, requeue=action.requeue, make_id=make_id)
             if kind == "add":
                 out.instances[iid] = evolve(inst, add_sent_at=now)
             elif kind == "offline":  # sent again to a node already draining: the drain began then, not now
                 out.instances[iid] = evolve(inst, state="draining", state_at=inst.state_at if inst.state == "draining"
                                              else now, drain_at=now, idle_since=None,
-                                             retire=action.retire or inst.retire or "scale-down")
+                                             retire=action.retire or inst.retire or RetireReason.SCALE_DOWN)
             elif kind == "online":
                 out.instances[iid] = evolve(inst, state="joined", state_at=now, drain_at=None, idle_since=None,
                                              retire="")
             elif kind == "remove" and not terminal:
                 state = "draining" if inst.state in ACTIVE_STATES else inst.state
                 out.instances[iid] = evolve(inst, state=state, state_at=now if state != inst.state else inst.state_at,
-                                             idle_since=None, retire=action.retire or inst.retire or "scale-down")
+                                             idle_since=None, retire=action.retire or inst.retire or RetireReason.SCALE_DOWN)
             out.actions.append(Planned(msg.command_id, kind, iid, inst.site, action.reason, msg))
         seen.add((iid, kind))
 
@@ -300,15 +299,6 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if placement.budget is not None and placement.budget.capped:
             _hold_over_budget(out, placement.budget)
     return out
-
-
-def shadow(out: Plan) -> Plan:
-    """Observe mode: the plan as a record of what would have been done — its actions moved to
-    ``shadow``, nothing left to store (no intent, no instance row changed) or to send."""
-    if not out.actions:
-        return out
-    note = f"observe mode: {len(out.actions)} action(s) recorded, none done"
-    return replace(out, actions=[], instances={}, shadow=list(out.actions), notes=[*out.notes, note])
 
 
 def _hold_over_budget(out: Plan, budget: Budget) -> None:
@@ -402,8 +392,7 @@ def launch_action(domain: str, site: str, cores: int, reason: str, now: float, p
     name = name or node_name_for(domain, launch_id)
     info = placement.infos.get(site)
     site_cores = cores if instance_type else max(cores, info.cores if info else cores)
-    msg = LaunchRequest(launch_id=launch_id, domain=domain, site=site, node_name=name, cores=site_cores,
-                        instance_type=instance_type)
+    msg = launch_request(launch_id, domain, site, name, site_cores, instance_type)
     out.instances[launch_id] = Instance(launch_id, domain, site, name, site_cores, "requested", now, now,
                                         reason=reason, instance_type=instance_type, gang=gang)
     return Planned(launch_id, "launch", launch_id, site, reason, msg, instance_type, gang)

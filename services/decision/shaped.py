@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epu.common.config.catalogue import InstanceType
+from epu.common.retire import RetireReason
 from epu.services.decision.actions import Launch
 from epu.services.decision.offers import domain_offers
 from epu.services.decision.packing import (
@@ -127,7 +128,7 @@ def demand(view: DomainView, catalogue: Catalogue, pending: Sequence[Instance], 
     reclaimable = {}
     for inst in view.draining:
         node = view.node_of(inst)
-        if (inst.retire in ("", "scale-down") and not inst.removed and inst.state == "draining"
+        if (inst.retire in ("", RetireReason.SCALE_DOWN) and not inst.removed and inst.state == "draining"
                 and node is not None and node.state == "offline" and not view.breaker):
             as_free = node.model_copy(update={"state": "free"})
             supply += [_reclaim_bin(b) for b in bins_from_nodes([as_free], prices=prices)]

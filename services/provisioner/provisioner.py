@@ -42,6 +42,7 @@ from epu.common.messages import (
     ProvisionerAlert,
     TerminateRequest,
 )
+from epu.common.retire import Proof
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner import unstarted
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
@@ -277,12 +278,16 @@ class Provisioner:
         instance this store has no record of: refuse at once when the record says it started,
         else look at the cloud on the site's thread (``_terminate_unstarted``)."""
         reason = req.reason or "terminate requested"
+        bookkeeping = req.effective_proof == Proof.BOOKKEEPING
         if rec is None:
             if self.sites:
                 self._schedule_claimed(f"terminate:{req.instance_id}", next(iter(self.sites)),
                                        lambda: self._locate_unstarted(req.instance_id, req.domain, reason))
             return
-        if rec.state not in unstarted.UNSTARTED:
+        if bookkeeping and rec.site in self.sites:
+            self._schedule_claimed(f"terminate:{rec.instance_id}", rec.site,
+                                   lambda: self._terminate_unstarted(rec.instance_id, rec.site, reason, True))
+        elif rec.state not in unstarted.UNSTARTED:
             self._refuse_started(rec, f"terminate refused: the instance is {rec.state}; remove its node from "
                                       "the batch system first")
         elif rec.site in self.sites:
@@ -555,7 +560,7 @@ class Provisioner:
                 return name, node
         return None
 
-    def _terminate_unstarted(self, instance_id: str, site_name: str, reason: str) -> None:
+    def _terminate_unstarted(self, instance_id: str, site_name: str, reason: str, bookkeeping: bool = False) -> None:
         """Carry out a terminate sent ``unless_started``: list the site now and act on
         ``unstarted.judge`` — destroy a node still booting, refuse a started one (recorded
         ``started``, published), leave an unknown answer to the sender's re-send."""
@@ -563,16 +568,19 @@ class Provisioner:
         if rec is None:
             return
         node: CloudNode | None = None
-        listing = self._list(site_name, "terminate (unless started)") if rec.state in unstarted.UNSTARTED else None
+        listing = self._list(site_name, "terminate (unless started)") \
+            if rec.state in unstarted.UNSTARTED or bookkeeping else None
         if listing is not None:
             node = _node_of(listing[0], rec)
         with self._lock:
             in_flight = f"launch:{instance_id}" in self._inflight
         may_exist = in_flight or rec.cloud_id is not None or (launch is not None and launch.cloud_attempts > 0)
-        j = unstarted.judge(rec.state, node, listed=listing is not None, create_may_exist=may_exist,
-                            presumed_gone=rec.presumed_gone)
+        j = (unstarted.judge_bookkeeping if bookkeeping else unstarted.judge)(
+            rec.state, node, listed=listing is not None, create_may_exist=may_exist, presumed_gone=rec.presumed_gone)
         log.info("terminate (unless started)", extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
-        if j.verdict in ("destroy", "close"):
+        if j.verdict == "close" and bookkeeping and rec.state not in unstarted.UNSTARTED:
+            self._advance(instance_id, "terminated", reason=f"{reason} ({j.why})", expect=rec)
+        elif j.verdict in ("destroy", "close"):
             cloud_id = node.cloud_id if node is not None else None
             t = self._advance(instance_id, "terminating", reason=f"{reason} ({j.why})", cloud_id=cloud_id, expect=rec)
             if t is not None:

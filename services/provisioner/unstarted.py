@@ -53,6 +53,30 @@ class Judgement:
     why: str
 
 
+def judge_bookkeeping(state: str | None, node: CloudNode | None, *, listed: bool, create_may_exist: bool,
+                      presumed_gone: bool = False) -> Judgement:
+    """The verdict for a bookkeeping terminate (``Proof.BOOKKEEPING``: the engine's record of the
+    instance ended, this store's is live — restored from a backup, or another store ended its
+    node). Judged by the node, not the record, and never destroying a started VM:
+
+    * a record that is unstarted: as ``judge``;
+    * a started record whose node the polls presume gone (not listed alive in enough listings
+      over enough time): ``close`` — recorded terminated *without* a destroy call, and with the
+      presumption kept, so a node that is listed again is reported, never destroyed;
+    * a started record whose node is listed alive: ``refuse`` — it runs, it may have jobs;
+    * otherwise ``wait`` (the polls decide whether the node is gone)."""
+    if state is None or state in UNSTARTED or state in ("terminated", "failed", "terminating"):
+        return judge(state, node, listed=listed, create_may_exist=create_may_exist, presumed_gone=presumed_gone)
+    if not listed:
+        return Judgement("wait", "the cloud could not be listed: whether the VM runs is unknown")
+    if node is not None and node.state in ("pending", "started", None):
+        return Judgement("refuse", f"node {node.cloud_id} is listed {node.native_state}: it runs, it may have jobs")
+    if presumed_gone:
+        return Judgement("close", "its node is presumed gone (not listed alive by the polls); closed without a "
+                                  "destroy")
+    return Judgement("wait", "its node is not listed alive: the polls judge whether it is gone")
+
+
 def judge(state: str | None, node: CloudNode | None, *, listed: bool, create_may_exist: bool,
           presumed_gone: bool = False) -> Judgement:
     """The verdict for a terminate sent ``unless_started`` (see the module docstring).
@@ -86,4 +110,4 @@ def judge(state: str | None, node: CloudNode | None, *, listed: bool, create_may
     return Judgement("wait", f"node {node.cloud_id} is listed {node.native_state}: the polls judge whether it ended")
 
 
-__all__ = ["UNSTARTED", "Judgement", "Verdict", "judge"]
+__all__ = ["UNSTARTED", "Judgement", "Verdict", "judge", "judge_bookkeeping"]

@@ -291,12 +291,12 @@ def test_a_reopened_failed_launch_is_taken_back_as_live_and_added():
     e.iterate()
     (launch,) = bus.of("instance.launch")
     bus.clear()
-    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient", reason="503"))
+    e.on_instance_event(event(launch, "failed", 3, clock.now(), error_kind="transient", reason="503"))
     assert e.store.instance(launch.launch_id).state == "failed"
-    # a plain later event of a live state does not undo an end (rule 4)...
-    e.on_instance_event(event(launch, "started", 3, clock.now()))
-    assert e.store.instance(launch.launch_id).state == "failed"
-    # ...a reopening does
+    # a live word older than the failure does not undo an end (rule 4), nor raises its seq...
+    e.on_instance_event(event(launch, "pending", 2, clock.now()))
+    assert (e.store.instance(launch.launch_id).state, e.store.instance(launch.launch_id).seq) == ("failed", 3)
+    # ...a later one does: a provisioner's record moves on from failed only by reopening it
     clock.advance(60)
     reopened = event(launch, "started", 4, clock.now(), ip="10.0.0.7").model_copy(update={"previous": "failed"})
     e.on_instance_event(reopened)
@@ -304,8 +304,8 @@ def test_a_reopened_failed_launch_is_taken_back_as_live_and_added():
     assert (inst.state, inst.ip, inst.seq, inst.launched_at) == ("started", "10.0.0.7", 4, clock.now())
     assert launch.launch_id in {i.instance_id for i in e.store.instances("d")}
     # the failure it undid, late (a delayed event, an older report entry): older than the reopening
-    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient", reason="503"))
-    e.on_instance_event(event(launch, "failed", 2, clock.now(), error_kind="transient"), repair=True)
+    e.on_instance_event(event(launch, "failed", 3, clock.now(), error_kind="transient", reason="503"))
+    e.on_instance_event(event(launch, "failed", 3, clock.now(), error_kind="transient"), repair=True)
     assert e.store.instance(launch.launch_id).state == "started"
     step(e, clock, queued=jobs(1))
     adds = [c for c in bus.of("node.command") if c.action == "add"]
