@@ -447,6 +447,28 @@ def operator_actions(per_hour: float, *, terminate_share: float = 0.3, force_sha
     return fault
 
 
+def observe_switches(per_hour: float, *, hold: tuple[float, float] = (120.0, 1800.0)) -> Fault:
+    """An operator switches the domain to observe mode (``epu policy set mode=observe``) at random
+    times and back to act after ``hold`` seconds — while launches, terminates and node commands are
+    open (lost answers, unanswered launches, terminates not yet finished). Nothing may leave the
+    engine while in observe mode (invariant 11); back in act, the open intents go on."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("operator/observe")
+        t = sim.world.start + 300.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end - 60:
+                break
+            back = min(t + rng.uniform(*hold), sim.fault_end - 30)
+            sim.world.at(t, lambda: _change(sim, mode="observe"), "operator observe")
+            sim.world.at(back, lambda: _change(sim, mode="act"), "operator act")
+            t = back
+        sim.world.at(sim.fault_end - 20, lambda: _change(sim, mode="act"), "operator act (quiet phase)")
+
+    return fault
+
+
 def operator_terminates_booting(per_hour: float, *, around_boot: tuple[float, float] = (-5.0, 15.0)) -> Fault:
     """An operator's unforced ``epu instances terminate`` of an instance that is booting: at random
     times, a live VM of the domain whose boot is due within ``-around_boot[0]`` seconds or done at

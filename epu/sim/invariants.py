@@ -36,6 +36,15 @@ engines committed and sent. Each check runs where the thing it judges happens:
 10. **No process acts on another's authority** — at every delivery: no handler is handed a
    message whose true sender (the process that published it, not its body or headers) was not
    allowed to send it — a command, state change or result on another's behalf.
+11. **Observe mode never acts** — at every command an engine sends (launch, terminate, node
+   command, by any path: a plan, a re-send, a terminate asked again, a stale record closed): the
+   domain's mode, as an operator last had it applied (or as configured), is not ``observe``.
+12. **Bounded work** — the safety nets end and never stop: at every command an engine sends, no
+   instance received more than ``MAX_COMMANDS_PER_HOUR`` distinct commands in the hour before;
+   at the end, every instance that ended more than ``CLEANUP_BOUND_SECONDS`` before has left the
+   engine's cleanup (its batch node removed or confirmed absent); and while a provisioner holds
+   live records and is connected, its anti-entropy report of them comes at least every
+   ``REPORT_GAP_PERIODS`` report periods.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epu.common.messages import (
+    InstanceReport,
     LaunchRequest,
     Message,
     NodeCommand,
@@ -70,8 +80,20 @@ NAMES = {
     8: "spend within the cap",
     9: "context views are true",
     10: "no process acts on another's authority",
+    11: "observe mode never acts",
+    12: "bounded work",
 }
 MAX_PER_RUN = 25
+MAX_COMMANDS_PER_HOUR = 60
+"""Distinct commands (new ids: re-sends of one keep its id) one instance may receive in an hour. A
+worker's whole life takes five (launch, add, offline, remove, terminate); a reclaimed drain two
+more each time; a command answered with an error is planned anew at the next iteration (the
+sensor's answers fail for minutes in some scenarios: a dozen in two minutes is seen). What the
+bound catches is a safety net that never ends: a command asked again for ever."""
+CLEANUP_BOUND_SECONDS = 3600.0
+"""How long an ended instance may stay in the engine's cleanup (its batch node to remove)."""
+REPORT_GAP_PERIODS = 3
+"""Report periods a connected provisioner with live records may go without a report."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +153,21 @@ class Checker:
         sim.batch.inner.on_kill.append(self.on_kill)
         self.finishers: list[Any] = []
         """Extra end-of-run checks of the world's optional parts (the context broker)."""
+        self.mode = sim.scenario.domain.mode
+        """The domain's mode as last applied for an operator (invariant 11), whatever an engine believes."""
+        self._commands: dict[str, list[float]] = {}
+        """Instance → when each distinct command about it was first sent (invariant 12)."""
+        self._command_ids: set[str] = set()
+        self._last_report: dict[str, float] = {}
+        """Provisioner → when it last published a report (invariant 12)."""
+        self._holding: dict[str, float] = {}
+        """Provisioner → since when the checks have seen it hold live records."""
+        self._up_for: dict[str, float] = {}
+        """Provisioner → since when it has been connected, as the checks saw it."""
+        self._report_period = sim.config.provisioner.report_seconds
+        self._next_report_check = self.world.start + self._report_period
+        """Reports are checked on the messages the world carries (the checker schedules no event of
+        its own: that would move the order of the world's events)."""
 
     # ------------------------------------------------------------------ recording
     def fail(self, invariant: int, detail: str) -> None:
@@ -141,6 +178,13 @@ class Checker:
         self.world.note(f"VIOLATION {v}")
 
     def on_message(self, msg: Message, sender: Any) -> None:
+        if isinstance(msg, InstanceReport) and sender is not None:
+            self._last_report[getattr(sender, "name", "")] = self.world.t
+        if self.world.t >= self._next_report_check:
+            self._reports_due()
+        if isinstance(msg, PolicyOutcome) and msg.applied and msg.domain == self.sim.domain and msg.config \
+                and sender is not None and getattr(sender, "kind", "") == "decision":
+            self.mode = str(msg.config.get("mode", self.mode))
         if isinstance(msg, TerminateRequest):
             self.terminate_requested.add(msg.instance_id)
             if sender is not None and getattr(sender, "kind", "") == "operator":
@@ -266,8 +310,62 @@ class Checker:
     def on_send(self, proc: EngineProc, msg: Message) -> None:
         if isinstance(msg, LaunchRequest | TerminateRequest | NodeCommand):
             self._one_brain(proc, f"sent {msg.TYPE}")
+            if self.mode == "observe":
+                self.fail(11, f"{proc.name} sent {_what(msg)} while {self.sim.domain} is in observe mode")
+            self._count_command(proc, msg)
         if isinstance(msg, NodeCommand):
             self.command_domain[msg.command_id] = msg.domain
+
+    # ------------------------------------------------------------------ 12: bounded work
+    def _count_command(self, proc: EngineProc, msg: Message) -> None:
+        cid = getattr(msg, "launch_id", None) or getattr(msg, "command_id", None) or getattr(msg, "request_id", "")
+        if cid in self._command_ids:
+            return  # a re-send of one already counted (the same id)
+        self._command_ids.add(cid)
+        iid = getattr(msg, "launch_id", None) or getattr(msg, "instance_id", None) or ""
+        now = self.world.t
+        times = [t for t in self._commands.get(iid, ()) if now - t < 3600.0]
+        times.append(now)
+        self._commands[iid] = times
+        if len(times) == MAX_COMMANDS_PER_HOUR + 1:  # once per run of too many
+            self.fail(12, f"{proc.name} sent instance {iid[:8]} {len(times)} commands within an hour "
+                         f"(bound {MAX_COMMANDS_PER_HOUR}; the last: {_what(msg)})")
+
+    def _reports_due(self) -> None:
+        """Every report period: a provisioner connected for ``REPORT_GAP_PERIODS`` periods with live
+        records must have reported within them (its safety net never stops)."""
+        period = self._report_period
+        now = self.world.t
+        if now - (self._next_report_check - period) > 2 * period:
+            self._up_for.clear()  # no message for a while (the broker down): connections unknown meanwhile
+        self._next_report_check = now + period
+        gap = REPORT_GAP_PERIODS * period
+        for p in self.sim.provisioners:
+            if not p.spec.managed or not (p.connected and p.aware) or p.store is None:  # type: ignore[attr-defined]
+                self._up_for.pop(p.name, None)
+                continue
+            up = now - self._up_for.setdefault(p.name, now)
+            if up <= gap:
+                continue
+            if not p.store.list(active_only=True):
+                self._holding.pop(p.name, None)
+                continue
+            last = max(self._last_report.get(p.name, -float("inf")), self._holding.setdefault(p.name, now))
+            if now - last > gap:
+                self.fail(12, f"{p.name} holds live records, connected for {up:.0f}s, but has published no "
+                              f"report for {min(now - last, up):.0f}s (its safety net stopped)")
+                self._last_report[p.name] = now  # once per stop
+
+    def _cleanup_bounded(self) -> None:
+        """At the end: no instance ended long ago still waits in the engine's cleanup."""
+        from epu.sim.processes import open_decision_store
+
+        store = open_decision_store(self.sim.decision_db)
+        now = self.world.t
+        stuck = [i for i in store.cleanup(self.sim.domain) if now - i.state_at > CLEANUP_BOUND_SECONDS]
+        if stuck:
+            self.fail(12, f"{len(stuck)} instance(s) ended over {CLEANUP_BOUND_SECONDS:.0f}s ago still in the "
+                          f"engine's cleanup: {[(i.instance_id[:8], i.state, int(now - i.state_at)) for i in stuck[:3]]}")
 
     def around_result(self, msg: Message, sent: Any, owner: Any) -> Any:
         """Invariant 10 for a result that is its sender's to send but answers another domain's
@@ -434,6 +532,7 @@ class Checker:
         stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving]
         if stale:
             self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
+        self._cleanup_bounded()
 
     def _cheapest_for(self, job: Any) -> float:
         """The hourly price of the cheapest instance that could run one node of ``job`` (a type of
@@ -475,3 +574,12 @@ def rest_nodes(d: Any) -> int:
     if d.policy == "fixed":
         return min(d.max_nodes, max(d.min_nodes, int(p.get("nodes", 1))))
     return d.min_nodes
+
+
+def _what(msg: Message) -> str:
+    """A command as an invariant's detail names it."""
+    if isinstance(msg, NodeCommand):
+        return f"{msg.action} {msg.node}"
+    if isinstance(msg, TerminateRequest):
+        return f"terminate {msg.instance_id[:8]} ({msg.reason[:60]})"
+    return f"{msg.TYPE} {getattr(msg, 'launch_id', '')[:8]}"

@@ -131,8 +131,9 @@ class Scenario:
     """The issue bullet or fault this scenario exists for."""
     seeds_in_ci: int = 8
     """How many seeds ``make test`` runs (seeds 1..N; tests/sim/test_scenarios.py). Eight for a run
-    of about half a CPU second; fewer for the scenarios that cost several times that (provisioner
-    stores on SQLite, typed catalogues) — docs/performance.md has the suite's CPU time."""
+    of about half a CPU second; never fewer than four, also for the scenarios that cost several
+    times that (provisioner stores on SQLite, typed catalogues) — a regression on a scenario's seed 6
+    once landed because CI ran only its seed 1. Fresh seeds are the sweep's (docs/simulation.md)."""
     setup: Callable[[Simulation], None] | None = None
     """Extra wiring (a second deployment's nodes, a backup to restore...)."""
     context: Any = None

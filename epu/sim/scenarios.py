@@ -220,7 +220,7 @@ def second_deployment() -> Scenario:
                     hours=3.0, provisioners=[ProvisionerSpec("prov-1"),
                                              ProvisionerSpec("staging", store="staging", managed=False)],
                     setup=_staging,
-                    stresses="issue 11: the orphan sweep trusts any store (default deployment tag)", seeds_in_ci=1)
+                    stresses="issue 11: the orphan sweep trusts any store (default deployment tag)", seeds_in_ci=4)
 
 
 @scenario
@@ -273,14 +273,14 @@ def _replace_store(restore: bool) -> Callable[[Simulation], None]:
 def new_store() -> Scenario:
     return Scenario("new-store", "the provisioner restarts on a new, empty store database",
                     hours=4.0, setup=_replace_store(restore=False),
-                    stresses="issue 11: a new store sweeps the live instances it does not know", seeds_in_ci=1)
+                    stresses="issue 11: a new store sweeps the live instances it does not know", seeds_in_ci=4)
 
 
 @scenario
 def restored_store() -> Scenario:
     return Scenario("restored-store", "the provisioner's store database is restored from an older backup",
                     hours=4.0, setup=_replace_store(restore=True),
-                    stresses="issue 11: a restored store sweeps the instances launched since the backup", seeds_in_ci=1)
+                    stresses="issue 11: a restored store sweeps the instances launched since the backup", seeds_in_ci=4)
 
 
 # ---------------------------------------------------------------------- batch system and names
@@ -407,6 +407,17 @@ def lost_answers() -> Scenario:
 
 
 @scenario
+def observe_switches() -> Scenario:
+    return Scenario("observe-switches", "an operator switches the domain to observe mode and back while "
+                    "launches, terminates and node commands are open and their answers lost",
+                    hours=4.0, domain=DomainSpec(params={"idle_seconds": 120.0}), workload=_churn(),
+                    sites=[SiteSpec("cloud-a", faults=CloudFaults(lost_answer_rate=0.05))],
+                    faults=[F.observe_switches(3.0), F.lost_command_answers(2.0)],
+                    messages=MessageFaults(delay_rate=0.05, loss_rate=0.02, reorder_jitter=5.0),
+                    stresses="issue 33: observe mode acted (re-sends, terminates asked again, stale records)")
+
+
+@scenario
 def reclaim() -> Scenario:
     return Scenario("reclaim-race", "demand that comes and goes while nodes drain; online/remove commands fail",
                     hours=4.0, domain=DomainSpec(params={"idle_seconds": 0.0}),
@@ -464,7 +475,7 @@ def mixed_shapes() -> Scenario:
                     workload=Workload(arrivals_per_hour=0.0, burst_per_hour=0.0),
                     setup=mixed_jobs,
                     stresses="issue 13: the right type per partition, no node for limit-blocked or "
-                             "unsatisfiable jobs, back to zero with them pending", seeds_in_ci=2)
+                             "unsatisfiable jobs, back to zero with them pending", seeds_in_ci=4)
 
 
 @scenario
@@ -513,7 +524,7 @@ def spot_preemption() -> Scenario:
                                       duration=(600.0, 2400.0)),
                     setup=slow_lost_node_detection,
                     stresses="issue 13: a preempted node's jobs requeued by EPU (scontrol requeue), the node "
-                             "removed and its capacity replaced; never counted as our kill", seeds_in_ci=2)
+                             "removed and its capacity replaced; never counted as our kill", seeds_in_ci=4)
 
 
 @scenario
@@ -647,7 +658,7 @@ def context_broker() -> Scenario:
                     "broker; a job on a worker, holding its credential, forges joins with the head's names and "
                     "address and other members' addresses", hours=3.0, sites=list(TWO_SITES),
                     messages=MessageFaults(delay_rate=0.05, duplicate_rate=0.05, reorder_jitter=3.0),
-                    context=ContextFaults(adversary_per_hour=60.0), seeds_in_ci=2,
+                    context=ContextFaults(adversary_per_hour=60.0), seeds_in_ci=4,
                     stresses="issue 26 defect 3: a worker's credential publishing the head's names or address")
 
 
@@ -660,6 +671,6 @@ def context_broker_lossy() -> Scenario:
                     hours=3.0, sites=[SiteSpec("cloud-a", faults=CloudFaults(vanish_rate_per_hour=0.05,
                                                                               preempt_rate_per_hour=0.05))],
                     context=ContextFaults(adversary_per_hour=60.0, event_loss_rate=0.2, event_delay=(0.05, 60.0)),
-                    seeds_in_ci=2,
+                    seeds_in_ci=4,
                     stresses="issue 26 defect 3: joins held until the address is known, addresses released on "
                              "termination, with the broker's input lossy")

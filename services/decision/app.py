@@ -109,6 +109,27 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     service.on_stop.append(leases.release)
     actions = Counter("epu_decision_actions_total", "Actions sent by policy iterations", ["domain", "kind"],
                       registry=r)
+    shadow_actions = Counter("epu_decision_shadow_actions_total", "Observe mode: actions an iteration would have "
+                             "sent, counted when the would-be plan changes (none was sent)", ["domain", "kind"],
+                             registry=r)
+    mode = Gauge("epu_decision_domain_mode", "1 for each domain's mode now: act or observe (observe: nothing "
+                 "leaves the engine)", ["domain", "mode"], registry=r)
+    commands = Counter("epu_decision_commands_total", "Commands that left the engine's gate, by kind and the "
+                       "authority they acted on (policy, safety-net, operator)", ["domain", "kind", "authority"],
+                       registry=r)
+    held = Counter("epu_decision_commands_held_total", "Commands the engine's gate held back, by the rule that "
+                   "held them (observe: every attempt while in observe mode)", ["domain", "kind", "rule"], registry=r)
+    gate_seen: dict[str, dict] = {"sent": {}, "held": {}}
+
+    def gate_metrics() -> None:
+        """The gate's counts since the last look, added to the counters (the gate counts, the
+        service exports)."""
+        for source, counter, seen in ((engine.gate.counts, commands, gate_seen["sent"]),
+                                      (engine.gate.held, held, gate_seen["held"])):
+            for key, n in source.items():
+                if n > seen.get(key, 0):
+                    counter.labels(*key).inc(n - seen.get(key, 0))
+                    seen[key] = n
     seconds = Histogram("epu_decision_iteration_seconds", "Time of one iteration over all domains", registry=r)
     active = Gauge("epu_decision_active_domains", "Domains this engine currently acts for (0 on a standby)",
                    registry=r)
@@ -165,6 +186,10 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         for d in engine.domains:
             breaker.labels(d).set(1 if d in open_ else 0)
             budget_blocked.labels(d).set(1 if d in engine.budget_held else 0)
+            now_mode = engine.gate.mode(d)
+            for m in ("act", "observe"):
+                mode.labels(d, m).set(1 if m == now_mode else 0)
+        gate_metrics()
         fleet.observe()
 
     feed = StatusFeed(engine, service.publish)
@@ -179,7 +204,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
             raise
         for record in records:
             for a in record.actions:
-                actions.labels(record.domain, a.kind).inc()
+                (shadow_actions if record.shadow else actions).labels(record.domain, a.kind).inc()
         fleet.recorded(records)
         seconds.observe(time.monotonic() - started)
         observe()

@@ -77,6 +77,7 @@ from epu.services.decision.policies import (
 from epu.services.decision.policy_params import PolicyParams
 from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.records import decision_record, summarize
+from epu.services.decision.retries import CommandRetries
 from epu.services.decision.shaped import Catalogue, uses_catalogue
 from epu.services.decision.snaporder import ClockSkew, SnapshotOrder
 from epu.services.decision.snapshots import Snapshots
@@ -139,6 +140,8 @@ class Engine:
         """Domain → what its last published shadow record would have done (``shadow_signature``)."""
         self.events = InstanceEvents(config, store, self.clock, self.gate, self.acting, self.catalogues, self.health)
         self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health)
+        self.retries = CommandRetries()
+        """Node commands answered with an error, waiting before they are planned again (``retries``)."""
         self.census = CensusKeeper()
         """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
         self.params = PolicyParams()
@@ -321,7 +324,10 @@ class Engine:
 
     def on_node_result(self, res: NodeCommandResult) -> None:
         """A command's answer (``node_results``)."""
+        row = self.store.action(res.command_id)
         node_results.on_node_result(self.store, self.clock, res)
+        if row is not None and not row["done"] and row["domain"] == res.domain and row["kind"] == res.action:
+            self.retries.answered(row["target"], res.action, res.command_id, res.ok, self.clock.now())
 
     # ------------------------------------------------------------------ control
     def handle_control(self, msg: Message, _envelope: Envelope | None = None) -> None:
@@ -388,6 +394,9 @@ class Engine:
                 continue
             if record is not None:
                 records.append(record)
+        if len(self.retries) > 1000:  # forget the backoffs of instances that ended
+            live = {i.instance_id for i in self.store.instances()}
+            self.retries.forget({k for k, _ in self.retries.waiting(-math.inf)} - live)
         try:
             self.resend(active, now)
             self.events.unfinished_terminates(active, now)
@@ -473,7 +482,7 @@ class Engine:
         placement = placement_input(cfg, self.site_infos, health, live, unproven, budget=caps,
                                     backoff_initial=self.settings.backoff_initial_seconds,
                                     backoff_max=self.settings.backoff_max_seconds)
-        out = plan(view, decision, placement, self.store.in_flight(domain))
+        out = plan(view, decision, placement, self.store.in_flight(domain), backing_off=self.retries.waiting(now))
         notes_extra += self.spend.note(domain, out.budget)
         shadow_changed = False
         if cfg.mode == "observe":
@@ -552,6 +561,9 @@ class Engine:
             spot = self.catalogues.spot_retry(d, now)
             if spot is not None:
                 times.append(spot)
+            retry = self.retries.next_end(now)
+            if retry is not None:
+                times.append(retry)
             out[d] = min((t for t in times if t >= now), default=math.inf)
         return out
 

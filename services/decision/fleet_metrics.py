@@ -127,6 +127,8 @@ class FleetObserver:
     def recorded(self, records: Iterable[DecisionRecord]) -> None:
         """Count the launches an iteration sent, by site and type."""
         for r in records:
+            if r.shadow:  # observe mode: nothing was launched
+                continue
             for a in r.actions:
                 if a.kind == "launch":
                     self.launches[(r.domain, a.site, self._site_type(a.site, a.instance_type))] += 1

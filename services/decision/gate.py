@@ -18,6 +18,9 @@ rule                    commands     holds back
 ======================  ===========  ===================================================================
 observe                 all          every command while the domain's mode is ``observe`` — nothing
                                      leaves, ever, whatever path made it (counted as shadow)
+not superseded          launch,      a command a later decision took back: a launch of an instance
+                        node         given up; an ``add`` or ``online`` of one on its way out; an
+                        commands     ``offline`` of one taken back into service — closed, not sent
 engine never forces     terminate    a ``forced`` proof: only an operator forces (``epu instances
                                      terminate --force`` goes to the provisioners, not through here)
 reason allows proof     terminate    a proof ``common.retire.PROOFS`` does not allow for the reason
@@ -44,7 +47,14 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from epu.common.messages import LaunchRequest, Message, NodeCommand, TerminateRequest, new_id
+from epu.common.messages import (
+    TERMINAL_INSTANCE_STATES,
+    LaunchRequest,
+    Message,
+    NodeCommand,
+    TerminateRequest,
+    new_id,
+)
 from epu.common.retire import Proof, RetireReason, allowed
 from epu.services.decision.ports import DecisionStore
 from epu.services.decision.view import Instance
@@ -145,6 +155,26 @@ def _never_forced(o: Outgoing) -> str | None:
     return None
 
 
+def _superseded(o: Outgoing) -> str | None:
+    """A command a later decision about its instance took back: it is closed, never sent (an
+    ``add`` held in observe mode, or unanswered, re-sent after the instance was given up would
+    put its node back in the batch system after its removal)."""
+    inst, m = o.instance, o.message
+    if inst is None:
+        return None
+    ended = inst.state in TERMINAL_INSTANCE_STATES
+    if isinstance(m, LaunchRequest):
+        return "launch of an instance already given up" if ended or inst.terminate_sent else None
+    if not isinstance(m, NodeCommand):
+        return None
+    out = bool(inst.retire) or inst.terminate_sent or inst.removed or ended
+    if m.action in ("add", "online") and out:
+        return f"{m.action} of an instance on its way out"
+    if m.action == "offline" and (not inst.retire or inst.removed or ended):
+        return "offline of an instance taken back into service or already removed"
+    return None
+
+
 def _reason_allows_proof(o: Outgoing) -> str | None:
     m = o.message
     if not isinstance(m, TerminateRequest):
@@ -179,6 +209,7 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule("observe", _observe),
+    Rule("not superseded", _superseded),
     Rule("engine never forces", _never_forced),
     Rule("reason allows proof", _reason_allows_proof),
     Rule("proof holds", _proof_holds),
@@ -265,6 +296,8 @@ class Gate:
             if held is not None:
                 rule, why = held
                 out.held.append((msg, rule, why))
+                if rule == "not superseded":
+                    self.store.complete(action_id=action_id(msg), outcome=f"closed: {why}")
                 self.held[(domain, o.kind, rule)] += 1
                 (log.debug if rule == "observe" else log.error)("command held at the gate", extra={
                     "domain": domain, "kind": o.kind, "instance": iid, "rule": rule, "why": why,

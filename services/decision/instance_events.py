@@ -13,6 +13,7 @@ spot start ends a spot fallback (``catalogues``), a report is the provisioner's 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,6 +37,9 @@ from epu.services.decision.view import Instance, evolve
 
 log = logging.getLogger("epu.decision")
 
+#: The most copies of one bookkeeping terminate sent at once (``InstanceEvents._end_stale``).
+STALE_COPIES = 3
+
 
 class InstanceEvents:
     """Applies the provisioner's events and reports of the configured domains to ``store``."""
@@ -52,6 +56,10 @@ class InstanceEvents:
         """Whether this engine acts for a domain now (``Engine.acting``): only then does it re-send."""
         self.catalogues = catalogues
         self.health = health
+        self._stale_due: dict[str, float] = {}
+        """Instance → when its provisioner's stale record may be closed again (``_end_stale``)."""
+        self._stale_asks: dict[str, int] = {}
+        """Instance → how many times its stale record was asked to close (``_end_stale``)."""
         self._asked_again: dict[str, float] = {}
         """Instance → when a terminate was last re-sent for it (``unfinished_terminates``)."""
         self._failures: dict[str, str] = {}
@@ -103,16 +111,25 @@ class InstanceEvents:
         the cloud. A bookkeeping terminate (``ended``, proof ``bookkeeping``): it closes the record
         of a node that is gone or never started, and never destroys a started VM — behind a record
         the engine takes for stale may be a node that came back and runs jobs. Asked at most once
-        per ``10 × resend_seconds`` per instance (the reports come every few seconds)."""
+        per ``10 × resend_seconds`` per instance on average (the reports come every minute),
+        spread between half and one and a half of it: the provisioners share one work queue, and
+        a re-ask at a fixed period can meet the round robin in step and reach, every time, the one
+        provisioner that does not hold the record. For the same reason the n-th ask goes as n
+        copies (at most ``STALE_COPIES``): round robin hands them to as many provisioners, and
+        only the one whose store holds the record acts (the others' records are closed)."""
         now = self.clock.now()
         if not self.acting(domain, now):  # else the acting engine does it
             return
-        after = 10 * self.settings.resend_seconds
-        due = [i for i in ended if now - self._asked_again.get(i.instance_id, -after) >= after]
+        if len(self._stale_due) > 1000:  # forget the closed ones now and then (a stale one comes back)
+            self._stale_due = {k: t for k, t in self._stale_due.items() if t > now - 3600}
+            self._stale_asks = {k: n for k, n in self._stale_asks.items() if k in self._stale_due}
+        due = [i for i in ended if now >= self._stale_due.get(i.instance_id, now)]
+        ends = []
         for i in due:
-            self._asked_again[i.instance_id] = now
-        self._terminate_again(domain, [(i, RetireReason.ENDED, Proof.BOOKKEEPING) for i in due],
-                              "ended (the provisioner's record of it is older than its end)")
+            self._stale_due[i.instance_id] = now + _spread(10 * self.settings.resend_seconds, i.instance_id, now)
+            asks = self._stale_asks[i.instance_id] = self._stale_asks.get(i.instance_id, 0) + 1
+            ends += [(i, RetireReason.ENDED, Proof.BOOKKEEPING)] * min(asks, STALE_COPIES)
+        self._terminate_again(domain, ends, "ended (the provisioner's record of it is older than its end)")
 
     def _terminate_again(self, domain: str, ends: list[tuple[Instance, RetireReason, Proof]], reason: str) -> None:
         """Ask again (a new request id) on the safety net's authority, through the gate."""
@@ -260,3 +277,10 @@ def _reopens(inst: Instance, evt: InstanceEvent) -> bool:
     reopen event itself (``previous == "failed"``) or a report entry that overtook it (a report
     carries no ``previous``) does not matter; ``terminated`` is never reopened."""
     return inst.state == "failed" and evt.seq > inst.seq
+
+
+def _spread(period: float, key: str, now: float) -> float:
+    """``period`` times a factor in [0.5, 1.5) drawn from ``key`` and ``now`` (deterministic: the
+    same inputs, the same delay — in the simulator too — yet no two re-asks in step)."""
+    digest = hashlib.blake2b(f"{key}:{now!r}".encode(), digest_size=4).digest()
+    return period * (0.5 + int.from_bytes(digest, "big") / 2**32)

@@ -153,7 +153,10 @@ def node_name_for(domain: str, launch_id: str) -> str:
 
 
 def plan(view: DomainView, decision: Decision, placement: PlacementInput,
-         in_flight: set[tuple[str, str]], *, make_id: Callable[[], str] = new_id) -> Plan:
+         in_flight: set[tuple[str, str]], *, make_id: Callable[[], str] = new_id,
+         backing_off: set[tuple[str, str]] = frozenset()) -> Plan:  # type: ignore[assignment]
+    """``backing_off``: (instance, kind) node commands answered with an error that wait before
+    they are sent again (``retries``)."""
     out = Plan(notes=list(decision.notes))
     targets = {a.instance_id for a in decision.actions if not isinstance(a, Launch)}
     by_id = {i.instance_id: i for i in [*view.instances, *view.cleanup] if i.instance_id in targets} \
@@ -179,7 +182,7 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         if iid not in by_id:
             out.notes.append(f"dropped {kind} of unknown instance {iid}")
             continue
-        if (iid, kind) in seen or (iid, kind) in in_flight:
+        if (iid, kind) in seen or (iid, kind) in in_flight or (iid, kind) in backing_off:
             continue
         inst = current(iid)
         if kind in SCALE_DOWN and not view.available and not getattr(action, "force", False):

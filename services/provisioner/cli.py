@@ -33,6 +33,7 @@ from epu.common.messages import (
     TerminateRequest,
     new_id,
 )
+from epu.common.retire import Proof, RetireReason
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -240,7 +241,7 @@ def terminate_message(instance_id: str, domain: str, reason: str, force: bool,
     which drains, removes and then terminates (see the module docstring)."""
     if force:
         return TerminateRequest(request_id=new_id(), instance_id=instance_id, domain=domain, reason=reason,
-                                force=True)
+                                force=True, retire=RetireReason.OPERATOR, proof=Proof.FORCED)
     return PolicyChange(change_id=new_id(), domain=domain, retire=[instance_id], operator=operator or reason)
 
 

@@ -124,7 +124,7 @@ def test_stale_and_duplicate_instance_events_do_not_move_state_back():
     assert e.store.instance(launch.launch_id).state == "started"
 
 
-def test_failed_add_is_retried_next_iteration():
+def test_failed_add_is_retried_after_a_backoff():
     e, bus, clock = make_engine()
     e.on_snapshot(snapshot(queued=jobs(1)))
     e.iterate()
@@ -135,6 +135,9 @@ def test_failed_add_is_retried_next_iteration():
     (add,) = bus.of("node.command")
     e.on_node_result(result(add, ok=False, error="qmgr: Unauthorized Request"))
     bus.clear()
+    step(e, clock, queued=jobs(1))
+    assert bus.of("node.command") == []  # not at the next iteration: the batch system said no (retries)
+    clock.advance(15)
     step(e, clock, queued=jobs(1))
     (again,) = bus.of("node.command")
     assert again.action == "add" and again.command_id != add.command_id

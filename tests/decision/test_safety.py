@@ -138,12 +138,12 @@ def test_a_remove_answered_in_progress_or_unknown_is_asked_again_and_never_termi
                "remove n: peaceful shutdown of its master in progress; not removed until the master has exited",
                "remove n: its master still answers: shutdown in progress; retried"]
     for error in answers * 3:
-        d.step(nodes=[])  # the collector lost it: absent from every snapshot
+        d.step(seconds=300, nodes=[])  # the collector lost it: absent from every snapshot (asked after a backoff)
         (rm,) = d.sent("remove")
         d.e.on_node_result(result(rm, ok=False, error=error))
         assert d.sent("terminate") == []
         d.bus.clear()
-    d.step(nodes=[])
+    d.step(seconds=300, nodes=[])
     (rm,) = d.sent("remove")
     d.e.on_node_result(result(rm))  # the master exited and the schedd lists no job there
     d.bus.clear()
@@ -368,7 +368,7 @@ def test_an_offline_answered_with_an_error_that_took_effect_is_drained_after_all
     d.e.on_node_result(result(off, ok=False, error="simulated: command timed out (it took effect)"))
     assert d.e.store.instance(la.launch_id).state == "joined"
     d.bus.clear()
-    d.step(nodes=[d.node(la, "offline")])  # the truth, taken after the offline was sent
+    d.step(seconds=20, nodes=[d.node(la, "offline")])  # the truth, taken after the offline was sent (and its backoff)
     (again,) = d.sent("offline")
     assert "after an offline answered with an error" in again.reason
     d.e.on_node_result(result(again))  # "already offline"

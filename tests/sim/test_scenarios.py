@@ -22,3 +22,8 @@ CASES = [(name, seed) for name in names() for seed in ci_seeds(name)]
 def test_invariants_hold(scenario: str, seed: int) -> None:
     r = run_one(scenario, seed)
     assert not r.violations, "\n".join([str(v) for v in r.violations[:10]] + [f"replay: {r.replay()}"])
+
+
+def test_every_scenario_runs_over_at_least_four_seeds_in_ci() -> None:
+    """A regression on seed 6 of one scenario landed because CI ran only its seed 1 (issue 33)."""
+    assert {n: len(ci_seeds(n)) for n in names() if len(ci_seeds(n)) < 4} == {}
