@@ -49,6 +49,8 @@ from epu.common.topology import DEAD_LETTER_QUEUE, DEATH_NOTES_QUEUE, Topology
 
 MAX_LIST = 10_000
 """Most messages one peek reads (the rest are counted, not listed)."""
+MAX_DROPPED_SHOWN = 20
+"""Notes of dropped messages ``list`` prints (the newest)."""
 
 
 @dataclass
@@ -353,9 +355,11 @@ def cmd_list(args: argparse.Namespace) -> int:
                   f"{(d.sender or '-')[:22]:<22} {d.reason[:200]}")
         if total > len(letters):
             print(f"... {total - len(letters)} more (--limit)")
-    for n in dropped:
+    for n in dropped[-MAX_DROPPED_SHOWN:]:
         print(f"dropped (not kept: {n.queue} is a latest-value queue): {n.type or '?'} from {n.sender or '?'} "
               f"{_age(max(0.0, now - n.dead_at))} ago: {n.reason[:200]}")
+    if len(dropped) > MAX_DROPPED_SHOWN:
+        print(f"... and {len(dropped) - MAX_DROPPED_SHOWN} older dropped messages (--json lists them all)")
     return 0
 
 
