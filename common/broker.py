@@ -396,9 +396,13 @@ class Publisher:
     def publish_raw(self, body: Any, exchange: str, routing_key: str, *, headers: dict[str, Any] | None = None,
                     message_id: str | None = None, type_: str | None = None,
                     correlation_id: str | None = None, content_type: str | None = None,
-                    content_encoding: str | None = None, mandatory: bool = False) -> None:
+                    content_encoding: str | None = None, mandatory: bool = False,
+                    user_id: str | None | bool = True) -> None:
         """Publish ``body`` (raw bytes with ``content_type``, or an object to msgpack-encode)
-        exactly as given: dead letters and tests that must send what a foreign client would."""
+        exactly as given: dead letters and tests that must send what a foreign client would.
+        ``user_id``: True (default) sets the connection's user, as every publish does; a name sets
+        that one (RabbitMQ refuses it unless it is the connection's user or that user has the
+        ``impersonator`` tag: ``epu dead requeue`` keeps a letter's sender so); None sets none."""
         if isinstance(body, bytes | bytearray):
             payload = bytes(body)
             ctype = content_type or "application/octet-stream"
@@ -411,6 +415,8 @@ class Publisher:
             props["type"] = type_
         if correlation_id:
             props["correlation_id"] = correlation_id
+        if user_id is not True:
+            props["user_id"] = user_id if isinstance(user_id, str) and user_id else None
         self._send([Outgoing(payload, exchange, routing_key, props, dict(headers or {}), mandatory)])
 
     def dead_letter_exchange(self) -> str:
@@ -497,7 +503,10 @@ class Publisher:
                 batch.id_to_index[it.message_id] = i
                 self._next_tag += 1
                 props = {k: v for k, v in it.properties.items() if k not in ("content_type", "content_encoding")}
-                if user:  # RabbitMQ checks it is this connection's user: receivers may trust it
+                if "user_id" in props:  # chosen by ``publish_raw``: kept (None: none)
+                    if props["user_id"] is None:
+                        del props["user_id"]
+                elif user:  # RabbitMQ checks it is this connection's user: receivers may trust it
                     props["user_id"] = user
                 msg = channel.prepare_message(it.body, content_type=it.properties.get("content_type"),
                                               content_encoding=it.properties.get("content_encoding"),
@@ -553,6 +562,8 @@ class Publisher:
                     producer = Producer(self._conn)
                     for it in items:
                         props = {k: v for k, v in it.properties.items() if k not in ("content_type", "content_encoding")}
+                        if props.get("user_id", "") is None:
+                            del props["user_id"]
                         if "expiration" in props:  # kombu's Producer takes seconds
                             props["expiration"] = int(props["expiration"]) / 1000
                         producer.publish(it.body, exchange=it.exchange, routing_key=it.routing_key,

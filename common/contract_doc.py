@@ -164,7 +164,9 @@ def generate() -> str:
             "delivery limit: readers take the statuses with basic.get, keep the newest (highest `at`) and "
             "requeue them, leaving them for the next reader. More than one, because a quorum queue counts "
             "a status a reader holds against `x-max-length`: at one, a status published meanwhile would be "
-            "the one dropped.", ""]
+            "the one dropped. The dead-letter queue `epu.dead` is filled by the broker alone (no user may publish "
+            "to `epu.dlx`); `epu.dead.notes` (from `epu.notes`, routing key: the rejecting queue's name) holds the "
+            "rejecting service's note of why (see Dead letters above).", ""]
     out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
     flows = {
         "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",

@@ -8,18 +8,30 @@ them from the one declaration means they cannot drift; a test compares the commi
 Least privilege, one user per service:
 
 * ``epu-sensor-DOMAIN`` reads only its command queue, writes only ``sensor.snapshot.DOMAIN``
-  and ``node.result.DOMAIN`` events (RabbitMQ topic permissions) and the dead-letter exchange.
+  and ``node.result.DOMAIN`` events (RabbitMQ topic permissions) and death notes for its queue.
 * ``epu-decision`` reads its input, control and per-domain snapshot queues; sends node commands, launches and
   terminations (``provisioner.launch``, ``provisioner.terminate``); writes decision records,
-  domain statuses and policy outcomes.
-* ``epu-provisioner`` reads the provisioner queue; writes instance state events, reports and provisioner alerts.
-* ``epu-ctxbroker`` reads terminated-instance events; writes context membership events.
+  domain statuses and policy outcomes, and death notes for the queues it reads.
+* ``epu-provisioner`` reads the provisioner queue; writes instance state events, reports and provisioner
+  alerts, and death notes for its queue.
+* ``epu-ctxbroker`` reads terminated-instance events; writes context membership events and death notes
+  for its queue.
 * ``epu-operator`` sends policy changes and terminations (``provisioner.terminate``, never
   ``provisioner.launch``); declares and reads its own exclusive tap queues (``epu.tap.*``)
   bound to any event, reads the engine's status queues (``epu.status.DOMAIN``, without
-  consuming: basic.get then requeue) and the dead-letter queue (``epu dead``) — what ``epu tap``,
-  ``epu status``, ``epu record``, ``epu cost``, ``epu dead``, ``epu instances`` and ``epu policy``
-  need, and nothing more.
+  consuming: basic.get then requeue), the dead-letter queue and the death notes (``epu dead``) —
+  what ``epu tap``, ``epu status``, ``epu record``, ``epu cost``, ``epu dead``, ``epu instances``
+  and ``epu policy`` need, and nothing more.
+
+Nobody writes the dead-letter exchange ``epu.dlx``: only the broker puts messages there (a consumer
+rejects a message; its queue's ``x-dead-letter-exchange`` takes it, with the validated ``user_id``
+it was sent with and the broker's ``x-death`` record). A user that could publish there could make
+a letter look like anything — issue 33: a sensor injected a forced terminate of another domain's
+instance that ``epu dead requeue`` then sent on as the operator. Why each message was rejected is
+a *death note* (``common.deadletters``) published to ``epu.notes`` (kept in ``epu.dead.notes``)
+with the rejecting queue's name as its routing key: each service user may publish there only the
+names of the queues it reads, so a note is bound to the service that rejected the message, as a
+message is bound to its sender.
 
 Bounds, by policy (``QueueBounds``): the decision input and work queues refuse publishes
 beyond a byte size (the publisher is told, nothing is dropped silently); dead letters are
@@ -47,6 +59,8 @@ from epu.common.topology import (
     COMMANDS_EXCHANGE,
     DEAD_LETTER_EXCHANGE,
     DEAD_LETTER_QUEUE,
+    DEATH_NOTES_EXCHANGE,
+    DEATH_NOTES_QUEUE,
     DECISION_INPUT_QUEUE,
     EVENTS_EXCHANGE,
     LAUNCH_KEY,
@@ -105,33 +119,40 @@ def _alt(*names: str) -> str:
 
 def service_users(topology: Topology, domains: list[str], user_prefix: str = "") -> list[ServiceUser]:
     t = topology
-    ev, cmd, dlx = (re.escape(t.n(x)) for x in (EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEAD_LETTER_EXCHANGE))
+    ev, cmd, notes = (re.escape(t.n(x)) for x in (EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEATH_NOTES_EXCHANGE))
     q = {spec.name: re.escape(t.n(spec.name)) for spec in t.service_specs(domains)}
+    notes_ex = t.n(DEATH_NOTES_EXCHANGE)
     users = []
     for d in domains:
         spec = t.sensor_spec(d)
         users.append(ServiceUser(
-            f"{user_prefix}epu-sensor-{d}", "^$", _alt(ev, dlx), _alt(q[spec.name]),
-            {t.n(EVENTS_EXCHANGE): rf"^(sensor\.snapshot|node\.result)\.{re.escape(d)}$"}, {},
+            f"{user_prefix}epu-sensor-{d}", "^$", _alt(ev, notes), _alt(q[spec.name]),
+            {t.n(EVENTS_EXCHANGE): rf"^(sensor\.snapshot|node\.result)\.{re.escape(d)}$",
+             notes_ex: _alt(q[spec.name])}, {},
             f"sensor of domain {d}"))
     snapshots = [q[t.decision_snapshot_spec(d).name] for d in domains]
     statuses = [q[t.status_spec(d).name] for d in domains]
+    decision_reads = _alt(q[t.decision_input_spec().name], q[t.decision_control_spec().name], *snapshots)
     users.append(ServiceUser(
-        f"{user_prefix}epu-decision", "^$", _alt(ev, cmd, dlx),
-        _alt(q[t.decision_input_spec().name], q[t.decision_control_spec().name], *snapshots),
+        f"{user_prefix}epu-decision", "^$", _alt(ev, cmd, notes), decision_reads,
         {t.n(EVENTS_EXCHANGE): r"^(decision\.(record|status)|policy\.outcome)\..+$",
-         t.n(COMMANDS_EXCHANGE): rf"^(sensor\..+|{re.escape(LAUNCH_KEY)}|{re.escape(TERMINATE_KEY)})$"}, {},
+         t.n(COMMANDS_EXCHANGE): rf"^(sensor\..+|{re.escape(LAUNCH_KEY)}|{re.escape(TERMINATE_KEY)})$",
+         notes_ex: decision_reads}, {},
         "decision engine"))
+    prov = _alt(q[t.provisioner_spec().name])
     users.append(ServiceUser(
-        f"{user_prefix}epu-provisioner", "^$", _alt(ev, dlx), _alt(q[t.provisioner_spec().name]),
-        {t.n(EVENTS_EXCHANGE): r"^(instance\.(state|report)|provisioner\.alert)\..+$"}, {}, "provisioner"))
+        f"{user_prefix}epu-provisioner", "^$", _alt(ev, notes), prov,
+        {t.n(EVENTS_EXCHANGE): r"^(instance\.(state|report)|provisioner\.alert)\..+$", notes_ex: prov}, {},
+        "provisioner"))
+    ctx = _alt(q[t.ctxbroker_spec().name])
     users.append(ServiceUser(
-        f"{user_prefix}epu-ctxbroker", "^$", _alt(ev, dlx), _alt(q[t.ctxbroker_spec().name]),
-        {t.n(EVENTS_EXCHANGE): r"^context\.member\..+$"}, {}, "context broker"))
+        f"{user_prefix}epu-ctxbroker", "^$", _alt(ev, notes), ctx,
+        {t.n(EVENTS_EXCHANGE): r"^context\.member\..+$", notes_ex: ctx}, {}, "context broker"))
     tap = re.escape(t.prefix) + TAP_QUEUE_PATTERN
     dead = re.escape(t.n(DEAD_LETTER_QUEUE))
+    dead_notes = re.escape(t.n(DEATH_NOTES_QUEUE))
     users.append(ServiceUser(
-        f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap, *statuses, dead),
+        f"{user_prefix}epu-operator", f"^{tap}$", _alt(cmd, tap), _alt(ev, tap, *statuses, dead, dead_notes),
         {t.n(COMMANDS_EXCHANGE): rf"^(decision\.control|{re.escape(TERMINATE_KEY)})$"}, {},
         "operators: policy changes, terminations, taps"))
     return users
@@ -173,7 +194,7 @@ def queue_policies(topology: Topology, domains: list[str], vhost: str, bounds: Q
         policy("epu-taps", f"^{pre}{TAP_QUEUE_PATTERN}$",
                {"max-length": bounds.tap_max_length, "max-length-bytes": bounds.tap_max_bytes,
                 "overflow": "drop-head"}),
-        policy("epu-dead", f"^{re.escape(t.n(DEAD_LETTER_QUEUE))}$",
+        policy("epu-dead", f"^({re.escape(t.n(DEAD_LETTER_QUEUE))}|{re.escape(t.n(DEATH_NOTES_QUEUE))})$",
                {"message-ttl": int(bounds.dead_letter_days * 86_400_000), "max-length-bytes": bounds.dead_max_bytes,
                 "overflow": "drop-head"}),
         policy("epu-decision-input", f"^{re.escape(t.n(DECISION_INPUT_QUEUE))}$",
@@ -196,7 +217,8 @@ def rabbitmq_definitions(topology: Topology, domains: list[str], vhost: str = "e
     exchanges = [
         {"name": ex.name, "vhost": vhost, "type": ex.type, "durable": True, "auto_delete": False,
          "internal": False, "arguments": {}}
-        for ex in (topology.events_exchange, topology.commands_exchange, topology.dead_letter_exchange)
+        for ex in (topology.events_exchange, topology.commands_exchange, topology.dead_letter_exchange,
+                   topology.death_notes_exchange)
     ]
     specs = topology.service_specs(domains)
     bindings = [

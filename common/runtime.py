@@ -18,8 +18,10 @@ returned, i.e. after its effect is stored. What a failure does depends on whethe
 ever succeed:
 
 * the message cannot be used — undecodable, invalid, of a type the queue does not take, too
-  large, hostile (``common.inbound``) — or the handler raises ``Reject``: republished, the
-  original bytes, to the dead-letter exchange with the reason in ``x-epu-reason``, then acked;
+  large, hostile (``common.inbound``), from a sender not allowed to send it (``common.senders``)
+  — or the handler raises ``Reject``: dead-lettered (``dead_letter``): a note of why goes to
+  ``epu.notes``, then the message is rejected and the broker moves it, as it was sent, to the
+  dead-letter queue (the runtime never writes the dead-letter exchange: ``common.deadletters``);
 * the handler hit infrastructure — its database or the broker is away (``is_transient``):
   retried in place with backoff (capped at ``retry_max_seconds``) for as long as it takes,
   nothing dead-lettered, nothing reordered (later messages wait behind it);
@@ -77,6 +79,7 @@ from epu.common.broker import (
 )
 from epu.common.clock import Clock, RealClock
 from epu.common.consuming import Inbound, RawConsumer
+from epu.common.deadletters import NOTE_TYPE, SENDER_NOT_ALLOWED, DeathNote, body_sha256
 from epu.common.failures import classify, describe
 from epu.common.inbound import allow_deep_headers, open_delivery, safe_headers
 from epu.common.messages import DecodeError, Envelope, Message
@@ -84,6 +87,7 @@ from epu.common.observability import HealthServer, ServiceMetrics
 from epu.common.topology import (
     ATTEMPTS_HEADER,
     DEAD_AT_HEADER,
+    DEATH_NOTES_EXCHANGE,
     ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_QUEUE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER,
@@ -647,6 +651,7 @@ class Service:
         return outcome
 
     def _handle_delivery(self, c: _ConsumerSpec, queue_name: str, inbound: Inbound) -> str:
+        kept = c.spec is not None and c.spec.dead_letter  # the queue's x-dead-letter-exchange keeps it
         try:
             envelope, msg = open_delivery(inbound.delivery, self.broker.limits)
             if c.types is not None and envelope.type not in c.types:
@@ -654,7 +659,7 @@ class Service:
             refused = self._refused_sender(c, inbound, envelope.type, msg)
         except DecodeError as exc:
             reason = str(exc)
-            outcome = self.dead_letter(inbound, queue_name, reason)
+            outcome = self.dead_letter(inbound, queue_name, reason, kept=kept)
             if c.on_invalid is not None:
                 try:
                     c.on_invalid(inbound.delivery.body, reason)
@@ -663,7 +668,7 @@ class Service:
             return outcome
         if refused is not None:
             self.metrics.refused_senders.labels(queue_name).inc()
-            return self.dead_letter(inbound, queue_name, f"sender not allowed: {refused}")
+            return self.dead_letter(inbound, queue_name, f"{SENDER_NOT_ALLOWED}: {refused}", kept=kept)
         attempts = 0
         delay = self.settings.retry_base_seconds
         while True:
@@ -671,7 +676,7 @@ class Service:
             try:
                 c.handler(msg, envelope)
             except Reject as exc:
-                return self.dead_letter(inbound, queue_name, f"rejected by {self.name}: {exc}", attempts)
+                return self.dead_letter(inbound, queue_name, f"rejected by {self.name}: {exc}", attempts, kept=kept)
             except Exception as exc:
                 kind = infrastructure(exc, self.settings.transient_errors)
                 if kind == "permanent":
@@ -684,7 +689,8 @@ class Service:
                     self.log.exception("handler failed, dead-lettering",
                                        extra={"queue": queue_name, "type": envelope.type, "id": envelope.id})
                     return self.dead_letter(inbound, queue_name,
-                                            f"handler failed after {attempts} attempts: {error}", attempts)
+                                            f"handler failed after {attempts} attempts: {error}", attempts,
+                                            kept=kept)
                 self.metrics.handler_retries.labels(queue_name, "transient" if transient else "error").inc()
                 self._retrying = {"queue": queue_name, "type": envelope.type, "id": envelope.id,
                                   "attempts": attempts, "error": error[:300], "transient": transient}
@@ -718,41 +724,74 @@ class Service:
             return None
         return self.broker.senders.check(self.broker.topology, inbound.delivery, type_, msg)
 
-    def dead_letter(self, inbound: Inbound, queue_name: str, reason: str, attempts: int = 1) -> str:
-        """Keep the message — the bytes that were sent, with why — in the dead-letter queue.
-        Returns how to settle the original: ack once the dead letter is confirmed; if the
-        broker refuses the dead letter, reject it so the queue's own dead-letter exchange
-        keeps it (without our reason, which is logged); if the broker is away, requeue."""
+    def dead_letter(self, inbound: Inbound, queue_name: str, reason: str, attempts: int = 1, *,
+                    kept: bool = True) -> str:
+        """Set the message aside with why, and say how to settle it.
+
+        On RabbitMQ the broker keeps it: the death note (why, the attempts, the body's SHA-256, the
+        sender it came from) is published to ``epu.notes`` under the queue's name and confirmed,
+        then the message is rejected and the queue's ``x-dead-letter-exchange`` moves it, bytes and
+        properties as they were sent (the validated ``user_id``) plus the broker's ``x-death``, to
+        ``epu.dead``. The runtime does not write the dead-letter exchange: no EPU user may, so no
+        user can make a message look like a letter of EPU's (issue 33, ``common.deadletters``). A
+        latest-value queue (``kept`` false) keeps no dead letters: its message is dropped, the note
+        is what remains. If the note is refused, the message is rejected all the same (the reason
+        is logged); if the broker is away, it goes back to its queue to be tried again.
+
+        The in-memory transport has no broker to dead-letter and no users (one process, one trust
+        domain): there the runtime publishes the copy to the dead-letter exchange itself, with the
+        reason in ``x-epu-reason``, and acks the original."""
         d = inbound.delivery
-        headers = safe_headers(d.headers)
-        headers.update({
-            REASON_HEADER: reason[:1000],
-            ORIGINAL_QUEUE_HEADER: queue_name,
-            ORIGINAL_EXCHANGE_HEADER: _clip(d.exchange, 255),
-            ORIGINAL_ROUTING_KEY_HEADER: _clip(d.routing_key, 255),
-            ATTEMPTS_HEADER: attempts,
-            DEAD_AT_HEADER: round(self.clock.now(), 3),
-        })
-        props = d.properties
+        user = d.properties.get("user_id")
+        note = DeathNote(
+            queue=queue_name, reason=reason[:1000], body_sha256=body_sha256(d.body),
+            message_id=_prop(d.properties, "message_id"), type=_prop(d.properties, "type"),
+            sender=_clip(user, 255) if isinstance(user, str) and user else None,
+            exchange=_clip(d.exchange, 255), routing_key=_clip(d.routing_key, 255), attempts=attempts,
+            dead_at=round(self.clock.now(), 3), kept=kept)
+        if self.broker.is_memory:
+            return self._keep_copy(inbound, note)
         try:
             self.publisher.publish_raw(
-                d.body, exchange=self.broker.topology.dead_letter_exchange.name, routing_key=queue_name,
-                headers=headers, content_type=_prop(props, "content_type") or "application/octet-stream",
-                content_encoding=_prop(props, "content_encoding"), message_id=_prop(props, "message_id"),
-                type_=_prop(props, "type"), correlation_id=_prop(props, "correlation_id"), mandatory=True)
+                note.encode(), exchange=self.broker.topology.n(DEATH_NOTES_EXCHANGE), routing_key=queue_name,
+                content_type="application/x-msgpack", type_=NOTE_TYPE, mandatory=True)
         except PublishRefused as exc:
-            self.log.error("dead letter refused by the broker; rejecting the original to the queue's "
-                           "dead-letter exchange", extra={"queue": queue_name, "reason": reason[:300],
-                                                          "error": str(exc)[:300]})
-            self.metrics.dead_lettered.labels(queue_name).inc()
-            return "reject"
+            self.log.error("death note refused by the broker; the message is dead-lettered without it "
+                           "(its reason is only in this log)",
+                           extra={"queue": queue_name, "reason": reason[:300], "error": str(exc)[:300]})
         except Exception as exc:
             self.log.warning("dead-lettering failed, the message goes back to the queue",
                              extra={"queue": queue_name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             self._interrupt.wait(1.0)
             return "requeue"
         self.metrics.dead_lettered.labels(queue_name).inc()
-        self.log.warning("message dead-lettered", extra={"queue": queue_name, "reason": reason[:300]})
+        self.log.warning("message dead-lettered" if kept else "message dropped (a latest-value queue keeps no "
+                         "dead letters; its death note says why)", extra={"queue": queue_name, "reason": reason[:300]})
+        return "reject"
+
+    def _keep_copy(self, inbound: Inbound, note: DeathNote) -> str:
+        """``dead_letter`` on the in-memory transport: the copy, with the reason in headers."""
+        d = inbound.delivery
+        headers = safe_headers(d.headers)
+        headers.update({
+            REASON_HEADER: note.reason, ORIGINAL_QUEUE_HEADER: note.queue, ORIGINAL_EXCHANGE_HEADER: note.exchange,
+            ORIGINAL_ROUTING_KEY_HEADER: note.routing_key, ATTEMPTS_HEADER: note.attempts,
+            DEAD_AT_HEADER: note.dead_at,
+        })
+        props = d.properties
+        try:
+            self.publisher.publish_raw(
+                d.body, exchange=self.broker.topology.dead_letter_exchange.name, routing_key=note.queue,
+                headers=headers, content_type=_prop(props, "content_type") or "application/octet-stream",
+                content_encoding=_prop(props, "content_encoding"), message_id=note.message_id,
+                type_=note.type, correlation_id=_prop(props, "correlation_id"))
+        except Exception as exc:
+            self.log.warning("dead-lettering failed, the message goes back to the queue",
+                             extra={"queue": note.queue, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            self._interrupt.wait(1.0)
+            return "requeue"
+        self.metrics.dead_lettered.labels(note.queue).inc()
+        self.log.warning("message dead-lettered", extra={"queue": note.queue, "reason": note.reason[:300]})
         return "dead-lettered"
 
 

@@ -26,7 +26,12 @@ Layout:
 * ``epu.ctxbroker.instances``: instance states and reports: each live instance's address (what its
   node may publish in its context), and terminated/failed instances, so the broker removes nodes
   whose agent never said goodbye.
-* ``epu.dlx`` (fanout) → ``epu.dead``: every rejected message, with ``x-epu-reason``.
+* ``epu.dlx`` (fanout) → ``epu.dead``: every message a consumer rejected (or the broker dropped
+  from a queue: expired, over its delivery limit), put there by the broker itself — no user may
+  publish to it (``common.deadletters``).
+* ``epu.notes`` (topic) → ``epu.dead.notes``: why each was rejected, one note per rejection,
+  published by the consuming service with the consumed queue's name as its routing key (each
+  service user may publish only the names of the queues it reads).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ EVENTS_EXCHANGE = "epu.events"
 COMMANDS_EXCHANGE = "epu.commands"
 DEAD_LETTER_EXCHANGE = "epu.dlx"
 DEAD_LETTER_QUEUE = "epu.dead"
+DEATH_NOTES_EXCHANGE = "epu.notes"
+DEATH_NOTES_QUEUE = "epu.dead.notes"
 
 PROVISIONER_QUEUE = "epu.provisioner"
 DECISION_CONTROL_QUEUE = "epu.decision.control"
@@ -54,7 +61,9 @@ CTXBROKER_QUEUE = "epu.ctxbroker.instances"
 #: Message types that are commands (go to ``epu.commands``); all others are events.
 COMMAND_TYPES = frozenset({"node.command", "instance.launch", "instance.terminate", "policy.change"})
 
-#: Headers the runtime sets on a dead-lettered message.
+#: Headers of a dead letter the runtime itself writes: only on the in-memory transport, which has no
+#: broker to dead-letter (``Service.dead_letter``). A dead letter in RabbitMQ carrying them got them
+#: from its sender: ``epu dead`` never believes them.
 REASON_HEADER = "x-epu-reason"
 ORIGINAL_QUEUE_HEADER = "x-epu-original-queue"
 ORIGINAL_EXCHANGE_HEADER = "x-epu-original-exchange"
@@ -163,6 +172,11 @@ class Topology:
     def dead_letter_exchange(self) -> Exchange:
         return Exchange(self.n(DEAD_LETTER_EXCHANGE), type="fanout", durable=True)
 
+    @property
+    def death_notes_exchange(self) -> Exchange:
+        # topic so RabbitMQ topic permissions bind each note to the service reading its queue
+        return Exchange(self.n(DEATH_NOTES_EXCHANGE), type="topic", durable=True)
+
     def exchange_for(self, message: Message | str) -> Exchange:
         type_ = message if isinstance(message, str) else message.TYPE
         return self.commands_exchange if type_ in COMMAND_TYPES else self.events_exchange
@@ -170,7 +184,13 @@ class Topology:
     # ---- queue specs by role
     def dead_letter_spec(self) -> QueueSpec:
         return QueueSpec(DEAD_LETTER_QUEUE, DEAD_LETTER_EXCHANGE, ("#",),
-                         purpose="every rejected message, with its reason in x-epu-reason")
+                         purpose="every message a consumer rejected or the broker dropped, put there by the "
+                                 "broker itself (why: epu.dead.notes)")
+
+    def death_notes_spec(self) -> QueueSpec:
+        return QueueSpec(DEATH_NOTES_QUEUE, DEATH_NOTES_EXCHANGE, ("#",), dead_letter=False, delivery_limit=False,
+                         purpose="why each dead letter died: a note from the service that rejected it, "
+                                 "routed by the name of the queue it was taken from")
 
     def sensor_spec(self, domain: str) -> QueueSpec:
         return QueueSpec(sensor_queue_name(domain), COMMANDS_EXCHANGE, (sensor_routing_key(domain),),
@@ -226,7 +246,7 @@ class Topology:
 
     def service_specs(self, domains: list[str] | tuple[str, ...] = ()) -> list[QueueSpec]:
         """Every durable queue of a deployment with these domains."""
-        specs = [self.dead_letter_spec(), self.provisioner_spec(), self.decision_control_spec(),
+        specs = [self.dead_letter_spec(), self.death_notes_spec(), self.provisioner_spec(), self.decision_control_spec(),
                  self.decision_input_spec(), self.ctxbroker_spec()]
         specs += [self.sensor_spec(d) for d in domains]
         specs += [self.decision_snapshot_spec(d) for d in domains]
@@ -239,6 +259,7 @@ class Topology:
             EVENTS_EXCHANGE: self.events_exchange,
             COMMANDS_EXCHANGE: self.commands_exchange,
             DEAD_LETTER_EXCHANGE: self.dead_letter_exchange,
+            DEATH_NOTES_EXCHANGE: self.death_notes_exchange,
         }[name]
 
     def kombu_queues(self, spec: QueueSpec) -> list[Queue]:
@@ -258,10 +279,11 @@ class Topology:
         ]
 
     def declare(self, channel: Any, specs: list[QueueSpec] | None = None) -> None:
-        """Declare exchanges, the dead-letter queue and the given queues (idempotent)."""
-        for exchange in (self.events_exchange, self.commands_exchange, self.dead_letter_exchange):
+        """Declare exchanges, the dead-letter and death-note queues and the given queues (idempotent)."""
+        for exchange in (self.events_exchange, self.commands_exchange, self.dead_letter_exchange,
+                         self.death_notes_exchange):
             exchange(channel).declare()
-        for spec in [self.dead_letter_spec(), *(specs or [])]:
+        for spec in [self.dead_letter_spec(), self.death_notes_spec(), *(specs or [])]:
             queues = self.kombu_queues(spec)
             for queue in queues:
                 try:

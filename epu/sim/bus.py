@@ -25,6 +25,13 @@ What it models (and why each matters to the invariants):
   stamps each message with its sender's user (the broker-validated ``user_id``) and the key it
   was published on, routes by that key, and before any handler runs checks the message against
   its sender with the runtime's own rule (``common.senders``): a mismatch is dead-lettered.
+* dead letters (``SimLetter``, ``Bus.dead``): what the broker keeps when a consumer rejects a
+  message off a queue with a dead-letter exchange — the message with the user it was sent as and
+  the queue it died in — and the rejecting runtime's note of why; a latest-value queue keeps none.
+  Nobody may publish to the dead-letter exchange (``inject_dead_letter`` is refused as RabbitMQ
+  refuses it, by the write permissions of the generated definitions); ``requeue`` is ``epu dead
+  requeue``: the same check (``common.deadletters.requeue_refusal``), then the letter is sent on
+  the body's own key *as the user that first sent it*.
 """
 
 from __future__ import annotations
@@ -35,10 +42,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
+from epu.common.deadletters import DeathNote, LetterFacts, requeue_refusal
 from epu.common.messages import Message
 from epu.common.senders import SenderPolicy
-from epu.common.topology import DEFAULT_TOPOLOGY
+from epu.common.topology import DEAD_LETTER_EXCHANGE, DEFAULT_TOPOLOGY
 from epu.sim.world import World
+
+MAX_LETTERS = 10_000
+"""Dead letters the simulated broker keeps (the oldest dropped first, as the ``epu-dead`` policy's byte bound does)."""
 
 
 class Crash(BaseException):
@@ -74,6 +85,11 @@ class Sent(NamedTuple):
     body_key: bool = False
     """``routing_key`` is the body's own (``msg.routing_key()``, as EPU's publishers use): the
     consumer's check that they agree need not work it out again."""
+    requeued: bool = False
+    """Sent on from the dead-letter queue (``Bus.requeue``): ``sender`` is the letter's true
+    original sender, whose authority — not the requeuer's — invariant 10 judges."""
+    exchange: str | None = None
+    """The exchange the sender chose, if not its type's (a hostile sender may choose)."""
 
 
 class Identities:
@@ -87,10 +103,17 @@ class Identities:
 
         from epu.common.definitions import service_users
 
+        users = service_users(DEFAULT_TOPOLOGY, sorted(set(domains)))
         self.topic_write: dict[str, dict[str, re.Pattern[str]]] = {
-            u.name: {ex: re.compile(pattern) for ex, pattern in u.topic_write.items()}
-            for u in service_users(DEFAULT_TOPOLOGY, sorted(set(domains)))}
+            u.name: {ex: re.compile(pattern) for ex, pattern in u.topic_write.items()} for u in users}
+        self.write: dict[str, re.Pattern[str]] = {u.name: re.compile(u.write) for u in users}
+        """Each user's write permission (the exchanges it may publish to at all)."""
         self._memo: dict[tuple[str, str, str], bool] = {}
+
+    def may_write(self, user: str, exchange: str) -> bool:
+        """RabbitMQ's write permission: may ``user`` publish to ``exchange`` at all."""
+        pattern = self.write.get(user)
+        return pattern is not None and pattern.match(exchange) is not None
 
     def may_publish(self, user: str, exchange: str, key: str) -> bool:
         memo = self._memo.get((user, exchange, key))
@@ -167,16 +190,41 @@ class BusStats:
     """Publishes beyond the sender's permissions (refused by the broker)."""
     refused_senders: int = 0
     """Deliveries whose sender may not send them (dead-lettered by the consumer's runtime)."""
+    requeued: int = 0
+    """Dead letters sent on by a requeue."""
+    requeues_refused: int = 0
+    """Requeues refused by ``requeue_refusal`` or by the broker (the letter is kept)."""
+
+
+@dataclass
+class SimLetter:
+    """A message in the simulated dead-letter queue."""
+
+    msg: Message
+    sent: Sent
+    """How it was first published: ``sent.user`` is the ``user_id`` the broker validated then and
+    keeps on the letter; ``sent.sender`` the world's truth."""
+    queue: str | None
+    """The queue it died in as the letter's ``x-death`` names it (the topology's name); None: none."""
+    note: str | None
+    """The rejecting runtime's reason (its death note); None: none."""
+    claims: dict[str, str] = field(default_factory=dict)
+    """``x-epu-*`` headers its sender wrote into it: words, believed by no check (the old requeue did)."""
+
+
+def topology_queue(name: str) -> str:
+    """The production name of a simulated queue (``decision.input`` → ``epu.decision.input``)."""
+    return f"epu.{name}"
 
 
 def snapshot_queue(domain: str) -> str:
     return f"decision.snapshot.{domain}"
 
 
-def route_key(type_: str, key: str) -> tuple[str, ...]:
-    """The queues a message of ``type_`` published with routing key ``key`` reaches (the topology's
-    bindings, by key: the broker never reads a body)."""
-    if DEFAULT_TOPOLOGY.exchange_for(type_).name == DEFAULT_TOPOLOGY.commands_exchange.name:
+def route_key(type_: str, key: str, exchange: str | None = None) -> tuple[str, ...]:
+    """The queues a message of ``type_`` published with routing key ``key`` (to ``exchange``, by
+    default its type's) reaches (the topology's bindings, by key: the broker never reads a body)."""
+    if (exchange or DEFAULT_TOPOLOGY.exchange_for(type_).name) == DEFAULT_TOPOLOGY.commands_exchange.name:
         if key in ("provisioner.launch", "provisioner.terminate"):
             return ("provisioner",)
         if key == "decision.control":
@@ -237,6 +285,11 @@ class Bus:
         self.around: list[Callable[[Message, Sent, Any], Callable[[], None] | None]] = []
         """Called (message, how it was sent, consuming process) before a handler runs; a callable
         it returns runs after the handler returned (invariant 10: what the handler did with it)."""
+        self.dead: deque[SimLetter] = deque(maxlen=MAX_LETTERS)
+        """The dead-letter queue (``epu.dead``)."""
+        self.requeue_lends_authority = False
+        """``epu dead requeue`` as before issue 33: the letter sent where its ``x-epu-original-*``
+        headers say, as the requeuer (True only to show what invariant 10 catches)."""
 
     @property
     def senders(self) -> SenderPolicy:
@@ -286,26 +339,48 @@ class Bus:
         q.backlog.append((msg, attempt, sent))
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, sender: Any, msg: Message, routing_key: str | None = None) -> None:
+    def publish(self, sender: Any, msg: Message, routing_key: str | None = None, exchange: str | None = None) -> None:
         """What a process's ``publish`` does: refused while the broker or the sender's connection
         is down (the caller sees an error, as with a failed confirm), or when the sender's user may
         not publish on the key (``PermissionError``, as RabbitMQ's ACCESS_REFUSED). ``routing_key``
-        is the key the sender chose; EPU's publishers always use the body's own."""
+        is the key the sender chose; EPU's publishers always use the body's own, and the exchange
+        of the message's type (a hostile sender may choose another, ``exchange``)."""
         if not self.broker_up or (sender is not None and not sender.connected):
             raise ConnectionError(f"simulated: {'broker down' if not self.broker_up else 'connection lost'}")
         user = getattr(sender, "identity", None)
         key = routing_key if routing_key is not None else msg.routing_key()
         if self.identities is not None and user is not None:
-            exchange = DEFAULT_TOPOLOGY.exchange_for(msg.TYPE).name
-            if not self.identities.may_publish(user, exchange, key):
+            ex = exchange or DEFAULT_TOPOLOGY.exchange_for(msg.TYPE).name
+            if not self.identities.may_publish(user, ex, key):
                 self.stats.refused_publishes += 1
-                self.world.note(f"refused {msg.TYPE} from {user} on {exchange} {key}")
-                raise PermissionError(f"simulated: ACCESS_REFUSED: {user} may not publish to {exchange} with {key}")
+                self.world.note(f"refused {msg.TYPE} from {user} on {ex} {key}")
+                raise PermissionError(f"simulated: ACCESS_REFUSED: {user} may not publish to {ex} with {key}")
+        if exchange is not None:
+            self._accepted(msg, Sent(key, user, sender, False, exchange=exchange))
+            return
         sent = Sent(key, user, sender, routing_key is None)
         self.stats.published += 1
         for tap in self.taps:
             tap(msg, sender)
         names = route(msg) if routing_key is None else tuple(n for n in route_key(msg.TYPE, key) if n in self.queues)
+        f = self.faults
+        if self.enabled and (f.loss_rate or f.duplicate_rate or f.reorder_jitter or f.delay_rate):
+            self._publish_faulty(msg, names, sent)
+            return
+        # no fault applies: ``_publish_faulty`` with its tests false and ``_delay``'s one draw
+        # (a run publishes hundreds of thousands of messages)
+        lo, hi = f.latency
+        rnd = self._rng.random
+        for name in names:
+            self._send(self.queues.get(name) or self.queue(name), msg, lo + rnd() * (hi - lo), 1, sent)
+
+    def _accepted(self, msg: Message, sent: Sent) -> None:
+        """``publish``'s routing, for a publish on an exchange its sender chose and for a requeue."""
+        self.stats.published += 1
+        for tap in self.taps:
+            tap(msg, sent.sender)
+        names = route(msg) if sent.body_key and sent.exchange is None else \
+            tuple(n for n in route_key(msg.TYPE, sent.routing_key, sent.exchange) if n in self.queues)
         f = self.faults
         if self.enabled and (f.loss_rate or f.duplicate_rate or f.reorder_jitter or f.delay_rate):
             self._publish_faulty(msg, names, sent)
@@ -375,14 +450,19 @@ class Bus:
         if sent is None:
             return False
         why, foreign = self._user_verdict(sent.user, msg.TYPE, msg)
+        if sent.requeued:  # judged by the letter's true sender, not by the user it was sent on as
+            foreign = self._foreign_origin(msg, sent)
         if self.bind_senders:
-            # the exchange is the type's: publish chose it; the key is the body's unless the
-            # sender chose one (a message's body does not change on the way)
-            if not sent.body_key and sent.routing_key != (body_key := msg.routing_key()):
+            # the exchange is the type's unless the sender chose one; the key is the body's unless
+            # the sender chose one (a message's body does not change on the way)
+            if sent.exchange is not None and sent.exchange != (want := DEFAULT_TOPOLOGY.exchange_for(msg.TYPE).name):
+                why = f"came by exchange {sent.exchange!r}, not {want!r}"
+            elif not sent.body_key and sent.routing_key != (body_key := msg.routing_key()):
                 why = f"came by {sent.routing_key!r}, body is for {body_key!r}"
             if why is not None:
                 self.stats.refused_senders += 1
                 self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: sender not allowed: {why}")
+                self._keep(q, msg, sent, f"sender not allowed: {why}")
                 return True
         if foreign and self.on_foreign:
             for fn in self.on_foreign:
@@ -409,9 +489,90 @@ class Bus:
                 self.stats.dead_lettered += 1
                 self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: {type(exc).__name__}")
                 c.owner.dead_letter(msg, exc)
+                if sent is not None:
+                    self._keep(q, msg, sent, f"handler failed after {attempt} attempts: {type(exc).__name__}: {exc}")
                 return
             self.world.call_after(self.RETRY_BASE * 2 ** (attempt - 1),
                                   lambda: self._retry(q, c, msg, attempt + 1, sent), f"retry {msg.TYPE}")
+
+    # ------------------------------------------------------------------ dead letters
+    def _keep(self, q: SimQueue, msg: Message, sent: Sent, reason: str) -> None:
+        """A consumer rejected ``msg``: its queue's dead-letter exchange keeps it (the broker does:
+        the user it was sent as stays on it); a latest-value queue keeps none."""
+        if not q.latest_value:
+            self.dead.append(SimLetter(msg, sent, topology_queue(q.name), reason))
+
+    def _foreign_origin(self, msg: Message, sent: Sent) -> bool:
+        """Invariant 10 for a requeued letter: its true original sender may not send it."""
+        user = getattr(sent.sender, "identity", None)
+        domain = getattr(msg, "domain", None)
+        allowed = self._senders.allowed_users(msg.TYPE, domain if isinstance(domain, str) else None)
+        return bool(allowed) and user not in allowed
+
+    def inject_dead_letter(self, sender: Any, msg: Message, claims: dict[str, str]) -> None:
+        """``sender`` publishes ``msg`` straight to the dead-letter exchange with forged headers
+        (``claims``; ``x-death-queue`` stands for a forged ``x-death`` record): refused
+        (``PermissionError``) unless its user may write the exchange, as RabbitMQ refuses it."""
+        if not self.broker_up or not sender.connected:
+            raise ConnectionError("simulated: broker down" if not self.broker_up else "simulated: connection lost")
+        user = getattr(sender, "identity", None)
+        if self.identities is not None and user is not None and not self.identities.may_write(user, DEAD_LETTER_EXCHANGE):
+            self.stats.refused_publishes += 1
+            self.world.note(f"refused {msg.TYPE} from {user} into {DEAD_LETTER_EXCHANGE}")
+            raise PermissionError(f"simulated: ACCESS_REFUSED: {user} may not publish to {DEAD_LETTER_EXCHANGE}")
+        self.stats.published += 1
+        self.world.note(f"{user} put a {msg.TYPE} into {DEAD_LETTER_EXCHANGE}")
+        self.dead.append(SimLetter(msg, Sent(msg.routing_key(), user, sender), claims.get("x-death-queue"),
+                                   None, dict(claims)))
+
+    def requeue(self, requeuer: Any, letter: SimLetter, impersonator: bool = True) -> str | None:
+        """``epu dead requeue``: None once sent on (and taken out of the queue), else why not (kept).
+
+        As the CLI: ``requeue_refusal`` judges the letter (its proven sender, the queue it died in,
+        its death note); an accepted letter is sent on the body's own key with its original user —
+        which RabbitMQ takes only from that user or one with the impersonator tag. ``requeuer`` is a
+        process (the world's truth of who acted); the letter's true sender stays its sender."""
+        if not self.broker_up or not requeuer.connected:
+            return "broker unreachable"
+        if self.requeue_lends_authority:
+            return self._requeue_as_before(requeuer, letter)
+        note = None if letter.note is None else DeathNote(
+            queue=letter.queue or "", reason=letter.note, body_sha256="", message_id=None, type=letter.msg.TYPE,
+            sender=letter.sent.user, exchange="", routing_key=letter.sent.routing_key, attempts=1, dead_at=0.0,
+            kept=True)
+        facts = LetterFacts(type=letter.msg.TYPE, message=letter.msg, user=letter.sent.user,
+                            death_queue=letter.queue, note=note)
+        why = requeue_refusal(facts, self._senders, DEFAULT_TOPOLOGY)
+        if why is None and letter.sent.user != getattr(requeuer, "identity", None) and not impersonator:
+            why = f"the broker would not send it as {letter.sent.user!r} (a requeue keeps the letter's sender)"
+        if why is not None:
+            self.stats.requeues_refused += 1
+            self.world.note(f"requeue of {letter.msg.TYPE} refused: {why}")
+            return why
+        self.dead.remove(letter)
+        self.stats.requeued += 1
+        self.world.note(f"requeued {letter.msg.TYPE} as {letter.sent.user}")
+        self._accepted(letter.msg, Sent(letter.msg.routing_key(), letter.sent.user, letter.sent.sender, True,
+                                        requeued=True))
+        return None
+
+    def _requeue_as_before(self, requeuer: Any, letter: SimLetter) -> str | None:
+        """The requeue of before issue 33: sent where the letter's headers say it was going (the
+        runtime wrote them, or its sender did), as the requeuer."""
+        exchange = letter.claims.get("x-epu-original-exchange") or (
+            letter.sent.exchange or DEFAULT_TOPOLOGY.exchange_for(letter.msg.TYPE).name)
+        key = letter.claims.get("x-epu-original-routing-key") or letter.sent.routing_key
+        user = getattr(requeuer, "identity", None)
+        if self.identities is not None and user is not None and not self.identities.may_publish(user, exchange, key):
+            self.stats.requeues_refused += 1
+            return f"{user} may not publish to {exchange} with {key}"
+        self.dead.remove(letter)
+        self.stats.requeued += 1
+        self.world.note(f"requeued {letter.msg.TYPE} as {user} (as before issue 33)")
+        self._accepted(letter.msg, Sent(key, user, letter.sent.sender, key == letter.msg.routing_key(), requeued=True,
+                                        exchange=exchange if exchange != DEFAULT_TOPOLOGY.exchange_for(
+                                            letter.msg.TYPE).name else None))
+        return None
 
     def flush(self, q: SimQueue | None = None) -> None:
         """A consumer (re)connected or the broker is back: deliver what waited, in order."""

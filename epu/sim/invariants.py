@@ -35,7 +35,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    instance has (the head node: its own), and no address twice.
 10. **No process acts on another's authority** — at every delivery: no handler is handed a
    message whose true sender (the process that published it, not its body or headers) was not
-   allowed to send it — a command, state change or result on another's behalf.
+   allowed to send it — a command, state change or result on another's behalf. A letter sent on
+   from the dead-letter queue is judged by its true original sender, not by its requeuer: a
+   requeued letter never gains authority.
 11. **Observe mode never acts** — at every command an engine sends (launch, terminate, node
    command, by any path: a plan, a re-send, a terminate asked again, a stale record closed): the
    domain's mode, as an operator last had it applied (or as configured), is not ``observe``.
@@ -206,8 +208,9 @@ class Checker:
 
     def on_foreign(self, msg: Message, sent: Any, queue: str) -> None:
         domain = getattr(msg, "domain", "")
+        how = " (a requeued dead letter)" if getattr(sent, "requeued", False) else ""
         self.fail(10, f"{queue} handed {msg.TYPE} of {domain} sent by {sent.user} "
-                     f"({getattr(sent.sender, 'name', '?')}) to its handler")
+                     f"({getattr(sent.sender, 'name', '?')}){how} to its handler")
 
     def on_kill(self, job_id: str, node: str, why: str) -> None:
         """A batch node removed with ``force`` takes its jobs down, and a drain that evicts them

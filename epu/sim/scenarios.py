@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from epu.common.messages import LaunchRequest, TerminateRequest, new_id
 from epu.sim import faults as F
+from epu.sim.adversary import dead_letter_injection
 from epu.sim.bus import MessageFaults
 from epu.sim.cloud import CloudFaults
 from epu.sim.processes import StoreFaults
@@ -381,6 +382,20 @@ def untrusted_bus() -> Scenario:
                     hours=4.0, sites=list(TWO_SITES),
                     faults=[F.adversary(3.0), F.crashes("decision", 0.5), F.command_failures(1.0)],
                     stresses="issue 26: a message's domain taken from its body (a forged remove ok kills jobs)")
+
+
+@scenario
+def dead_letters() -> Scenario:
+    return Scenario("dead-letters", "another domain's sensor forges forced terminates of live instances for the "
+                    "dead-letter queue — into the dead-letter exchange with forged origin headers, and on its own "
+                    "key so they die for real — and forges results and snapshots; store failures make genuine "
+                    "letters; an administrator requeues every letter every 10 minutes",
+                    hours=4.0, sites=list(TWO_SITES),
+                    faults=[F.adversary(3.0), dead_letter_injection(3.0), F.store_write_failures(2.0, (20.0, 90.0)),
+                            F.crashes("decision", 0.5), F.command_failures(1.0)],
+                    stresses="issue 33: a letter injected into the dead-letter exchange, requeued as the operator, "
+                             "terminated another domain's instance (invariant 10: a requeued letter never gains "
+                             "authority)", seeds_in_ci=2)
 
 
 @scenario

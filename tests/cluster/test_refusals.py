@@ -14,6 +14,7 @@ from epu.common.testing import drain
 from epu.common.topology import Topology
 from kombu import Queue
 
+from tests.support.dead import DeadLetters
 from tests.support.rabbitnodes import RabbitNode
 
 
@@ -72,9 +73,10 @@ def test_a_handler_whose_output_is_refused_is_dead_lettered_not_looped(small_nod
         from epu.common.testing import wait_for
 
         wait_for(lambda: "fine" in handled, 20, message="the next message handled")
-        dead = wait_for(lambda: drain(broker, broker.topology.n("epu.dead"), raw=True), 10, message="dead letter")
+        found = DeadLetters(broker)
+        dead = wait_for(lambda: found.take(1), 10, message="dead letter")
     finally:
         svc.stop()
         t.join(15)
     assert handled.count("explodes") == 3 and svc.reconnect_count == 0
-    assert "PRECONDITION_FAILED" in dead[0].headers["x-epu-reason"] or "larger" in dead[0].headers["x-epu-reason"]
+    assert "PRECONDITION_FAILED" in dead[0].reason or "larger" in dead[0].reason

@@ -76,7 +76,9 @@ def test_sensor_user_reads_only_its_queue_and_writes_only_its_events(loaded: dic
     assert can(loaded, "epu-sensor-alpha", consume("epu.sensor.alpha"))
     assert can(loaded, "epu-sensor-alpha", publish("epu.events", "sensor.snapshot.alpha"))
     assert can(loaded, "epu-sensor-alpha", publish("epu.events", "node.result.alpha"))
-    assert can(loaded, "epu-sensor-alpha", publish("epu.dlx", "epu.sensor.alpha"))
+    assert can(loaded, "epu-sensor-alpha", publish("epu.notes", "epu.sensor.alpha"))
+    assert not can(loaded, "epu-sensor-alpha", publish("epu.notes", "epu.sensor.beta"))
+    assert not can(loaded, "epu-sensor-alpha", publish("epu.notes", "epu.provisioner"))
     assert not can(loaded, "epu-sensor-alpha", consume("epu.sensor.beta"))
     assert not can(loaded, "epu-sensor-alpha", consume("epu.provisioner"))
     assert not can(loaded, "epu-sensor-alpha", publish("epu.events", "sensor.snapshot.beta"))
@@ -108,6 +110,31 @@ def test_provisioner_and_ctxbroker_users(loaded: dict) -> None:
     assert can(loaded, "epu-ctxbroker", consume("epu.ctxbroker.instances"))
     assert can(loaded, "epu-ctxbroker", publish("epu.events", "context.member.abc"))
     assert not can(loaded, "epu-ctxbroker", publish("epu.events", "instance.state.alpha.terminated"))
+
+
+ROLES = ("epu-sensor-alpha", "epu-sensor-beta", "epu-decision", "epu-provisioner", "epu-ctxbroker", "epu-operator")
+
+
+def test_no_user_may_publish_to_the_dead_letter_exchange(loaded: dict) -> None:
+    """Issue 33: only the broker puts messages into epu.dlx (a consumer rejects, the queue's
+    x-dead-letter-exchange takes it). A user that could publish there could make a forged
+    terminate look like anyone's letter."""
+    for role in ROLES:
+        assert not can(loaded, role, publish("epu.dlx", "epu.provisioner")), f"{role} may write epu.dlx"
+        assert not can(loaded, role, publish("epu.dlx", "")), f"{role} may write epu.dlx"
+
+
+def test_each_service_writes_death_notes_only_for_the_queues_it_reads(loaded: dict) -> None:
+    """A death note's routing key is the rejecting queue's name: only that queue's reader may publish it."""
+    readers = {"epu.sensor.alpha": "epu-sensor-alpha", "epu.sensor.beta": "epu-sensor-beta",
+               "epu.decision.input": "epu-decision", "epu.decision.control": "epu-decision",
+               "epu.decision.snapshot.alpha": "epu-decision", "epu.provisioner": "epu-provisioner",
+               "epu.ctxbroker.instances": "epu-ctxbroker"}
+    for queue, reader in readers.items():
+        for role in ROLES:
+            assert can(loaded, role, publish("epu.notes", queue)) == (role == reader), (role, queue)
+    assert can(loaded, "epu-operator", lambda ch: ch.basic_get("epu.dead.notes"))
+    assert not can(loaded, "epu-decision", lambda ch: ch.basic_get("epu.dead.notes"))
 
 
 def test_operator_sends_control_messages_and_taps_events_but_nothing_else(loaded: dict) -> None:
@@ -234,7 +261,8 @@ def test_queues_are_bounded_by_policy() -> None:
         admin = Broker(d.admin_url, d.topology)
         out = rabbitmqctl("list_queues", "-p", d.vhost, "-q", "--no-table-headers", "name", "policy").stdout
         policies = {(p := line.split())[0]: (p[1:] or [""])[0] for line in out.splitlines() if line.strip()}
-        assert policies == {"epu.dead": "epu-dead", "epu.decision.input": "epu-decision-input",
+        assert policies == {"epu.dead": "epu-dead", "epu.dead.notes": "epu-dead",
+                            "epu.decision.input": "epu-decision-input",
                             "epu.provisioner": "epu-work", "epu.decision.control": "epu-work",
                             "epu.ctxbroker.instances": "epu-work", "epu.sensor.alpha": "epu-work",
                             "epu.decision.snapshot.alpha": "",  # one message deep by its own arguments

@@ -21,10 +21,10 @@ import pytest
 from epu.common.broker import Broker, Publisher
 from epu.common.messages import Envelope, PolicyChange, SensorSnapshot
 from epu.common.runtime import Reject, RuntimeSettings, Service, run_in_thread
-from epu.common.testing import drain, queue_depth, wait_for
-from epu.common.topology import REASON_HEADER
+from epu.common.testing import queue_depth, wait_for
 
 from tests.conftest import rabbitmqctl
+from tests.support.dead import DeadLetters, Letter
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -101,24 +101,22 @@ def test_bad_messages_are_dead_lettered_with_a_reason_and_the_consumer_keeps_ser
     finally:
         stop(svc, t)
         pub.close()
-    reasons = sorted(m.headers[REASON_HEADER] for m in dead)
+    reasons = sorted(m.reason for m in dead)
     assert any("not msgpack" in r for r in reasons)
     assert any("unexpected message type 'sensor.snapshot'" in r for r in reasons)
     assert any("unsupported schema major version 9.0" in r for r in reasons)
     assert any("change_id: Field required" in r for r in reasons)
-    assert all(m.headers["x-epu-original-queue"].endswith("epu.decision.control") for m in dead)
+    assert all(m.queue == broker.topology.n("epu.decision.control") for m in dead)  # the broker's record
+    assert not any(k.startswith("x-epu-") for m in dead for k in m.headers), "the runtime writes no letter"
     # the dead-lettered bodies are kept byte for byte
     assert any(m.body == b"\xc1 this is not msgpack" for m in dead)
 
 
-_dead_seen: dict[str, list] = {}
+_dead_seen: dict[str, DeadLetters] = {}
 
 
-def _dead(broker: Broker, n: int) -> list | None:
-    key = broker.topology.prefix
-    _dead_seen.setdefault(key, []).extend(drain(broker, broker.topology.n("epu.dead"), raw=True))
-    got = _dead_seen[key]
-    return got if len(got) >= n else None
+def _dead(broker: Broker, n: int) -> list[Letter] | None:
+    return _dead_seen.setdefault(broker.topology.prefix, DeadLetters(broker)).take(n)
 
 
 def test_reject_dead_letters_at_once_and_transient_errors_retry_then_dead_letter(broker: Broker) -> None:
@@ -144,7 +142,7 @@ def test_reject_dead_letters_at_once_and_transient_errors_retry_then_dead_letter
     finally:
         stop(svc, t)
     assert calls == {"reject": 1, "flaky": 3, "broken": 3, "fine": 1}
-    reasons = {msgpack.unpackb(m.body)["body"]["change_id"]: m.headers[REASON_HEADER] for m in dead}
+    reasons = {msgpack.unpackb(m.body)["body"]["change_id"]: m.reason for m in dead}
     assert reasons["reject"] == "rejected by decision: policy 'nope' does not exist"
     assert reasons["broken"].startswith("handler failed after 3 attempts: RuntimeError: always fails")
     assert svc.metrics.dead_lettered.labels(broker.topology.n("epu.decision.control"))._value.get() == 2

@@ -2,8 +2,8 @@
 real broker: the decision engine runs as ``epu-decision`` in a vhost holding the generated
 least-privilege definitions, and each sensor and the provisioner publish as their own users —
 RabbitMQ validates each ``user_id``. A snapshot whose body claims another domain than its key, or
-sent by a user that may not send it, is dead-lettered with the reason in ``x-epu-reason`` and
-never becomes the domain's newest snapshot."""
+sent by a user that may not send it, is dead-lettered — its death note, from the engine, says why —
+and never becomes the domain's newest snapshot."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from types import SimpleNamespace
 import pytest
 from epu.common.broker import Broker, Publisher, PublishRefused
 from epu.common.config import load_config
+from epu.common.deadletters import DeathNote
 from epu.common.messages import InstanceEvent, NodeCommandResult, SensorSnapshot
 from epu.common.runtime import run_in_thread
 from epu.common.senders import SenderPolicy
 from epu.common.testing import drain, wait_for
-from epu.common.topology import DEFAULT_TOPOLOGY, REASON_HEADER
+from epu.common.topology import DEFAULT_TOPOLOGY
 from epu.services.decision.app import build_service
 
 from tests.conftest import rabbitmqctl
+from tests.support.dead import DeadLetters
 from tests.support.definitions import Loaded, loaded_definitions
 
 pytestmark = pytest.mark.rabbitmq
@@ -67,15 +69,19 @@ def as_user(d: Loaded, role: str) -> Publisher:
     return Publisher(Broker(d.url(role), d.topology, declare=False), role)
 
 
-def dead_letters(d: Loaded) -> list:
-    admin = Broker(d.admin_url, d.topology, declare=False)
-    return drain(admin, d.topology.n("epu.dead"), raw=True)
+def dead_letters(d: Loaded) -> DeadLetters:
+    """What the dead-letter queues hold (letters and their death notes), taken out."""
+    found = DeadLetters(Broker(d.admin_url, d.topology, declare=False, senders=SenderPolicy(d.prefix, True)))
+    found.take(0)
+    return found
 
 
-def wait_dead(d: Loaded, n: int = 1) -> list:
-    got: list = []
-    wait_for(lambda: got.extend(dead_letters(d)) or len(got) >= n, 30, interval=0.2, message=f"{n} dead letter(s)")
-    return got
+def wait_dead(d: Loaded, n: int = 1) -> list[DeathNote]:
+    """The next ``n`` death notes (trusted: each from its queue's reader). A refused snapshot leaves only
+    its note: the latest-value snapshot queue keeps no dead letters."""
+    found = dead_letters(d)
+    return wait_for(lambda: found.take(0) is not None and len(notes := found.trusted_notes()) >= n and notes, 30,
+                    interval=0.2, message=f"{n} death note(s)")
 
 
 def snap(domain: str, **over: object) -> SensorSnapshot:
@@ -100,8 +106,9 @@ def test_a_body_claiming_another_domain_than_its_key_is_dead_lettered(world: tup
         dead = wait_dead(d)
     finally:
         beta.close()
-    reason = dead[0].headers[REASON_HEADER]
+    reason = dead[0].reason
     assert "sender not allowed" in reason and "sensor.snapshot.beta" in reason and "'alpha'" in reason, reason
+    assert dead[0].sender == d.prefix + "epu-sensor-beta" and not dead[0].kept
     assert engine.engine.latest_snapshot("alpha") is None  # type: ignore[attr-defined]
     assert engine.engine.latest_snapshot("beta") is None, "nor is it beta's"  # type: ignore[attr-defined]
 
@@ -154,7 +161,7 @@ def test_a_message_sent_as_a_user_not_allowed_to_send_it_is_dead_lettered(world:
     finally:
         rabbitmqctl("set_topic_permissions", "-p", d.vhost, beta_user, ex,
                     r"^(sensor\.snapshot|node\.result)\.beta$", ".*")
-    reasons = sorted(x.headers[REASON_HEADER] for x in dead)
+    reasons = sorted(x.reason for x in dead)
     assert any(f"sensor.snapshot of domain 'alpha' sent by user '{beta_user}'" in r
                and f"{d.prefix}epu-sensor-alpha" in r for r in reasons), reasons
     assert any(f"instance.state of domain 'beta' sent by user '{beta_user}'" in r
@@ -222,11 +229,12 @@ def test_on_a_shared_user_broker_the_key_still_binds_the_domain(broker: Broker) 
                         broker.topology.events_exchange.name, "sensor.snapshot.beta", type_="sensor.snapshot")
         pub.publish(snap("beta"))
         wait_for(lambda: seen, 20, message="beta's own snapshot handled")
-        dead = wait_for(lambda: drain(broker, broker.topology.n("epu.dead"), raw=True), 20, message="dead letter")
+        found = DeadLetters(broker)
+        dead = wait_for(lambda: found.take(0) is not None and found.trusted_notes(), 20, message="death note")
     finally:
         pub.close()
         svc.stop()
         thread.join(15)
     assert seen == ["beta"]
-    reason = dead[0].headers[REASON_HEADER]
+    reason = dead[0].reason
     assert "routing key 'sensor.snapshot.beta'" in reason and "domain 'alpha'" in reason, reason

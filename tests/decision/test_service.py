@@ -11,12 +11,13 @@ from epu.common.broker import Publisher
 from epu.common.config import load_config
 from epu.common.messages import PolicyChange
 from epu.common.runtime import run_in_thread
-from epu.common.testing import get_raw, wait_for
+from epu.common.testing import wait_for
 from epu.common.topology import PROVISIONER_QUEUE
 from epu.services.decision.app import build_service
 
 from tests.decision.busutil import Tap, read_queue
 from tests.decision.helpers import jobs, snapshot
+from tests.support.dead import DeadLetters
 
 CONFIG = """
 [broker]
@@ -103,8 +104,9 @@ def test_undecodable_control_message_is_dead_lettered_engine_keeps_running(runni
     (out,) = wait_for(lambda: [o for o in tap.of("policy.outcome") if o.change_id == change_id], 10,
                       message="outcome after garbage")
     assert out.applied and thread.is_alive()
-    raw = get_raw(broker, topo.n("epu.dead"), timeout=10)
-    assert raw.body == b"\xc1garbage" and "not msgpack" in raw.headers["x-epu-reason"]
+    found = DeadLetters(broker)
+    (dead,) = wait_for(lambda: found.take(1), 10, message="the dead letter")
+    assert dead.body == b"\xc1garbage" and "not msgpack" in dead.reason
 
 
 def cli(*argv: str) -> int:
