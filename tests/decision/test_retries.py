@@ -16,7 +16,7 @@ def test_backoff_doubles_to_its_maximum_and_ends_with_a_success() -> None:
     assert r.waiting(19) == {("i", "add")} and r.waiting(20) == set()
     r.answered("i", "add", "c1", False, 5)  # the same answer again counts once
     assert r.next_end(0) == 20
-    for n, cid in enumerate(["c2", "c3", "c4", "c5", "c6"]):
+    for cid in ["c2", "c3", "c4", "c5", "c6"]:
         r.answered("i", "add", cid, False, 100)
     assert r.next_end(100) == 400  # 20, 40, 80, 160, 300 (capped), 300
     r.answered("i", "add", "c7", True, 101)
