@@ -25,7 +25,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    counting the outages longer than ``pipeline_gap_seconds``, the engine's stated resolution (a
    sensor down between two polls is invisible to anyone downstream).
 7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
-   engine commits a new action for the domain, whatever restarts and file edits happen.
+   engine commits a new action for the domain, whatever restarts and file edits happen; and at
+   the end every change an operator sent has been answered (applied or rejected) by an engine —
+   none lost, none dead-lettered as the message's fault while a store failed over.
 8. **Spend within the cap** — at every create, while a cap is set: the hourly prices of the
    domain's live VMs (world truth, priced as the scenario's catalogue prices their launch's type)
    within the domain's ``budget_per_hour``, and each site's within its own.
@@ -106,6 +108,8 @@ class Checker:
         self.max_epoch: dict[str, int] = {}
         self.paused = False
         """The operator's pause as last applied (PolicyOutcome), whatever an engine believes now."""
+        self.answered: set[str] = set()
+        """Ids of the operator's changes an engine answered (a PolicyOutcome, applied or not)."""
         self.store_of: dict[str, str] = {}
         """VM id → the store (database) of the provisioner that created it, at that time."""
         self.live_per_launch: dict[str, int] = {}
@@ -151,14 +155,15 @@ class Checker:
         elif isinstance(msg, PolicyChange) and msg.retire and sender is not None \
                 and getattr(sender, "kind", "") == "operator":
             self._retire_asked[msg.change_id] = list(msg.retire)
-        elif isinstance(msg, PolicyOutcome) and msg.applied and msg.domain == self.sim.domain and msg.config \
-                and sender is not None and getattr(sender, "kind", "") == "decision" \
+        elif isinstance(msg, PolicyOutcome) and sender is not None and getattr(sender, "kind", "") == "decision" \
                 and msg.change_id in self.sim.operator.changes:
-            self.paused = bool(msg.config.get("paused"))
-            # an operator's unforced terminate, applied: on its way out from now on (the engine stops
-            # counting it at once, while its drain may wait — its node lost from the collector, the
-            # breaker open; ``epu sim --seed 5008 --scenario htcondor-two-views``)
-            self.retiring.update(self._retire_asked.pop(msg.change_id, ()))
+            self.answered.add(msg.change_id)
+            if msg.applied and msg.domain == self.sim.domain and msg.config:
+                self.paused = bool(msg.config.get("paused"))
+                # an operator's unforced terminate, applied: on its way out from now on (the engine
+                # stops counting it at once, while its drain may wait — its node lost from the
+                # collector, the breaker open; ``epu sim --seed 5008 --scenario htcondor-two-views``)
+                self.retiring.update(self._retire_asked.pop(msg.change_id, ()))
 
     def on_foreign(self, msg: Message, sent: Any, queue: str) -> None:
         domain = getattr(msg, "domain", "")
@@ -384,6 +389,10 @@ class Checker:
         for fn in self.finishers:
             fn()
         sim = self.sim
+        unanswered = sorted(sim.operator.changes - self.answered)
+        if unanswered:
+            self.fail(7, f"{len(unanswered)} operator change(s) never answered (lost or dead-lettered): "
+                         f"{[c[:8] for c in unanswered[:3]]}")
         d = sim.scenario.domain
         inner = sim.batch.inner
         inner.advance()

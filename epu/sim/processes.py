@@ -74,6 +74,10 @@ class StoreFaults:
         self.failing_until = -1.0
         self.crash_next_write = False
         self.failed_writes = 0
+        self.failover_until = -1.0
+        self.failover_error: Callable[[str], Exception] | None = None
+        """While ``failover_until`` lies ahead, each write raises what this makes of its statement
+        (``faults.store_failover``: PostgreSQL's read-only and aborted-transaction answers)."""
 
     def attach(self, engine: SqlEngine, world: World, owner: Proc) -> None:
         @event.listens_for(engine, "before_cursor_execute")
@@ -95,6 +99,9 @@ class StoreFaults:
         if world.t < self.failing_until:
             self.failed_writes += 1
             raise OperationalError(statement, None, Exception("simulated: database is locked"))
+        if world.t < self.failover_until and self.failover_error is not None:
+            self.failed_writes += 1
+            raise self.failover_error(statement)
 
 
 class Proc:
