@@ -675,3 +675,22 @@ def context_broker_lossy() -> Scenario:
                     seeds_in_ci=2,
                     stresses="issue 26 defect 3: joins held until the address is known, addresses released on "
                              "termination, with the broker's input lossy")
+
+
+@scenario
+def context_broker_reopen() -> Scenario:
+    from epu.sim.context import ContextFaults
+
+    return Scenario("context-broker-reopen", "the context broker in the world while launches are closed failed "
+                    "and reopened: HTCondor, a create takes effect but its answer is lost, then the retry is "
+                    "refused for capacity (the launch closes failed while its node boots, joins the pool by itself "
+                    "and is reopened by reconciliation); the broker consumes instance events late and some lost",
+                    hours=3.0, domain=DomainSpec(max_nodes=100, flavor="htcondor"),
+                    sites=[SiteSpec("cloud-a", quota=60, faults=CloudFaults(
+                        lost_answer_rate=0.15, errors_after_lost_answer=1, capacity_after_lost_answer=True,
+                        listing_lag_seconds=90.0)), SiteSpec("cloud-b", quota=60, price=0.12)],
+                    workload=Workload(arrivals_per_hour=30.0, burst_per_hour=1.0, burst_jobs=(10, 30)),
+                    context=ContextFaults(adversary_per_hour=20.0, event_loss_rate=0.1, event_delay=(0.05, 60.0)),
+                    seeds_in_ci=3,
+                    stresses="issue 33 defect 5: the broker revoked a failed launch's credential for ever; the "
+                             "reopened node (never destroyed) could never join and its peers never listed it")
