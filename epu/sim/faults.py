@@ -479,6 +479,40 @@ def lost_command_answers(per_hour: float, count: tuple[int, int] = (1, 3)) -> Fa
     return _next_commands("batch/lostanswer", "answers_lost", per_hour, count)
 
 
+def condor_preemptions(per_hour: float, named_share: float = 0.5) -> Fault:
+    """HTCondor preemption without a drain (issue 33): at random times the cloud reclaims a running
+    worker at once — no interruption notice, no drain, no shutdown of EPU's in flight — and its
+    daemons withdraw their ads as the machine goes down, so the collector has none at once and the
+    sensor remembers no shutdown to ask about. ``named_share`` of the reclaims are listed as a spot
+    preemption (EC2's state reason: the instance ends ``preempted``); the rest just drop out of the
+    listings (a cloud that does not say why: the record is presumed gone, and the engine retires it
+    the safe way). Either way the node's ``remove`` must be answered within a bound — it was
+    answered "unknown" for ever, and the instance never left the engine's cleanup."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("condor/preempt")
+
+        def reclaim() -> None:
+            live = sorted((vm for vm in sim.batch.serving.values() if vm.terminated_at is None
+                           and vm.domain == sim.domain), key=lambda v: v.cloud_id)
+            if not live:
+                return
+            vm = rng.choice(live)
+            cloud = sim.clouds[vm.site]
+            cloud._accident(vm, "preempt" if rng.random() < named_share else "vanish")
+            sim.batch.withdraw_ads(vm)
+            sim.world.note(f"cloud reclaimed {vm.cloud_id} ({vm.cause}) without a drain; its ads withdrawn")
+
+        t = sim.world.start + 600.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end:
+                break
+            sim.world.at(t, reclaim, "fault condor preemption")
+
+    return fault
+
+
 # ---------------------------------------------------------------------- operators
 
 

@@ -18,7 +18,9 @@ engines committed and sent. Each check runs where the thing it judges happens:
    broker currently delivers the domain's input to (the single active consumer).
 5. **Convergence** — at the end of the quiet phase: no satisfiable job queued; live VMs down to
    what the policy keeps at rest; every provisioner store equals the cloud (no orphan, no
-   ghost) and so does the engine's instance table; no batch node without a live VM.
+   ghost) and so does the engine's instance table; no batch node without a live VM; every ended
+   instance has left the engine's cleanup (its batch node's removal answered: issue 33 — an
+   HTCondor node whose machine was reclaimed without a drain was sent ``remove`` for ever).
 6. **No blame for our own outage** — at every commit that backs a site off: at most one new
    failure per site, and an instance counted as stalled had ``stall_seconds`` of healthy
    pipeline (broker, provisioner, engine, sensor and batch controller up) since its launch —
@@ -430,6 +432,10 @@ class Checker:
         if ghosts:
             self.fail(5, f"{len(ghosts)} ghost record(s) without a live VM: "
                          f"{[(g[:8], records[g].state) for g in ghosts[:3]]}")
+        stuck = self._engine_cleanup(d.name)
+        if stuck:
+            self.fail(5, f"{len(stuck)} ended instance(s) still in the engine's cleanup at the end (their batch "
+                         f"node's removal never answered): {stuck[:3]}")
         engine_live = self._engine_live(d.name)
         if engine_live is not None:
             e_ghosts = sorted(set(engine_live) - set(live_ids))
@@ -462,6 +468,13 @@ class Checker:
                         and int(t.get("gpus", 0)) >= job.gpus and set(job.features) <= set(t.get("features", ()))):
                     prices.append(float(t.get("price_per_hour", 0.0)))
         return min(prices, default=float("inf"))
+
+    def _engine_cleanup(self, domain: str) -> list[tuple[str, str, str]]:
+        """(instance, state, node) of each ended instance the engine still means to clean up after."""
+        from epu.sim.processes import open_decision_store
+
+        store = open_decision_store(self.sim.decision_db)
+        return [(i.instance_id[:8], i.state, i.node_name) for i in store.cleanup(domain)]
 
     def _engine_live(self, domain: str) -> dict[str, str] | None:
         from epu.sim.processes import open_decision_store

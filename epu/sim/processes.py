@@ -35,6 +35,7 @@ from sqlalchemy.exc import OperationalError
 
 from epu.common.config import EpuConfig
 from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
+from epu.common.runtime import infrastructure
 from epu.services.decision.engine import Engine
 from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.store import Store as DecisionStore
@@ -163,7 +164,16 @@ class Proc:
         self.aware = self.link_up and self.bus.broker_up
         self.stats.starts += 1
         self.world.note(f"start {self.name}")
-        self.boot()
+        try:
+            self.boot()
+        except Exception as exc:
+            if infrastructure(exc) != "transient":
+                raise
+            # the service exits at start (its database refused the start's write: a failover) and
+            # its supervisor starts it again, as systemd's Restart= does: a crash, restarted by
+            # whoever restarts this process's crashes
+            self.crash(f"start failed: {type(exc).__name__}")
+            return
         self.bus.flush()
 
     def boot(self) -> None:

@@ -301,6 +301,18 @@ def htcondor_names() -> Scenario:
 
 
 @scenario
+def htcondor_preemption() -> Scenario:
+    return Scenario("htcondor-preemption", "HTCondor: the cloud reclaims running workers without a drain or a "
+                    "notice, their ads withdrawn at once; half the reclaims named in the listings (spot), half not "
+                    "(the node just drops out); an operator force-terminates now and then",
+                    hours=4.0, domain=DomainSpec(flavor="htcondor"),
+                    faults=[F.condor_preemptions(3.0), F.operator_actions(0.5, terminate_share=1.0, pause_share=0.0,
+                                                                          force_share=1.0)],
+                    stresses="issue 33 defect 6: a reclaimed worker with no ad and no shutdown of ours was answered "
+                             "'unknown' for every remove: sent remove for ever, its instance never leaving cleanup")
+
+
+@scenario
 def htcondor_drains() -> Scenario:
     return Scenario("htcondor-drains", "HTCondor with a retirement time of 0: nodes offlined the moment they "
                     "look idle (a job may start there meanwhile), drains as the real backend sends them",
