@@ -49,7 +49,13 @@ from epu.services.sensor.backend import (
     check_action,
     check_node_name,
 )
-from epu.services.sensor.htcondor.removal import ABSENT_CONFIRM_SECONDS, Absences, RemovalFacts, RemovalStep, removal_step
+from epu.services.sensor.htcondor.removal import (
+    ABSENT_CONFIRM_SECONDS,
+    Absences,
+    RemovalFacts,
+    RemovalStep,
+    removal_step,
+)
 from epu.services.sensor.simulated import SimulatedBatch, mismatched_add
 from epu.sim.cloud import VM
 from epu.sim.world import World, WorldClock
