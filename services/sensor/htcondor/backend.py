@@ -161,7 +161,7 @@ class HTCondorBackend:
                    read_format=str(opts.get("read_format", "bindings")),
                    runner=CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"),
                    shutdown_state_path=opts.get("shutdown_state_path"),
-                   absent_confirm_seconds=float(opts.get("absent_confirm_seconds", ABSENT_CONFIRM_SECONDS)))
+                   absent_confirm_seconds=_seconds(opts, "absent_confirm_seconds", ABSENT_CONFIRM_SECONDS))
 
     # ------------------------------------------------------------------ daemons
     def collector(self) -> Any:
@@ -348,6 +348,15 @@ class HTCondorBackend:
         except Exception as exc:
             return False if UNREACHABLE.lower() in str(exc).lower() else None
         return True
+
+
+def _seconds(opts: dict[str, Any], key: str, default: float) -> float:
+    """A number of seconds from ``[sensor.options]``, or an error that names the key."""
+    value = opts.get(key, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"[sensor.options] {key} must be a number of seconds, not {value!r}") from None
 
 
 def classify_condor_error(exc: BaseException) -> str:

@@ -437,5 +437,6 @@ def test_any_ad_or_job_starts_the_absence_clock_again(condor: FakeCondor) -> Non
 def test_absent_confirm_seconds_comes_from_the_options() -> None:
     b = HTCondorBackend.from_options({"absent_confirm_seconds": 1200, "read_format": "af"})
     assert b.absent_confirm_seconds == 1200.0
-    with pytest.raises(ValueError, match="absent_confirm_seconds"):
-        HTCondorBackend.from_options({"absent_confirm_seconds": 0, "read_format": "af"})
+    for bad in (0, -5, "soon"):
+        with pytest.raises(ValueError, match="absent_confirm_seconds"):
+            HTCondorBackend.from_options({"absent_confirm_seconds": bad, "read_format": "af"})
