@@ -16,9 +16,10 @@ not advertising: its machine is gone (the cloud preempted it or it vanished, and
 ours was ever in flight to tell us). Both of the batch system's own views — its node list, the
 collector, and its job list, the schedd — then say it is not there, and the remove is answered
 done (issue 33: such a node was answered "unknown" for ever — 144 removes a day for one
-preempted worker, its instance never leaving the engine's cleanup). A node without an ad can be
-matched to no job, so the answer cannot race a new job onto it. Any ad, or any job the schedd
-lists there, starts the clock again (``Absences``).
+preempted worker, its instance never leaving the engine's cleanup). A node without an ad is
+matched to no new job; the one race left is a startd silent that long whose ad comes back in the
+seconds between this answer and its VM's terminate. Any ad, or any job the schedd lists there,
+starts the clock again (``Absences``).
 
 The real backend gathers the facts and this function decides; the simulated HTCondor answers
 through the same function, with the same memory.
