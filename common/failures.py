@@ -17,7 +17,10 @@ installed. Those used to be retried forever under the broad ``OSError`` and
   dead-lettered with the reason).
 
 Databases are judged by their own codes: PostgreSQL's SQLSTATE classes, SQLite's messages (its
-Python errors carry no code before 3.11's ``sqlite_errorname``, which is read when present).
+Python errors carry no code before 3.11's ``sqlite_errorname``, which is read when present). A
+read-only *PostgreSQL* transaction is transient (a failover: the pool still points at the old
+primary or a standby), a read-only *SQLite* file permanent (its mode or mount: only an operator
+changes it).
 Operating-system errors by ``errno``: a missing or forbidden path is permanent, the network's
 errors (refused, reset, unreachable, timed out) are transient.
 """
@@ -36,7 +39,13 @@ _PG_PERMANENT_CLASSES = ("42", "28", "3D", "3F", "0A", "2B")
 #: ... and those that pass (connection, rollback of a serialization or deadlock, resources,
 #: operator intervention such as a restart, system I/O, a lock not available).
 _PG_TRANSIENT_CLASSES = ("08", "40", "53", "57", "58")
-_PG_TRANSIENT_CODES = ("55P03", "55006")
+#: ... and single codes of other classes: a lock or object in use (``55P03``, ``55006``); a
+#: read-only transaction (``25006``: the session reached a standby, or the old primary after a
+#: failover, until the pool reconnects to the new primary); a transaction already aborted
+#: (``25P02``: an earlier statement of it failed, typically on the connection the failover cut
+#: — the next transaction on a fresh connection goes through). Both used to be "the message's":
+#: an operator's change was dead-lettered after three tries in 0.6 s (issue 33, defect 7).
+_PG_TRANSIENT_CODES = ("55P03", "55006", "25006", "25P02")
 #: What a server answers at login, in a connection error that carries no SQLSTATE (psycopg).
 _PG_LOGIN_REFUSALS = ("does not exist", "password authentication failed", "no pg_hba.conf entry",
                       "permission denied", "authentication failed")

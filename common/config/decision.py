@@ -70,10 +70,14 @@ class DomainConfig(DomainCatalogue):
     cores_per_node: int = Field(1, ge=1)
     paused: bool = False
     max_nodes_ceiling: int | None = Field(None, ge=0)
-    """The most ``max_nodes`` (and ``min_nodes``) a run-time policy change may set for this
-    domain. Default: the sum of the quotas of the domain's sites (or the file's own
-    ``max_nodes``, if larger). A change beyond it is
-    rejected with the reason, so one mistyped number cannot plan a million launches."""
+    """The most ``max_nodes`` (and ``min_nodes``) this domain may have, in the file and by a
+    run-time policy change alike (``services.decision.changes.nodes_ceiling``). Default: the sum
+    of the quotas of the domain's sites. A file whose ``max_nodes`` is above it is refused at
+    start (``epu config check``, ``epu run decision``) with the key and the bound — a bound the
+    clouds can never give is a misreading of capacity, and the file's number must not become the
+    ceiling, or one mistyped ``max_nodes`` would let run-time changes plan a million launches.
+    To allow more than the quotas (quotas about to be raised), set this explicitly. A change
+    beyond it is rejected with the reason."""
     node_names: list[str] = Field(default_factory=list)
     """Names for new workers, first free one first: the batch system's pre-declared slots
     (e.g. Slurm ``NodeName=... State=CLOUD`` lines). Empty: ``<domain>-<launch id>``. A name

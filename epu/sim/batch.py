@@ -49,7 +49,13 @@ from epu.services.sensor.backend import (
     check_action,
     check_node_name,
 )
-from epu.services.sensor.htcondor.removal import RemovalFacts, RemovalStep, removal_step
+from epu.services.sensor.htcondor.removal import (
+    ABSENT_CONFIRM_SECONDS,
+    Absences,
+    RemovalFacts,
+    RemovalStep,
+    removal_step,
+)
 from epu.services.sensor.simulated import SimulatedBatch, mismatched_add
 from epu.sim.cloud import VM
 from epu.sim.world import World, WorldClock
@@ -120,6 +126,10 @@ class SimBatchSystem:
         """HTCondor node → the VM whose master was sent a peaceful shutdown (still running)."""
         self.exited: set[str] = set()
         """VM ids whose HTCondor master exited after its peaceful shutdown."""
+        self.absences = Absences()
+        """HTCondor node → since when a remove found it with no ad and no job (the backend's memory)."""
+        self.absent_confirm_seconds = ABSENT_CONFIRM_SECONDS
+        self.clock = clock
         self.inner = SimulatedBatch(clock)
         self.inner.group_at_source = True  # shapes, not a record per pending job (see SimulatedBatch)
         self.inner.sample_jobs = 0
@@ -214,6 +224,12 @@ class SimBatchSystem:
         node = self.inner.node(name)
         if node is not None and node.down and name not in self.serving:
             self.inner.execute("remove", name, force=True)
+
+    def withdraw_ads(self, vm: VM) -> None:
+        """HTCondor: the daemons of a machine that shuts down withdraw their ads (an invalidation to
+        the collector) — a gone node's ads go at once, not after ``CLASSAD_LIFETIME``."""
+        if self.flavor == "htcondor":
+            self._expire(self.batch_name(vm.name))
 
     def _killed(self, job_id: str, node: str, why: str) -> None:
         self.stats.kills.append(Kill(self.world.t, job_id, node, why))
@@ -373,15 +389,22 @@ class SimBatchSystem:
         answers = None
         if not master_seen and sent and (force or not jobs):
             answers = self._master_alive(name)
+        absent = 0.0
+        if (node is not None and seen) or master_seen or sent or jobs:  # an ad, a job, a shutdown of ours
+            self.absences.present(name)
+        else:
+            absent = self.absences.absent(name, self.clock.monotonic())
         step = self.remove_decision(RemovalFacts(node=name, force=force, schedd_jobs=jobs, busy_slots=busy,
                                                  master_seen=master_seen, shutdown_sent=sent,
-                                                 master_answers=answers))
+                                                 master_answers=answers, absent_seconds=absent,
+                                                 absent_confirm_seconds=self.absent_confirm_seconds))
         if step.send_shutdown and vm is not None and vm.cloud_id not in self.exited:
             self.shutdowns[name] = vm.cloud_id
             if node is not None and not node.offline:
                 self.inner.execute("offline", name, reason="peaceful shutdown")  # no new job starts
             self._progress_shutdowns()
         if step.outcome.ok:
+            self.absences.present(name)
             if vm is not None:
                 self.retired.add(vm.cloud_id)
             node = self.inner.node(name)

@@ -14,8 +14,13 @@ What it models (and why each matters to the invariants):
   when its connection goes, the broker hands the queue to the next one;
 * competing consumers (the provisioners' queue): round robin over the connected ones;
 * manual acks: a consumer that crashes while handling a message leaves it unacked, and the
-  broker redelivers it; a handler that raises is retried ``max_attempts`` times with the
-  runtime's backoff, then dead-lettered (``common.runtime.Service._handle``);
+  broker redelivers it; a handler that raises is judged by the runtime's own rule
+  (``common.runtime.infrastructure``, as ``common.runtime.Service._handle`` judges it): an
+  infrastructure failure that passes (a database failing over, locked, read-only) is retried in
+  place with the runtime's backoff until it succeeds, later messages for that consumer waiting
+  behind it; any other is retried ``max_attempts`` times in all, then dead-lettered. Not modelled:
+  the runtime's one work thread also holds the service's other queues and timers meanwhile, and a
+  failure no wait cures stops the consumer (no fault of the simulator raises one);
 * faults (``MessageFaults``): every delivery may be delayed, duplicated or lost, and with
   enough jitter messages overtake each other (reordering); the broker itself may be down
   (publishes fail, nothing is delivered) and one process's connection may drop;
@@ -44,6 +49,7 @@ from typing import Any, NamedTuple
 
 from epu.common.deadletters import DeathNote, LetterFacts, requeue_refusal
 from epu.common.messages import Message
+from epu.common.runtime import RuntimeSettings, infrastructure
 from epu.common.senders import SenderPolicy
 from epu.common.topology import DEAD_LETTER_EXCHANGE, DEFAULT_TOPOLOGY
 from epu.sim.world import World
@@ -129,6 +135,9 @@ class Consumer:
     owner: Any
     """The process (``processes.Proc``) that consumes; its ``connected`` says if it can receive."""
     handler: Callable[[Message], None]
+    holding: bool = False
+    """A delivery of this consumer is being retried in place (a transient failure): the next
+    ones wait in the broker behind it, as the runtime's work thread holds them."""
 
 
 @dataclass
@@ -186,6 +195,8 @@ class BusStats:
     lost: int = 0
     dead_lettered: int = 0
     redelivered: int = 0
+    transient_retries: int = 0
+    """Handler failures of the infrastructure's, retried in place until they succeed."""
     refused_publishes: int = 0
     """Publishes beyond the sender's permissions (refused by the broker)."""
     refused_senders: int = 0
@@ -257,8 +268,9 @@ def route(msg: Message) -> tuple[str, ...]:
 
 
 class Bus:
-    MAX_ATTEMPTS = 3
-    RETRY_BASE = 0.2
+    MAX_ATTEMPTS = RuntimeSettings.max_attempts
+    RETRY_BASE = RuntimeSettings.retry_base_seconds
+    RETRY_MAX = RuntimeSettings.retry_max_seconds
 
     def __init__(self, world: World, faults: MessageFaults | None = None) -> None:
         self.world = world
@@ -430,18 +442,27 @@ class Bus:
             self._wait(q, msg, attempt, sent)
             return
         c = q.pick()
-        if c is None or not c.owner.receiving:
-            # nobody to deliver to, or the broker's consumer cannot be reached (its link is
-            # down and the broker has not noticed yet): the message waits, unacked
+        if c is None or not c.owner.receiving or c.holding:
+            # nobody to deliver to, the broker's consumer cannot be reached (its link is down and
+            # the broker has not noticed yet), or it is retrying a message in place: the message
+            # waits, unacked
             self._wait(q, msg, attempt, sent)
             return
         self._deliver_to(q, c, msg, attempt, sent)
 
     def _retry(self, q: SimQueue, c: Consumer, msg: Message, attempt: int, sent: Sent | None) -> None:
         if not (self.broker_up and c.owner.receiving and c.owner.registered):
-            self._wait(q, msg, attempt, sent)  # unacked when the connection went: redelivered
+            held, c.holding = c.holding, False
+            if not (held and q.latest_value and q.backlog):  # a newer snapshot replaced it
+                self._wait(q, msg, attempt, sent)  # unacked when the connection went: redelivered
             return
         self._deliver_to(q, c, msg, attempt, sent)
+
+    def _release(self, q: SimQueue, c: Consumer) -> None:
+        """A retry in place ended: what waited behind it is delivered."""
+        if c.holding:
+            c.holding = False
+            self.flush(q)
 
     def _refused(self, q: SimQueue, msg: Message, sent: Sent | None) -> bool:
         """The consumer's runtime checks the sender (``Service._refused_sender``) — the same rule —
@@ -481,19 +502,27 @@ class Bus:
                 a()
         except Crash:
             self.stats.redelivered += 1
+            c.holding = False
             c.owner.crash("while handling " + msg.TYPE)
             self._wait(q, msg, 1, sent)
             self.flush(q)
         except Exception as exc:
-            if attempt >= self.MAX_ATTEMPTS:
+            transient = infrastructure(exc) == "transient"
+            if not transient and attempt >= self.MAX_ATTEMPTS:
                 self.stats.dead_lettered += 1
                 self.world.note(f"dead-lettered {msg.TYPE} from {q.name}: {type(exc).__name__}")
                 c.owner.dead_letter(msg, exc)
                 if sent is not None:
                     self._keep(q, msg, sent, f"handler failed after {attempt} attempts: {type(exc).__name__}: {exc}")
+                self._release(q, c)
                 return
-            self.world.call_after(self.RETRY_BASE * 2 ** (attempt - 1),
+            if transient:
+                self.stats.transient_retries += 1
+            c.holding = True
+            self.world.call_after(min(self.RETRY_BASE * 2 ** (attempt - 1), self.RETRY_MAX),
                                   lambda: self._retry(q, c, msg, attempt + 1, sent), f"retry {msg.TYPE}")
+        else:
+            self._release(q, c)
 
     # ------------------------------------------------------------------ dead letters
     def _keep(self, q: SimQueue, msg: Message, sent: Sent, reason: str) -> None:

@@ -51,6 +51,10 @@ class CloudFaults:
     """After a lost create answer, this many following create calls fail with a 503 — the
     provisioner's retries run out and its launch closes ``failed`` while the node boots (and, on
     HTCondor, joins by itself and takes jobs)."""
+    capacity_after_lost_answer: bool = False
+    """Those calls fail with InsufficientInstanceCapacity instead (the lost node took the last
+    slot): not transient, so the launch closes ``failed`` at once, and the provisioner's
+    reconciliation later finds the node alive and reopens the launch."""
     listing_lag_seconds: float = 0.0
     """A new node appears in listings only up to this long after its create (EC2's eventual
     consistency): a lookup by tag right after a lost answer finds nothing."""
@@ -271,6 +275,9 @@ class SimCloud:
         if self._errors_left > 0 and self.enabled:
             self._errors_left -= 1
             self.stats.errors += 1
+            if f.capacity_after_lost_answer:
+                raise LibcloudError("InsufficientInstanceCapacity: simulated: no capacity after a lost create "
+                                    "answer", None)
             raise BaseHTTPError(503, "ServiceUnavailable: simulated: the API fails after a lost create answer")
         if token and token in self.by_token:
             return self.vms[self.by_token[token]]

@@ -13,14 +13,19 @@ Who joins:
   its own address ``HEAD_IP``;
 * every VM of the domain once it runs: its agent joins with its own credential (its host name
   and launch id), its fqdn under the context's domain and the address the cloud gave it; a join
-  held for the address (``AddressUnknown``) is retried after ``Retry-After``, as the agent does;
+  held for the address (``AddressUnknown``) is retried after ``Retry-After``, and a refused one
+  (its instance reported failed or terminated) with the agent's backoff (0.5 s doubling to 30 s,
+  jittered), as the agent does (``agent.Agent._retrying``), until its VM is gone;
 * an **adversary**: a job on a running worker, which holds that worker's credential (userdata
   is readable by any job), tries now and then to join with the head's names or address, another
   member's address, or another live VM's address.
 
 Invariant 9 (``invariants.py``) is checked at every accepted join and at the end: the broker's
 list, folded as an agent folds it (``core.fold``: every member's cluster view), names each host
-only with the names and address its own instance has.
+only with the names and address its own instance has; and every live VM of the domain that no
+engine or operator is retiring is listed within ``listed_within`` of its boot (and at the end) —
+a node whose launch was closed failed and then reopened (its create took effect, the answer was
+lost) joins again, and its peers list it (issue 33, defect 5).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ HEAD = "head"
 HEAD_IP = "10.255.255.254"
 """Outside the range the simulated clouds give VMs (``VM.ip``)."""
 RETRY_AFTER = 5.0
+BACKOFF = (0.5, 30.0)
+"""The agent's backoff after a refused join: ``backoff_initial``, doubling to ``backoff_max``."""
 SSH_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")
 
 
@@ -76,6 +83,8 @@ class ContextStats:
     forged_refused: int = 0
     leaves: int = 0
     refusals: dict[str, int] = field(default_factory=dict)
+    unlisted: int = 0
+    """Live VMs missing from the context at the end (invariant 9)."""
 
 
 class ContextWorld:
@@ -99,6 +108,7 @@ class ContextWorld:
         for cloud in sim.clouds.values():
             cloud.on_running.append(self._vm_running)
         sim.checker.finishers.append(self.check)
+        sim.checker.finishers.append(self.check_listed)
         sim.closers.append(self.store.close)
         self.world.call_after(1.0, self._head_joins, "ctx head joins")
         self._schedule_adversary()
@@ -143,26 +153,32 @@ class ContextWorld:
         if vm.domain != self.sim.domain or lid is None or lid in self._vms:
             return
         self._vms[lid] = vm
+        self.world.call_after(self.listed_within, lambda: self._check_listed(vm), "ctx listed check")
         lo, hi = self.faults.agent_start
-        self.world.call_after(lo + self._rng.random() * (hi - lo), lambda: self._agent_join(vm), "ctx agent join")
+        self.world.call_after(lo + self._rng.random() * (hi - lo), lambda: self._agent_join(vm, BACKOFF[0]),
+                              "ctx agent join")
 
     def honest_fields(self, vm: VM) -> dict[str, Any]:
         host = short_hostname(vm.name)
         return {"hostname": host, "fqdn": f"{host}.{DOMAIN}", "ip": vm.ip, "ssh_host_key": SSH_KEY,
                 "instance_id": vm.launch_id}
 
-    def _agent_join(self, vm: VM) -> None:
+    def _agent_join(self, vm: VM, delay: float) -> None:
         if vm.terminated_at is not None:
             return
         fields = self.honest_fields(vm)
         why = self._join(NodeIdentity(fields["hostname"], vm.launch_id or ""), fields)
         if why.startswith("held"):
             self.stats.held += 1
-            self.world.call_after(RETRY_AFTER * (0.5 + self._rng.random() / 2), lambda: self._agent_join(vm),
+            self.world.call_after(RETRY_AFTER * (0.5 + self._rng.random() / 2), lambda: self._agent_join(vm, delay),
                                   "ctx agent retry")
             return
         if why:
-            self.stats.honest_refused += 1  # a join after the instance was reported gone: refused, rightly
+            # its instance reported gone (terminated: rightly, for good; failed: until the launch is
+            # reopened): the agent retries with its backoff while the machine lives
+            self.stats.honest_refused += 1
+            self.world.call_after(delay * (0.5 + self._rng.random() / 2),
+                                  lambda: self._agent_join(vm, min(BACKOFF[1], delay * 2)), "ctx agent retry")
             return
         self.stats.joins += 1
         self._joined.add(vm.launch_id or "")
@@ -209,6 +225,40 @@ class ContextWorld:
         self.stats.refusals[kind] = self.stats.refusals.get(kind, 0) + 1
 
     # ------------------------------------------------------------------ invariant 9
+    @property
+    def listed_within(self) -> float:
+        """How soon a live VM must be listed: its agent's start, a failed launch's reopening (the
+        provisioner's reconciliations, three of them), the broker's late consumption and the
+        agent's longest backoff."""
+        f = self.faults
+        return f.agent_start[1] + 3 * self.sim.scenario.timing.reconcile_seconds + f.event_delay[1] + BACKOFF[1]
+
+    def _unlisted(self, vm: VM) -> bool:
+        """A live VM no one is retiring that is not a member of every peer's view."""
+        lid = vm.launch_id or ""
+        if vm.terminated_at is not None or lid in self.sim.checker.retiring:
+            return False
+        return lid not in {m.instance_id for m in fold(self.store.entries(CONTEXT_ID)).values()}
+
+    def _check_listed(self, vm: VM) -> None:
+        if vm.terminated_at is not None:
+            return
+        if self._unlisted(vm):
+            self.stats.unlisted += 1
+            self.sim.checker.fail(9, f"live VM {short_hostname(vm.name)} ({vm.launch_id}) is not in the context "
+                                     f"{self.listed_within:.0f}s after it booted (no one is retiring it)")
+            return
+        self.world.call_after(self.listed_within, lambda: self._check_listed(vm), "ctx listed check")
+
+    def check_listed(self) -> None:
+        """At the end: every live VM of the domain booted ``listed_within`` ago is listed."""
+        missing = [vm for _, vm in sorted(self._vms.items())
+                   if self.world.t - vm.boot_at > self.listed_within and self._unlisted(vm)]
+        if missing:
+            self.stats.unlisted += len(missing)
+            self.sim.checker.fail(9, f"{len(missing)} live VM(s) missing from the context at the end: "
+                                     f"{[(short_hostname(v.name), v.launch_id) for v in missing[:3]]}")
+
     def check(self) -> None:
         """Every member's cluster view names each host only with its own names and address."""
         view = fold(self.store.entries(CONTEXT_ID))

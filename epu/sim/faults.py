@@ -218,6 +218,73 @@ def store_write_failures(per_hour: float, length: tuple[float, float] = (1.0, 10
     return fault
 
 
+class FailoverError(Exception):
+    """What the PostgreSQL driver raises during a failover (psycopg's ``ReadOnlySqlTransaction``,
+    ``InFailedSqlTransaction``, ``AdminShutdown``): ``common.failures`` judges it by its SQLSTATE
+    alone, as it judges the real one."""
+
+    def __init__(self, sqlstate: str, text: str) -> None:
+        super().__init__(text)
+        self.sqlstate = sqlstate
+
+
+#: (SQLSTATE, message, SQLAlchemy wrapper, weight): what a writer meets while the primary fails
+#: over — its session cut (57P01), the demoted primary or a standby answering read-only (25006),
+#: a transaction an earlier failure aborted (25P02).
+_FAILOVER_ANSWERS = (
+    ("57P01", "terminating connection due to administrator command", "OperationalError", 0.1),
+    ("25006", "cannot execute INSERT in a read-only transaction", "InternalError", 0.7),
+    ("25P02", "current transaction is aborted, commands ignored until end of transaction block",
+     "InternalError", 0.2),
+)
+
+
+def store_failover(per_hour: float, length: tuple[float, float] = (20.0, 120.0), which: str = "decision",
+                   pause_during: bool = True) -> Fault:
+    """A PostgreSQL failover (issue 33, defect 7): for ``length`` seconds every write to the
+    engines' (``which="decision"``), the provisioners' or both stores is answered as a client
+    meets a failover — its session cut, then read-only (SQLSTATE 25006) or aborted-transaction
+    (25P02) answers — while reads go on. With ``pause_during`` an operator pauses the domain a
+    few seconds into each window (the change in flight while nothing can be stored) and resumes
+    it a while after: each must be applied once the database takes writes again (invariant 7),
+    never dead-lettered as the message's fault."""
+
+    def fault(sim: Simulation) -> None:
+        from sqlalchemy import exc as sa
+
+        targets = []
+        if which in ("both", "decision"):
+            targets.append(sim.decision_faults)
+        if which in ("both", "provisioner"):
+            targets += list(sim.provisioner_faults.values())
+        rng = sim.world.rng("store/failover")
+        weights = [w for *_, w in _FAILOVER_ANSWERS]
+
+        def answer(statement: str) -> Exception:
+            state, text, wrapper, _ = rng.choices(_FAILOVER_ANSWERS, weights)[0]
+            return getattr(sa, wrapper)(statement, None, FailoverError(state, f"simulated: {text}"))
+
+        def start() -> None:
+            for f in targets:
+                f.failover_until = float("inf")
+                f.failover_error = answer
+            sim.world.note("store failover: writes answered read-only")
+            if pause_during and sim.world.t < sim.fault_end - 120.0:
+                sim.world.after(rng.uniform(1.0, 15.0), lambda: _change(sim, paused=True), "operator pause (failover)")
+
+        def stop() -> None:
+            for f in targets:
+                f.failover_until = -1.0
+            sim.world.note("store failover over: writes taken")
+            if pause_during:
+                back = min(sim.world.t + rng.uniform(30.0, 600.0), sim.fault_end - 30.0)
+                sim.world.at(max(back, sim.world.t), lambda: _change(sim, paused=False), "operator resume (failover)")
+
+        _episodes(sim, "store/failover", per_hour, length, start, stop)
+
+    return fault
+
+
 # ---------------------------------------------------------------------- batch system
 
 
@@ -410,6 +477,40 @@ def command_failures(per_hour: float, count: tuple[int, int] = (1, 4)) -> Fault:
 def lost_command_answers(per_hour: float, count: tuple[int, int] = (1, 3)) -> Fault:
     """The next few node commands take effect but answer with a timeout (``BatchFaults.answers_lost``)."""
     return _next_commands("batch/lostanswer", "answers_lost", per_hour, count)
+
+
+def condor_preemptions(per_hour: float, named_share: float = 0.5) -> Fault:
+    """HTCondor preemption without a drain (issue 33): at random times the cloud reclaims a running
+    worker at once — no interruption notice, no drain, no shutdown of EPU's in flight — and its
+    daemons withdraw their ads as the machine goes down, so the collector has none at once and the
+    sensor remembers no shutdown to ask about. ``named_share`` of the reclaims are listed as a spot
+    preemption (EC2's state reason: the instance ends ``preempted``); the rest just drop out of the
+    listings (a cloud that does not say why: the record is presumed gone, and the engine retires it
+    the safe way). Either way the node's ``remove`` must be answered within a bound — it was
+    answered "unknown" for ever, and the instance never left the engine's cleanup."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("condor/preempt")
+
+        def reclaim() -> None:
+            live = sorted((vm for vm in sim.batch.serving.values() if vm.terminated_at is None
+                           and vm.domain == sim.domain), key=lambda v: v.cloud_id)
+            if not live:
+                return
+            vm = rng.choice(live)
+            cloud = sim.clouds[vm.site]
+            cloud._accident(vm, "preempt" if rng.random() < named_share else "vanish")
+            sim.batch.withdraw_ads(vm)
+            sim.world.note(f"cloud reclaimed {vm.cloud_id} ({vm.cause}) without a drain; its ads withdrawn")
+
+        t = sim.world.start + 600.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end:
+                break
+            sim.world.at(t, reclaim, "fault condor preemption")
+
+    return fault
 
 
 # ---------------------------------------------------------------------- operators

@@ -18,14 +18,18 @@ engines committed and sent. Each check runs where the thing it judges happens:
    broker currently delivers the domain's input to (the single active consumer).
 5. **Convergence** — at the end of the quiet phase: no satisfiable job queued; live VMs down to
    what the policy keeps at rest; every provisioner store equals the cloud (no orphan, no
-   ghost) and so does the engine's instance table; no batch node without a live VM.
+   ghost) and so does the engine's instance table; no batch node without a live VM; every ended
+   instance has left the engine's cleanup (its batch node's removal answered: issue 33 — an
+   HTCondor node whose machine was reclaimed without a drain was sent ``remove`` for ever).
 6. **No blame for our own outage** — at every commit that backs a site off: at most one new
    failure per site, and an instance counted as stalled had ``stall_seconds`` of healthy
    pipeline (broker, provisioner, engine, sensor and batch controller up) since its launch —
    counting the outages longer than ``pipeline_gap_seconds``, the engine's stated resolution (a
    sensor down between two polls is invisible to anyone downstream).
 7. **Operators are obeyed** — while an operator's pause is in force (applied, not resumed), no
-   engine commits a new action for the domain, whatever restarts and file edits happen.
+   engine commits a new action for the domain, whatever restarts and file edits happen; and at
+   the end every change an operator sent has been answered (applied or rejected) by an engine —
+   none lost, none dead-lettered as the message's fault while a store failed over.
 8. **Spend within the cap** — at every create, while a cap is set: the hourly prices of the
    domain's live VMs (world truth, priced as the scenario's catalogue prices their launch's type)
    within the domain's ``budget_per_hour``, and each site's within its own.
@@ -130,6 +134,8 @@ class Checker:
         self.max_epoch: dict[str, int] = {}
         self.paused = False
         """The operator's pause as last applied (PolicyOutcome), whatever an engine believes now."""
+        self.answered: set[str] = set()
+        """Ids of the operator's changes an engine answered (a PolicyOutcome, applied or not)."""
         self.store_of: dict[str, str] = {}
         """VM id → the store (database) of the provisioner that created it, at that time."""
         self.live_per_launch: dict[str, int] = {}
@@ -197,14 +203,15 @@ class Checker:
         elif isinstance(msg, PolicyChange) and msg.retire and sender is not None \
                 and getattr(sender, "kind", "") == "operator":
             self._retire_asked[msg.change_id] = list(msg.retire)
-        elif isinstance(msg, PolicyOutcome) and msg.applied and msg.domain == self.sim.domain and msg.config \
-                and sender is not None and getattr(sender, "kind", "") == "decision" \
+        elif isinstance(msg, PolicyOutcome) and sender is not None and getattr(sender, "kind", "") == "decision" \
                 and msg.change_id in self.sim.operator.changes:
-            self.paused = bool(msg.config.get("paused"))
-            # an operator's unforced terminate, applied: on its way out from now on (the engine stops
-            # counting it at once, while its drain may wait — its node lost from the collector, the
-            # breaker open; ``epu sim --seed 5008 --scenario htcondor-two-views``)
-            self.retiring.update(self._retire_asked.pop(msg.change_id, ()))
+            self.answered.add(msg.change_id)
+            if msg.applied and msg.domain == self.sim.domain and msg.config:
+                self.paused = bool(msg.config.get("paused"))
+                # an operator's unforced terminate, applied: on its way out from now on (the engine
+                # stops counting it at once, while its drain may wait — its node lost from the
+                # collector, the breaker open; ``epu sim --seed 5008 --scenario htcondor-two-views``)
+                self.retiring.update(self._retire_asked.pop(msg.change_id, ()))
 
     def on_foreign(self, msg: Message, sent: Any, queue: str) -> None:
         domain = getattr(msg, "domain", "")
@@ -485,6 +492,10 @@ class Checker:
         for fn in self.finishers:
             fn()
         sim = self.sim
+        unanswered = sorted(sim.operator.changes - self.answered)
+        if unanswered:
+            self.fail(7, f"{len(unanswered)} operator change(s) never answered (lost or dead-lettered): "
+                         f"{[c[:8] for c in unanswered[:3]]}")
         d = sim.scenario.domain
         inner = sim.batch.inner
         inner.advance()
@@ -522,6 +533,10 @@ class Checker:
         if ghosts:
             self.fail(5, f"{len(ghosts)} ghost record(s) without a live VM: "
                          f"{[(g[:8], records[g].state) for g in ghosts[:3]]}")
+        stuck = self._engine_cleanup(d.name)
+        if stuck:
+            self.fail(5, f"{len(stuck)} ended instance(s) still in the engine's cleanup at the end (their batch "
+                         f"node's removal never answered): {stuck[:3]}")
         engine_live = self._engine_live(d.name)
         if engine_live is not None:
             e_ghosts = sorted(set(engine_live) - set(live_ids))
@@ -555,6 +570,13 @@ class Checker:
                         and int(t.get("gpus", 0)) >= job.gpus and set(job.features) <= set(t.get("features", ()))):
                     prices.append(float(t.get("price_per_hour", 0.0)))
         return min(prices, default=float("inf"))
+
+    def _engine_cleanup(self, domain: str) -> list[tuple[str, str, str]]:
+        """(instance, state, node) of each ended instance the engine still means to clean up after."""
+        from epu.sim.processes import open_decision_store
+
+        store = open_decision_store(self.sim.decision_db)
+        return [(i.instance_id[:8], i.state, i.node_name) for i in store.cleanup(domain)]
 
     def _engine_live(self, domain: str) -> dict[str, str] | None:
         from epu.sim.processes import open_decision_store

@@ -35,6 +35,7 @@ from sqlalchemy.exc import OperationalError
 
 from epu.common.config import EpuConfig
 from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
+from epu.common.runtime import infrastructure
 from epu.services.decision.engine import Engine
 from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.store import Store as DecisionStore
@@ -74,6 +75,10 @@ class StoreFaults:
         self.failing_until = -1.0
         self.crash_next_write = False
         self.failed_writes = 0
+        self.failover_until = -1.0
+        self.failover_error: Callable[[str], Exception] | None = None
+        """While ``failover_until`` lies ahead, each write raises what this makes of its statement
+        (``faults.store_failover``: PostgreSQL's read-only and aborted-transaction answers)."""
 
     def attach(self, engine: SqlEngine, world: World, owner: Proc) -> None:
         @event.listens_for(engine, "before_cursor_execute")
@@ -95,6 +100,9 @@ class StoreFaults:
         if world.t < self.failing_until:
             self.failed_writes += 1
             raise OperationalError(statement, None, Exception("simulated: database is locked"))
+        if world.t < self.failover_until and self.failover_error is not None:
+            self.failed_writes += 1
+            raise self.failover_error(statement)
 
 
 class Proc:
@@ -156,7 +164,16 @@ class Proc:
         self.aware = self.link_up and self.bus.broker_up
         self.stats.starts += 1
         self.world.note(f"start {self.name}")
-        self.boot()
+        try:
+            self.boot()
+        except Exception as exc:
+            if infrastructure(exc) != "transient":
+                raise
+            # the service exits at start (its database refused the start's write: a failover) and
+            # its supervisor starts it again, as systemd's Restart= does: a crash, restarted by
+            # whoever restarts this process's crashes
+            self.crash(f"start failed: {type(exc).__name__}")
+            return
         self.bus.flush()
 
     def boot(self) -> None:

@@ -302,6 +302,18 @@ def htcondor_names() -> Scenario:
 
 
 @scenario
+def htcondor_preemption() -> Scenario:
+    return Scenario("htcondor-preemption", "HTCondor: the cloud reclaims running workers without a drain or a "
+                    "notice, their ads withdrawn at once; half the reclaims named in the listings (spot), half not "
+                    "(the node just drops out); an operator force-terminates now and then",
+                    hours=4.0, domain=DomainSpec(flavor="htcondor"),
+                    faults=[F.condor_preemptions(3.0), F.operator_actions(0.5, terminate_share=1.0, pause_share=0.0,
+                                                                          force_share=1.0)],
+                    stresses="issue 33 defect 6: a reclaimed worker with no ad and no shutdown of ours was answered "
+                             "'unknown' for every remove: sent remove for ever, its instance never leaving cleanup")
+
+
+@scenario
 def htcondor_drains() -> Scenario:
     return Scenario("htcondor-drains", "HTCondor with a retirement time of 0: nodes offlined the moment they "
                     "look idle (a job may start there meanwhile), drains as the real backend sends them",
@@ -605,6 +617,18 @@ def store_outage() -> Scenario:
 
 
 @scenario
+def store_failover() -> Scenario:
+    return Scenario("store-failover", "a PostgreSQL failover: the engines' store answers writes read-only "
+                    "(SQLSTATE 25006, 25P02) for 20-120 s at a time while an operator pauses, resumes and "
+                    "changes bounds; an engine pair",
+                    hours=3.0, engines=2,
+                    faults=[F.store_failover(2.0, (20.0, 120.0)), F.operator_actions(2.0, terminate_share=0.2),
+                            F.crashes("decision", 0.3)],
+                    stresses="issue 33 defect 7: a read-only answer during a failover was blamed on the "
+                             "message: the operator's change dead-lettered after 3 tries in 0.6 s (invariant 7)")
+
+
+@scenario
 def engine_failover() -> Scenario:
     return Scenario("engine-failover", "an engine pair; the active one crashes and the standby takes over",
                     hours=3.0, engines=2, faults=[F.crashes("decision", 2.0, (30.0, 600.0))],
@@ -689,3 +713,22 @@ def context_broker_lossy() -> Scenario:
                     seeds_in_ci=4,
                     stresses="issue 26 defect 3: joins held until the address is known, addresses released on "
                              "termination, with the broker's input lossy")
+
+
+@scenario
+def context_broker_reopen() -> Scenario:
+    from epu.sim.context import ContextFaults
+
+    return Scenario("context-broker-reopen", "the context broker in the world while launches are closed failed "
+                    "and reopened: HTCondor, a create takes effect but its answer is lost, then the retry is "
+                    "refused for capacity (the launch closes failed while its node boots, joins the pool by itself "
+                    "and is reopened by reconciliation); the broker consumes instance events late and some lost",
+                    hours=3.0, domain=DomainSpec(max_nodes=100, flavor="htcondor"),
+                    sites=[SiteSpec("cloud-a", quota=60, faults=CloudFaults(
+                        lost_answer_rate=0.15, errors_after_lost_answer=1, capacity_after_lost_answer=True,
+                        listing_lag_seconds=90.0)), SiteSpec("cloud-b", quota=60, price=0.12)],
+                    workload=Workload(arrivals_per_hour=30.0, burst_per_hour=1.0, burst_jobs=(10, 30)),
+                    context=ContextFaults(adversary_per_hour=20.0, event_loss_rate=0.1, event_delay=(0.05, 60.0)),
+                    seeds_in_ci=3,
+                    stresses="issue 33 defect 5: the broker revoked a failed launch's credential for ever; the "
+                             "reopened node (never destroyed) could never join and its peers never listed it")

@@ -45,10 +45,14 @@ def membership_message(context_id: str, entry: Entry) -> ContextMembership:
                              at=entry.at)
 
 
-def remove_instance(store: Store, instance_id: str, reason: str) -> list[tuple[str, Entry]]:
-    """Revoke the instance's credential, then leave every context its node is in. Idempotent:
-    a repeated event adds nothing."""
-    store.revoke(instance_id, reason)
+def remove_instance(store: Store, instance_id: str, reason: str, *, seq: int = 0,
+                    final: bool = True) -> list[tuple[str, Entry]]:
+    """Revoke the instance's credential (for good when ``final``, terminated; until a reopening
+    when failed: ``Store.revoke``), then leave every context its node is in. Idempotent: a
+    repeated event adds nothing, and a failure a reopening undid (``seq`` not above it) removes
+    nothing."""
+    if store.revoke(instance_id, reason, seq=seq, final=final) == "stale":
+        return []  # the failure a reopening undid: the node stays
     out = []
     for context_id, hostname in store.contexts_of_instance(instance_id):
         entry, _last = store.leave(context_id, hostname, reason)
@@ -73,16 +77,33 @@ def note_address(store: Store, event: InstanceEvent) -> bool:
 class InstanceFeed:
     """Applies the provisioner's instance events and report entries to the store.
 
+    A ``terminated`` instance is gone for good: its credential revoked, its node out of every
+    context. A ``failed`` one is too — until the provisioner reopens the launch (issue 33: the
+    create took effect, its answer was lost, the retries ran out, and the cloud lists the node
+    alive): an event with ``previous: failed`` and a live state, or any live report entry whose
+    ``seq`` is above the failure's (a report carries no ``previous``; after a failure only a
+    reopening moves a record on). Then its credential joins again, its address is noted again,
+    and its agent's join — retried while refused — makes the peers list it. Never after a
+    termination, never on an event older than the failure.
+
     Why remember: a report repeats every live instance and every recently ended one, every few
     seconds; without memory each entry costs queries that find nothing to do. What is cached is
-    only what cannot change back (an instance gone stays gone; an address is re-noted only
-    when it or its ``seq`` moves), and the cache is bounded: forgetting only costs a query."""
+    an instance terminated (never changes back), the ``seq`` of a failure and of a reopening, the
+    highest live ``seq`` looked at (a store query only when an entry is newer: once per state
+    change, not per report), an address (noted again when it or its ``seq`` moves); each cache is
+    bounded: forgetting only costs a query."""
 
     MAX_REMEMBERED = 100_000
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._gone: set[str] = set()
+        self._failed: dict[str, int] = {}
+        """Instance → the ``seq`` of its failure (revoked until a reopening above it)."""
+        self._live: dict[str, int] = {}
+        """Instance → the highest live ``seq`` looked at (whether it reopened anything)."""
+        self._reopened: dict[str, int] = {}
+        """Instance → the ``seq`` of its reopening (a failure not above it is the one it undid)."""
         self._noted: dict[str, tuple[str, int]] = {}
 
     def apply(self, event: InstanceEvent) -> list[tuple[str, Entry]]:
@@ -91,13 +112,34 @@ class InstanceFeed:
         if iid in self._gone:
             return []
         if event.state in ("terminated", "failed"):
+            final = event.state == "terminated"
+            if not final and (event.seq <= self._failed.get(iid, -1) or event.seq <= self._reopened.get(iid, -1)):
+                return []  # repeated, or the failure a reopening undid
             reason = f"instance {event.state}" + (f": {event.reason}" if event.reason else "")
-            out = remove_instance(self.store, iid, reason)
-            self._remember_gone(iid)
+            out = remove_instance(self.store, iid, reason, seq=event.seq, final=final)
+            self._noted.pop(iid, None)
+            if final:
+                self._remember_gone(iid)
+            else:
+                self._remember(self._failed, iid, event.seq)
             return out
+        failed = self._failed.get(iid)
+        if failed is not None and event.seq <= failed:
+            return []  # older than the failure: the failure stands
+        if event.previous == "failed" or event.seq > self._live.get(iid, -1):
+            announced = event.previous == "failed"
+            if self.store.reopen(iid, event.seq, announced=announced):
+                log.warning("a failed launch was reopened: its node may join again",
+                            extra={"instance": iid, "state": event.state, "seq": event.seq})
+                announced = True
+                self._noted.pop(iid, None)  # its address went with the failure: noted again
+            if announced:
+                self._remember(self._reopened, iid, event.seq)
+            self._failed.pop(iid, None)
+            self._remember(self._live, iid, event.seq)
         if event.ip:
             last = self._noted.get(iid)
-            if last is None or last[0] != event.ip and event.seq >= last[1]:
+            if last is None or (last[0] != event.ip and event.seq >= last[1]) or event.seq > last[1]:
                 note_address(self.store, event)
                 if len(self._noted) >= self.MAX_REMEMBERED:
                     self._noted.clear()
@@ -106,9 +148,17 @@ class InstanceFeed:
 
     def _remember_gone(self, iid: str) -> None:
         self._noted.pop(iid, None)
+        self._failed.pop(iid, None)
+        self._live.pop(iid, None)
+        self._reopened.pop(iid, None)
         if len(self._gone) >= self.MAX_REMEMBERED:
             self._gone.clear()
         self._gone.add(iid)
+
+    def _remember(self, cache: dict[str, int], iid: str, seq: int) -> None:
+        if len(cache) >= self.MAX_REMEMBERED:
+            cache.clear()
+        cache[iid] = max(seq, cache.get(iid, -1))
 
 
 class CtxBrokerService:

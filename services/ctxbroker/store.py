@@ -17,8 +17,12 @@ delete is amortized), the entries up to ``last_id - history_entries`` are delete
 ``horizon`` records it; an agent further behind is sent a snapshot (``core.answer_kind``).
 
 Per-node credentials: a context keeps ``signing_key`` (derived from its secret, see
-``epu.common.nodecred``) to check them, and ``ctx_revoked`` lists instances reported
-terminated or failed, whose credentials may no longer join.
+``epu.common.nodecred``) to check them, and ``ctx_revoked`` holds the provisioner's verdicts on
+instances: reported terminated (``final``: its credential never joins again) or failed
+(``active`` until the provisioner reopens the launch — its create took effect, the cloud lists
+the node alive — with a higher ``seq``: then the credential joins again, issue 33). ``seq`` is
+the verdict's event ``seq``, so a late or repeated event of the failure the reopening undid
+revokes nothing, and a reopening older than the failure restores nothing.
 
 Context names: ``ctx_names`` holds each name once (its primary key), with the context that
 has it. ``create_context`` claims the name in the create's own transaction, so of two creates
@@ -39,6 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from epu.common.db import create_schema, make_engine
 from epu.services.ctxbroker.core import (
@@ -95,6 +100,12 @@ revoked = Table(
     Column("instance_id", String(128), primary_key=True),
     Column("at", Float, nullable=False),
     Column("reason", Text, nullable=False, default=""),
+    # the ``seq`` of the event of the latest verdict (a failure, a termination or a reopening)
+    Column("seq", Integer, nullable=False, default=0),
+    # 1: reported terminated — revoked for good (and every row of a store made before issue 33)
+    Column("final", Integer, nullable=False, default=1),
+    # 1: the credential may not join now; 0: a failed launch reopened at ``seq``
+    Column("active", Integer, nullable=False, default=1),
 )
 
 #: Each context name once, with the context that has it: the unique constraint that makes a
@@ -117,7 +128,10 @@ instances = Table(
 #: Columns added after the first release: (table, column, SQL type and default) for ``_upgrade``.
 _ADDED_COLUMNS = (("ctx_contexts", "signing_key", "VARCHAR(64) NOT NULL DEFAULT ''"),
                   ("ctx_contexts", "horizon", "INTEGER NOT NULL DEFAULT 0"),
-                  ("ctx_contexts", "domain", "VARCHAR(253) NOT NULL DEFAULT ''"))
+                  ("ctx_contexts", "domain", "VARCHAR(253) NOT NULL DEFAULT ''"),
+                  ("ctx_revoked", "seq", "INTEGER NOT NULL DEFAULT 0"),
+                  ("ctx_revoked", "final", "INTEGER NOT NULL DEFAULT 1"),
+                  ("ctx_revoked", "active", "INTEGER NOT NULL DEFAULT 1"))
 
 entries = Table(
     "ctx_entries", metadata,
@@ -187,8 +201,18 @@ class NameTaken(Exception):
         self.holder = holder
 
 
+Verdict = Literal["revoked", "unchanged", "stale"]
+"""What ``Store.revoke`` made of a report that an instance ended."""
+
+
 class Revoked(Exception):
-    """The instance was reported terminated or failed: its credential may not join."""
+    """The instance was reported terminated, or failed and not reopened: its credential may not join."""
+
+
+def _revoked_now(conn: Connection, instance_id: str) -> bool:
+    """The instance's credential may not join now (``ctx_revoked``, module docstring)."""
+    return conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id,
+                                                            revoked.c.active == 1)).first() is not None
 
 
 def _entry(row: object) -> Entry:
@@ -220,10 +244,11 @@ class Store:
     def _upgrade(self) -> None:
         """Add the columns a store made by an earlier version lacks (contexts created then have
         no signing key: their nodes need the context recreated to get their own credentials)."""
-        have = {c["name"] for c in inspect(self.engine).get_columns("ctx_contexts")}
+        inspector = inspect(self.engine)
+        have = {t: {c["name"] for c in inspector.get_columns(t)} for t in {t for t, _, _ in _ADDED_COLUMNS}}
         with self.engine.begin() as conn:
             for table, column, ddl in _ADDED_COLUMNS:
-                if column not in have:
+                if column not in have[table]:
                     conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
 
     def _claim_names(self, attempts: int = 5) -> None:
@@ -371,16 +396,53 @@ class Store:
         (``core.authorize_leave``, checked in the same transaction), else ``Forbidden``."""
         return self._append(context_id, "leave", hostname, None, reason, now, caller)
 
-    def revoke(self, instance_id: str, reason: str = "", now: float | None = None) -> bool:
+    def revoke(self, instance_id: str, reason: str = "", now: float | None = None, *, seq: int = 0,
+               final: bool = True) -> Verdict:
         """Remember that an instance is gone: its credential may no longer join, and its address
-        is no longer its (the cloud may give it to another instance). Idempotent."""
+        is no longer its (the cloud may give it to another instance). ``final`` (terminated):
+        for good. Not final (failed): until ``reopen`` with a higher ``seq``; a failure whose
+        ``seq`` is not above a reopening's is the one that reopening undid (a late or repeated
+        event): ``"stale"``, nothing changes. Idempotent: ``"revoked"`` when the credential was
+        allowed until now, ``"unchanged"`` when it was already revoked."""
         at = time.time() if now is None else now
         with self.engine.begin() as conn:
-            if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
-                return False  # its address went with the first revoke (and is never noted again)
+            row = conn.execute(select(revoked.c.seq, revoked.c.final, revoked.c.active)
+                               .where(revoked.c.instance_id == instance_id)).first()
+            if row is None:
+                conn.execute(insert(revoked).values(instance_id=instance_id, at=at, reason=reason[:500], seq=seq,
+                                                    final=int(final), active=1))
+            elif row.active and (row.final or not final):
+                return "unchanged"  # its address went with the first revoke (noted again only on a reopening)
+            elif not row.active and not final and seq <= row.seq:
+                return "stale"  # the failure a reopening undid
+            else:
+                conn.execute(update(revoked).where(revoked.c.instance_id == instance_id).values(
+                    at=at, reason=reason[:500], seq=max(seq, row.seq), final=int(final or bool(row.final)), active=1))
+                if row.active:
+                    return "unchanged"  # failed, now terminated: already out
             conn.execute(delete(instances).where(instances.c.instance_id == instance_id))
-            conn.execute(insert(revoked).values(instance_id=instance_id, at=at, reason=reason[:500]))
-        return True
+        return "revoked"
+
+    def reopen(self, instance_id: str, seq: int, now: float | None = None, *, announced: bool = False) -> bool:
+        """The provisioner reopened a launch it had closed failed (the cloud lists its node alive:
+        the create took effect, its answer was lost): its credential may join again. Only above
+        the failure's ``seq``, never after a termination. ``announced`` (the event says ``previous:
+        failed``): remembered even before the failure is seen, so the failure's event, if it comes
+        late, revokes nothing. True when the credential was revoked until now."""
+        at = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            row = conn.execute(select(revoked.c.seq, revoked.c.final, revoked.c.active)
+                               .where(revoked.c.instance_id == instance_id)).first()
+            if row is None:
+                if announced:
+                    conn.execute(insert(revoked).values(instance_id=instance_id, at=at, reason="reopened", seq=seq,
+                                                        final=0, active=0))
+                return False
+            if row.final or seq <= row.seq:
+                return False  # terminated for good, or not newer than the verdict it would undo
+            conn.execute(update(revoked).where(revoked.c.instance_id == instance_id).values(
+                at=at, reason="reopened", seq=seq, active=0))
+            return bool(row.active)
 
     def note_instance(self, instance_id: str, ip: str, seq: int = 0, now: float | None = None) -> bool:
         """Record the address the provisioner reports for a live instance (what its node may
@@ -395,7 +457,7 @@ class Store:
             if cur is not None and (seq < cur.seq or cur.ip == ip):
                 return False
             if cur is None:
-                if conn.execute(select(revoked.c.instance_id).where(revoked.c.instance_id == instance_id)).first():
+                if _revoked_now(conn, instance_id):
                     return False
                 conn.execute(insert(instances).values(instance_id=instance_id, ip=ip, seq=seq, at=at))
                 return True
@@ -444,9 +506,8 @@ class Store:
                 if bumped is None:
                     raise ContextNotFound(context_id)
                 new_id, horizon = bumped
-                if node is not None and node.instance_id and conn.execute(
-                        select(revoked.c.instance_id).where(revoked.c.instance_id == node.instance_id)).first():
-                    raise Revoked(f"instance {node.instance_id} was reported terminated; it cannot join")
+                if node is not None and node.instance_id and _revoked_now(conn, node.instance_id):
+                    raise Revoked(f"instance {node.instance_id} was reported terminated or failed; it cannot join")
                 if node is not None:
                     check_address(node, self._address_facts(conn, context_id, node))
                 cur_row = conn.execute(select(members).where(members.c.context_id == context_id,

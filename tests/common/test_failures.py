@@ -96,6 +96,30 @@ def test_postgresql_schema_errors_are_permanent_and_a_lost_server_transient(pg_u
     nodb.dispose()
 
 
+@pytest.mark.postgres
+def test_postgresql_failover_answers_are_transient(pg_url: str) -> None:
+    """Issue 33, defect 7: what a session meets during a failover — a server that answers writes
+    read-only (25006: a standby, the demoted primary) and a transaction an earlier failure aborted
+    (25P02) — passes once the pool reaches the new primary: transient, not the message's."""
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE changes (change_id TEXT PRIMARY KEY)"))
+        conn.commit()
+        conn.execute(text("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"))
+        conn.commit()
+        read_only = _raised(lambda: conn.execute(text("INSERT INTO changes VALUES ('c1')")))
+        assert read_only.orig.sqlstate == "25006" and classify(read_only) == "transient", describe(read_only)
+        assert classify(read_only.orig) == "transient"  # the driver's own error too
+        conn.rollback()
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        _raised(lambda: raw.execute("SELECT 1/0"))  # the statement before failed...
+        aborted = _raised(lambda: conn.execute(text("INSERT INTO changes VALUES ('c1')")))
+        assert aborted.orig.sqlstate == "25P02" and classify(aborted) == "transient", describe(aborted)
+        conn.rollback()
+    engine.dispose()
+
+
 def test_operating_system_errors_by_errno(tmp_path: Path) -> None:
     assert classify(_raised(lambda: open(tmp_path / "missing"))) == "permanent"  # noqa: SIM115
     (tmp_path / "dir").mkdir()

@@ -144,3 +144,64 @@ def test_the_broker_learns_each_instances_address_from_the_provisioner(
              message="i-6 released and removed")
     for c in (wn6, nc, admin, publisher):
         c.close()
+
+
+def test_a_reopened_instance_joins_again_and_its_peers_list_it(service: CtxBrokerService, broker: Broker,
+                                                               tls_files: tuple[str, str]) -> None:
+    """Issue 33, defect 5: a launch closed ``failed`` (its create's answer lost, the retries run
+    out) whose node the cloud lists alive is reopened by the provisioner (``previous: failed``, a
+    higher ``seq``). The broker had revoked its credential and forgotten its address for good: the
+    node could never join, its peers never listed it. Now the reopening restores both; a late copy
+    of the failure changes nothing, and a termination is still for good."""
+    admin = AdminClient(service.server.public_url, ADMIN_TOKEN, ca_file=tls_files[0])
+    ctx = admin.create("cluster")
+    nc = Nodes(ctx, tls_files[0])
+    store = service.server.store
+    publisher = Publisher(broker, source="test-provisioner")
+    common = dict(domain="alpha", site="sim", at=time.time(), node_name="wn-1")
+    wn1 = nc.as_node("wn-1", "i-1")
+
+    def members() -> list[str]:
+        return sorted(n["hostname"] for n in admin.nodes(ctx["id"]))
+
+    def join_refused() -> str | None:
+        try:
+            wn1.join(node(1, instance_id="i-1"))
+        except BrokerError as exc:
+            return exc.message
+        return None
+
+    publisher.publish(InstanceEvent(instance_id="i-1", state="failed", seq=3, reason="retries exhausted", **common))
+    publisher.publish(InstanceEvent(instance_id="i-2", state="started", seq=2, ip=str(node(2)["ip"]), **common))
+    wait_for(lambda: store.instance_ip("i-2"), timeout=15, message="the events before handled")
+    assert "cannot join" in (join_refused() or "")
+
+    # the provisioner reopens it: the cloud lists its node alive, with the address it has
+    publisher.publish(InstanceEvent(instance_id="i-1", state="started", previous="failed", seq=4, ip=str(node(1)["ip"]),
+                                    **common))
+    wait_for(lambda: join_refused() is None, timeout=15, message="the reopened node's join accepted")
+    assert members() == ["wn-1"]
+    assert nc.as_node("wn-2", "i-2").join(node(2, instance_id="i-2"))["changed"] is True
+    doc = nc.updates(0)  # what every peer's agent reads
+    assert [(e["kind"], e["hostname"], e["ip"]) for e in doc["entries"]] == [
+        ("join", "wn-1", node(1)["ip"]), ("join", "wn-2", node(2)["ip"])]
+
+    # a late copy of the failure it undid (a report taken before the reopening, a redelivery)
+    publisher.publish(InstanceReport(domain="alpha", as_of=time.time(), instances=[
+        InstanceEvent(instance_id="i-1", state="failed", seq=3, **common)]))
+    publisher.publish(InstanceEvent(instance_id="i-3", state="started", seq=2, ip=str(node(3)["ip"]), **common))
+    wait_for(lambda: store.instance_ip("i-3"), timeout=15, message="the late failure handled")
+    assert members() == ["wn-1", "wn-2"] and store.instance_ip("i-1") == node(1)["ip"]
+
+    # terminated is for good: no later event, reopening or not, lets the credential join again
+    publisher.publish(InstanceEvent(instance_id="i-1", state="terminated", seq=6, **common))
+    wait_for(lambda: members() == ["wn-2"], timeout=15, message="wn-1 left after its termination")
+    publisher.publish(InstanceEvent(instance_id="i-1", state="started", previous="failed", seq=7, ip=str(node(1)["ip"]),
+                                    **common))
+    publisher.publish(InstanceEvent(instance_id="i-4", state="started", seq=2, ip=str(node(4)["ip"]), **common))
+    wait_for(lambda: store.instance_ip("i-4"), timeout=15, message="the forged reopening handled")
+    assert "cannot join" in (join_refused() or "") and store.instance_ip("i-1") is None
+    publisher.close()
+    wn1.close()
+    nc.close()
+    admin.close()

@@ -127,3 +127,78 @@ def test_a_store_of_the_previous_release_gains_domains_and_instance_addresses(tm
     s.join("c1", n(1, instance_id="i-1"))
     assert [m.hostname for m in s.members("c1")] == ["wn-1"]
     s.close()
+
+
+def _event(state: str, seq: int, ip: str | None = None, previous: str | None = None) -> object:
+    import time
+
+    from epu.common.messages import InstanceEvent
+
+    return InstanceEvent(instance_id="i-1", domain="alpha", site="s", state=state, seq=seq, ip=ip,
+                         previous=previous, at=time.time(), node_name="wn-1")
+
+
+def _joins(store: Store) -> bool:
+    from epu.services.ctxbroker.store import Revoked
+
+    try:
+        store.join("c1", n(1, instance_id="i-1"))
+    except Revoked:
+        return False
+    return True
+
+
+def test_a_failed_launch_reopened_may_join_again_in_any_order(store: Store) -> None:
+    """Issue 33, defect 5, on both engines: a failure revokes until a reopening above its seq —
+    announced (``previous: failed``) or a report's live entry; the failure's event arriving after
+    the reopening (reordered, redelivered) revokes nothing; a termination is for good."""
+    from epu.services.ctxbroker.app import InstanceFeed
+
+    ip = str(node(1)["ip"])
+    store.create_context("c1", "one", "k1", "h1")
+    feed = InstanceFeed(store)
+    feed.apply(_event("started", 2, ip))
+    assert _joins(store)
+    feed.apply(_event("failed", 3))
+    assert not _joins(store) and store.instance_ip("i-1") is None and store.members("c1") == []
+    feed.apply(_event("started", 2, ip))  # an older report entry: the failure stands
+    assert not _joins(store)
+    InstanceFeed(store).apply(_event("started", 4, ip))  # a report's entry (no previous), a fresh replica
+    assert store.instance_ip("i-1") == ip and _joins(store)
+    feed.apply(_event("failed", 3))  # the failure the reopening undid, again: this replica's memory...
+    InstanceFeed(store).apply(_event("failed", 3))  # ...and the store's, on another
+    assert store.instance_ip("i-1") == ip and [m.hostname for m in store.members("c1")] == ["wn-1"]
+    feed.apply(_event("failed", 5))  # a new failure after the reopening
+    assert not _joins(store) and store.members("c1") == []
+    feed.apply(_event("terminated", 6))
+    feed.apply(_event("started", 7, ip, previous="failed"))
+    InstanceFeed(store).apply(_event("started", 8, ip, previous="failed"))
+    assert not _joins(store) and store.instance_ip("i-1") is None
+
+
+def test_a_reopening_seen_before_its_failure_keeps_the_node(store: Store) -> None:
+    from epu.services.ctxbroker.app import InstanceFeed
+
+    store.create_context("c1", "one", "k1", "h1")
+    ip = str(node(1)["ip"])
+    InstanceFeed(store).apply(_event("pending", 4, ip, previous="failed"))  # the reopening overtook...
+    assert _joins(store)
+    assert InstanceFeed(store).apply(_event("failed", 3)) == []  # ...its failure (another replica)
+    assert _joins(store) and store.instance_ip("i-1") == ip
+
+
+def test_a_store_revoked_before_the_reopening_rule_keeps_its_revocations(tmp_path: Path) -> None:
+    """Rows of a store made before issue 33 (no seq, final, active) are read as terminations:
+    revoked for good, whatever event comes."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE ctx_revoked (instance_id VARCHAR(128) PRIMARY KEY, at FLOAT NOT NULL, "
+                     "reason TEXT NOT NULL)")
+        conn.execute("INSERT INTO ctx_revoked VALUES ('i-1', 0, 'instance failed')")
+    store = Store(f"sqlite:///{path}")
+    store.create_context("c1", "one", "k1", "h1")
+    assert store.reopen("i-1", 99, announced=True) is False
+    assert not _joins(store)
+    store.close()

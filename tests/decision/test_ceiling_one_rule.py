@@ -49,3 +49,44 @@ def test_the_message_names_the_key_the_bound_and_where_it_comes_from() -> None:
 def test_max_nodes_ceiling_lifts_both() -> None:
     cfg = config(1000, max_nodes_ceiling=2000)
     assert file_accepts(cfg) and change_accepts(cfg, 2000) and not change_accepts(cfg, 2001)
+
+
+def test_a_file_above_the_quotas_is_refused_at_start_and_the_docs_say_so(tmp_path) -> None:  # noqa: ANN001
+    """Issue 33: docs/decision.md and ``DomainConfig.max_nodes_ceiling`` said a file's
+    ``max_nodes`` above the quotas becomes the ceiling, while the start-up check refuses such a
+    file. The refusal is the rule (a bound the clouds can never give is a misreading of capacity,
+    and a mistyped number must not lift what run-time changes may set); the docs now say so."""
+    import inspect
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from epu.common.config.decision import DomainConfig
+
+    path = tmp_path / "epu.toml"
+    path.write_text(f"""
+[broker]
+url = "memory://"
+[decision]
+store_url = "sqlite:///{tmp_path}/d.db"
+[domains.alpha]
+max_nodes = 41
+sites = ["a", "b"]
+[sites.a]
+driver = "epu-sim"
+quota = 30
+[sites.b]
+driver = "epu-sim"
+quota = 10
+""")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "epu.cli", "run", "decision", "-c", str(path)], capture_output=True,
+                       text=True, timeout=60, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines()[1:] == [f"{path}: domains.alpha.max_nodes: 41 is above the ceiling 40 (the sum "
+                                         "of the quotas of sites a, b; raise a quota or set max_nodes_ceiling)"]
+    doc = " ".join((root / "docs" / "decision.md").read_text().split())
+    field = " ".join(inspect.getsource(DomainConfig).split())
+    for text in (doc, field):
+        assert "if larger" not in text  # the file's own max_nodes never lifts the ceiling
+        assert "refused at start" in text

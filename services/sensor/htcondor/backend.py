@@ -33,7 +33,10 @@
   Claimed/Matched/Preempting (unless force); then a peaceful shutdown of the master
   (``OffPeaceful``: its children first, then itself), answered *in progress* (transient) until
   the master, at the address it had, no longer accepts connections. No ads in the collector is
-  unknown (transient), never "gone". Some binding versions alias
+  unknown (transient) — until this sensor has found the node with no ad and no schedd job for
+  ``absent_confirm_seconds`` (option, default 900 s, HTCondor's ``CLASSAD_LIFETIME``): a live
+  startd re-advertises long before, so the node is gone (a preempted or vanished machine no
+  shutdown of ours was in flight for) and the remove is answered done (issue 33). Some binding versions alias
   ``DaemonCommands.DaemonOffPeaceful`` to ``DaemonOn`` (469) — sending it would start, not
   stop — so the numbers are checked against HTCondor's condor_commands.h before use and the
   command refuses to run if they do not match.
@@ -66,7 +69,13 @@ from epu.services.sensor.htcondor.parse import (
     normalize_jobs,
     normalize_startds,
 )
-from epu.services.sensor.htcondor.removal import BUSY_SLOT_STATES, RemovalFacts, removal_step
+from epu.services.sensor.htcondor.removal import (
+    ABSENT_CONFIRM_SECONDS,
+    BUSY_SLOT_STATES,
+    Absences,
+    RemovalFacts,
+    removal_step,
+)
 from epu.services.sensor.htcondor.shutdowns import ShutdownMemory
 from epu.services.sensor.runner import CommandRunner
 from epu.services.sensor.shapes import ShapeGrouper, short_hostname
@@ -100,7 +109,8 @@ class HTCondorBackend:
     def __init__(self, htcondor: Any = None, *, pool: str | None = None, schedd: str | None = None,
                  drain_type: str = "peaceful", clock: Clock | None = None,
                  template: dict[str, Any] | None = None, max_shapes: int = 2000, read_format: str = "bindings",
-                 runner: Any = None, bin_dir: str | None = None, shutdown_state_path: str | None = None) -> None:
+                 runner: Any = None, bin_dir: str | None = None, shutdown_state_path: str | None = None,
+                 absent_confirm_seconds: float = ABSENT_CONFIRM_SECONDS) -> None:
         if read_format not in READ_FORMATS:
             raise ValueError(f"htcondor read_format must be 'bindings' or 'af', not {read_format!r}")
         self.read_format = read_format
@@ -120,6 +130,11 @@ class HTCondorBackend:
         self.shutdowns = ShutdownMemory(shutdown_state_path)
         """Short node name → the master ad a peaceful shutdown was sent to (its address is what
         later tells whether the master has exited, when its ad is gone from the collector)."""
+        if absent_confirm_seconds <= 0:
+            raise ValueError(f"htcondor absent_confirm_seconds must be above 0, not {absent_confirm_seconds!r}")
+        self.absent_confirm_seconds = absent_confirm_seconds
+        self.absences = Absences()
+        """Short node name → since when a remove found it with no ad and no schedd job (``removal``)."""
 
     @staticmethod
     def _import_bindings() -> Any:
@@ -145,7 +160,8 @@ class HTCondorBackend:
                    clock=clock, template=template, max_shapes=int(opts.get("max_shapes", 2000)),
                    read_format=str(opts.get("read_format", "bindings")),
                    runner=CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"),
-                   shutdown_state_path=opts.get("shutdown_state_path"))
+                   shutdown_state_path=opts.get("shutdown_state_path"),
+                   absent_confirm_seconds=_seconds(opts, "absent_confirm_seconds", ABSENT_CONFIRM_SECONDS))
 
     # ------------------------------------------------------------------ daemons
     def collector(self) -> Any:
@@ -305,16 +321,23 @@ class HTCondorBackend:
         answers: bool | None = None
         if not masters and remembered is not None and jobs is not None and (force or not jobs):
             answers = self._master_answers(remembered)
+        absent = 0.0
+        if startds or masters or remembered is not None or jobs:
+            self.absences.present(key)
+        elif jobs is not None:  # no ad, no job, no shutdown of ours: absent (since when?)
+            absent = self.absences.absent(key, self.clock.monotonic())
         step = removal_step(RemovalFacts(
             node=node, force=force, schedd_jobs=jobs,
             busy_slots=sum(str(ad.get("State", "")) in BUSY_SLOT_STATES for ad in startds),
-            master_seen=bool(masters), shutdown_sent=remembered is not None, master_answers=answers))
+            master_seen=bool(masters), shutdown_sent=remembered is not None, master_answers=answers,
+            absent_seconds=absent, absent_confirm_seconds=self.absent_confirm_seconds))
         if step.send_shutdown:
             command = verified_command(self.htcondor, "OffPeaceful")
             self.htcondor.send_command(masters[0], command)
             self.shutdowns[key] = masters[0]
         elif step.outcome.ok:
             self.shutdowns.pop(key, None)
+            self.absences.present(key)
         return step.outcome
 
     def _master_answers(self, master_ad: Any) -> bool | None:
@@ -325,6 +348,15 @@ class HTCondorBackend:
         except Exception as exc:
             return False if UNREACHABLE.lower() in str(exc).lower() else None
         return True
+
+
+def _seconds(opts: dict[str, Any], key: str, default: float) -> float:
+    """A number of seconds from ``[sensor.options]``, or an error that names the key."""
+    value = opts.get(key, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"[sensor.options] {key} must be a number of seconds, not {value!r}") from None
 
 
 def classify_condor_error(exc: BaseException) -> str:

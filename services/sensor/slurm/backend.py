@@ -14,6 +14,13 @@ Node commands (see docs/sensor.md for why a pre-declared CLOUD pool):
   ``Comment`` (keeping any text an administrator put there); the read reports it back as
   ``NodeInfo.instance_id``, and ``remove`` takes the token out again.
 
+Every read passes ``--all`` (issue 33): without it Slurm leaves out, for any user but root, the
+partitions configured ``Hidden=YES`` (and those the user's groups may not use) — their jobs, and
+a node in no other partition ("Node ... not found": a ``remove`` would have answered "already
+gone" for a node still running jobs). ``PrivateData=jobs`` hides other users' jobs whatever the
+flags, except from root, ``SlurmUser`` and ``AdminLevel=Operator``/``Admin`` users: the sensor's
+user must be one of those anyway (``scontrol update`` needs it), docs/sensor.md.
+
 Reads (``read_format``): ``text`` (default) asks ``squeue -O``/``sinfo -N -O`` for only the
 fields EPU needs (``slurm/text.py``), ``json`` reads ``squeue --json`` and ``scontrol show
 nodes --json`` (23.02+) or ``sinfo --json`` (22.05). The text path falls back to JSON for the
@@ -26,7 +33,7 @@ demand and make EPU launch a node it cannot use (seen on real 22.05).
   (``scontrol delete``), a pool node drained and powered down (``POWER_DOWN``, or
   ``POWER_DOWN_FORCE`` with force) so it becomes a free slot again. Removing a node Slurm does
   not know succeeds (already gone).
-* ``requeue_jobs`` (before the remove of a node the cloud preempted): ``squeue -h -w NODE -t
+* ``requeue_jobs`` (before the remove of a node the cloud preempted): ``squeue --all -h -w NODE -t
   RUNNING,COMPLETING,CONFIGURING,SUSPENDED -o %i`` lists the jobs still counted on the node; the
   node is drained first (``State=DRAIN``: Slurm must not start them there again), then each job
   goes back to the queue with ``scontrol requeue JOBID`` (one call per job, so one that ended
@@ -156,7 +163,8 @@ class SlurmBackend:
         grouper = ShapeGrouper(self.max_shapes)
         licenses = self._license_reader(warnings)
         if self.read_format == "json":
-            jobs = parse_squeue(self._read_json("squeue", "--json"), now, warnings, grouper, licenses=licenses)
+            jobs = parse_squeue(self._read_json("squeue", "--all", "--json"), now, warnings, grouper,
+                                licenses=licenses)
             records = node_records(self._read_nodes_json())
         else:
             read = parse_squeue_text(self._read_text("squeue", *squeue_argv()), warnings, grouper,
@@ -194,7 +202,7 @@ class SlurmBackend:
 
     def _read_nodes_json(self) -> dict[str, Any]:
         """Flat node records: ``scontrol show nodes --json`` (23.02+), else ``sinfo --json`` (22.05)."""
-        res = self._run("scontrol", "show", "nodes", "--json")
+        res = self._run("scontrol", "show", "nodes", "--json", "--all")
         if res.ok:
             try:
                 doc = json.loads(res.stdout)
@@ -202,7 +210,7 @@ class SlurmBackend:
                     return doc
             except ValueError:
                 pass
-        return self._read_json("sinfo", "--json")
+        return self._read_json("sinfo", "--all", "--json")
 
     def _explain(self, job_ids: list[str], now: float, jobs: Any, licenses: LicenseFree | None = None) -> None:
         """Jobs whose squeue reason text is a description no table knows: read their exact
@@ -210,7 +218,7 @@ class SlurmBackend:
         ``json_fallback_max`` of them are counted as not demand, with a warning."""
         take, rest = job_ids[: self.json_fallback_max], job_ids[self.json_fallback_max:]
         for i in range(0, len(take), 500):
-            doc = self._read_json("squeue", "--json", f"--jobs={','.join(take[i:i + 500])}")
+            doc = self._read_json("squeue", "--all", "--json", f"--jobs={','.join(take[i:i + 500])}")
             extra = parse_squeue(doc, now, jobs.warnings, jobs.grouper, licenses=licenses)
             jobs.sample.extend(extra.sample[: max(0, jobs.sample_size - len(jobs.sample))])
         if rest:
@@ -219,7 +227,7 @@ class SlurmBackend:
 
     def node_fields(self, node: str) -> dict[str, str] | None:
         """``scontrol show node`` fields, ``None`` if Slurm does not know the node."""
-        res = self._run("scontrol", "show", "node", check_node_name(node), "--future")
+        res = self._run("scontrol", "show", "node", check_node_name(node), "--future", "--all")
         if res.timed_out:
             raise BackendUnavailable(res.text())
         if not res.ok:
@@ -386,7 +394,8 @@ class SlurmBackend:
 
     def jobs_on_node(self, node: str) -> list[str]:
         """Ids of the jobs Slurm still counts on ``node`` (validated: digits, or an array task)."""
-        text = self._read_text("squeue", "-h", "-w", check_node_name(node), "-t", ON_NODE_STATES, "-o", "%i")
+        text = self._read_text("squeue", "--all", "-h", "-w", check_node_name(node), "-t", ON_NODE_STATES,
+                               "-o", "%i")
         ids = []
         for line in text.split():
             if not JOB_ID.fullmatch(line):

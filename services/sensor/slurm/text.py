@@ -73,7 +73,7 @@ def squeue_argv() -> list[str]:
 
 
 def sinfo_argv() -> list[str]:
-    return ["--noheader", "--Node", "-O", long_format(SINFO_FIELDS)]
+    return ["--noheader", "--all", "--Node", "-O", long_format(SINFO_FIELDS)]
 
 
 #: ``state_desc`` texts slurmctld writes for pending jobs (src/slurmctld, 22.05–24.x) → reason.

@@ -268,7 +268,8 @@ def test_remove_waits_for_the_master_to_exit_and_answers_ok_only_then(condor: Fa
 
 
 def test_remove_of_a_node_the_collector_lost_is_unknown_never_gone(condor: FakeCondor) -> None:
-    """No ads is unknown (a collector restart, an HA switch, lost updates), never "already gone"."""
+    """No ads is unknown (a collector restart, an HA switch, lost updates), never "already gone" at
+    once (only after ``absent_confirm_seconds`` without an ad or a job: the test below)."""
     out = HTCondorBackend(condor).execute("remove", "exec99.example.org")
     assert not out.ok and out.transient and "unknown" in (out.error or "")
     assert not any(e[0] == "send_command" for e in condor.log)
@@ -387,3 +388,55 @@ def test_a_shutdown_sent_before_a_sensor_restart_is_confirmed_after_it(condor: F
     assert "exec10" not in HTCondorBackend(condor, shutdown_state_path=str(state)).shutdowns  # forgotten once done
     forgetful = HTCondorBackend(condor)  # memory only: the same node is unknown
     assert forgetful.execute("remove", "exec10.example.org").transient
+
+
+def test_a_node_with_no_ad_and_no_job_is_gone_after_a_live_startd_would_have_readvertised(condor: FakeCondor) -> None:
+    """Issue 33, defect 6: a worker the cloud reclaimed without a drain — its daemons withdrew their
+    ads, no shutdown of ours was in flight — was answered "unknown" for every remove, for ever (144
+    removes a day for one node; its instance never left the engine's cleanup). No ad is still
+    unknown at first (a collector restart looks the same), but a live startd re-advertises every
+    UPDATE_INTERVAL: after ``absent_confirm_seconds`` (CLASSAD_LIFETIME, 900 s) with no ad and no job
+    in the schedd's list, both of the batch system's views say the node is not there: done."""
+    from epu.common.clock import ManualClock
+
+    clock = ManualClock()
+    b = HTCondorBackend(condor, clock=clock)
+    condor.lose("exec10.example.org")
+    first = b.execute("remove", "exec10.example.org")
+    assert not first.ok and first.transient and "unknown" in (first.error or "") and "900s" in (first.error or "")
+    clock.advance(899.0)
+    assert b.execute("remove", "exec10.example.org").transient
+    clock.advance(2.0)
+    done = b.execute("remove", "exec10.example.org")
+    assert done.ok and "no ad" in done.output and "gone" in done.output, done
+    assert not any(e[0] == "send_command" for e in condor.log)  # nothing sent to a machine that is gone
+
+
+def test_any_ad_or_job_starts_the_absence_clock_again(condor: FakeCondor) -> None:
+    from epu.common.clock import ManualClock
+
+    clock = ManualClock()
+    b = HTCondorBackend(condor, clock=clock, absent_confirm_seconds=600.0)
+    condor.jobs = ads("jobs_on_lost_node.ads")  # exec11: no ad, but the schedd runs 120.0 there
+    assert not b.execute("remove", "exec11").ok
+    clock.advance(700.0)
+    assert not b.execute("remove", "exec11").ok  # still its job: refused, never gone
+    condor.jobs = []  # the job ended: absent from now on
+    assert b.execute("remove", "exec11").transient
+    clock.advance(500.0)
+    assert b.execute("remove", "exec11").transient
+    masters = list(condor.masters)
+    condor.masters.append(classad2.ClassAd({"MyType": "DaemonMaster", "Name": "exec11", "Machine": "exec11",
+                                            "MyAddress": "<10.0.0.11:9618>"}))  # an ad: it is there after all
+    assert b.execute("remove", "exec11").transient  # a peaceful shutdown sent: in progress
+    condor.masters = masters
+    condor.exited.add("exec11")
+    assert b.execute("remove", "exec11").ok  # confirmed the usual way: its master exited
+
+
+def test_absent_confirm_seconds_comes_from_the_options() -> None:
+    b = HTCondorBackend.from_options({"absent_confirm_seconds": 1200, "read_format": "af"})
+    assert b.absent_confirm_seconds == 1200.0
+    for bad in (0, -5, "soon"):
+        with pytest.raises(ValueError, match="absent_confirm_seconds"):
+            HTCondorBackend.from_options({"absent_confirm_seconds": bad, "read_format": "af"})

@@ -12,8 +12,8 @@ from epu.services.sensor.slurm.errors import classify
 from tests.sensor.torque.replay import ReplayRunner
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
-SHOW = ("scontrol", "show", "node", "el1", "--future")
-SQUEUE = ("squeue", "-h", "-w", "el1", "-t", ON_NODE_STATES, "-o", "%i")
+SHOW = ("scontrol", "show", "node", "el1", "--future", "--all")
+SQUEUE = ("squeue", "--all", "-h", "-w", "el1", "-t", ON_NODE_STATES, "-o", "%i")
 
 
 def show_node(state: str, alloc: int = 0, cpus: int = 2) -> tuple[int, str, str]:

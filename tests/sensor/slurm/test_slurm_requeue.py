@@ -9,7 +9,7 @@ from epu.services.sensor.slurm.backend import SlurmBackend
 
 from tests.sensor.torque.replay import ReplayRunner
 
-SQUEUE = ("squeue", "-h", "-w", "el1", "-t", "RUNNING,COMPLETING,CONFIGURING,SUSPENDED", "-o", "%i")
+SQUEUE = ("squeue", "--all", "-h", "-w", "el1", "-t", "RUNNING,COMPLETING,CONFIGURING,SUSPENDED", "-o", "%i")
 DRAIN = ("scontrol", "update", "NodeName=el1", "State=DRAIN", "Reason=preempted")
 
 
