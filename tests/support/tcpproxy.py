@@ -31,8 +31,9 @@ class _AmqpHold:
         self.buffer = b""
         self.held: list[bytes] = []
 
-    def feed(self, data: bytes, holding: bool) -> bytes:
-        """What to send the client now, of ``data`` and what was held before."""
+    def feed(self, data: bytes, holding: bool, everything: bool = False) -> bytes:
+        """What to send the client now, of ``data`` and what was held before (``everything``:
+        connection-level frames too, the greeting included)."""
         self.buffer += data
         out: list[bytes] = []
         if not holding and self.held:
@@ -43,7 +44,7 @@ class _AmqpHold:
             if len(self.buffer) < end:
                 break
             frame, self.buffer = self.buffer[:end], self.buffer[end:]
-            if holding and channel != 0 and kind != _HEARTBEAT_FRAME:
+            if holding and (everything or channel != 0) and kind != _HEARTBEAT_FRAME:
                 self.held.append(frame)
             else:
                 out.append(frame)
@@ -61,11 +62,21 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._accepting: threading.Thread | None = None
         self._holding = threading.Event()
+        self._hold_all = False
         self.accepted = 0
 
-    def hold_replies(self) -> None:
-        """From now on the broker's channel frames wait here (connections already open too)."""
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def hold_replies(self, greetings: bool = False) -> None:
+        """From now on the broker's channel frames wait here (connections already open too);
+        ``greetings``: its connection-level frames too, so a new connection is never greeted —
+        RabbitMQ with no file handle left for a new socket."""
         assert self.amqp, "hold_replies() needs TcpProxy(..., amqp=True)"
+        self._hold_all = greetings
         self._holding.set()
 
     def release_replies(self) -> None:
@@ -146,7 +157,7 @@ class TcpProxy:
                     if not data:
                         return
                     if frames is not None and src is b:
-                        data = frames.feed(data, self._holding.is_set())
+                        data = frames.feed(data, self._holding.is_set(), self._hold_all)
                     if data:
                         key.data.sendall(data)
                 if frames is not None and frames.held and not self._holding.is_set():
