@@ -7,8 +7,11 @@ heartbeats, its /healthz saying only "waiting for broker"."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from epu.common.broker import Broker, Publisher
@@ -111,6 +114,21 @@ def test_a_tap_on_a_stalled_broker_fails_with_the_reason(broker: Broker, rabbit_
     with pytest.raises(BrokerStalled, match="did not answer channel.open, queue.declare and basic.consume"):
         follow(held(proxy, broker, rabbit_vhost), "#", lambda *a: None, stop=lambda: False, seconds=60)
     assert time.monotonic() - started < DEADLINE + 8
+
+
+def test_epu_tap_on_a_stalled_broker_exits_with_one_line(broker: Broker, rabbit_vhost: str, proxy: TcpProxy,
+                                                        tmp_path: Path) -> None:
+    config = tmp_path / "epu.toml"
+    config.write_text(f'[broker]\nurl = "amqp://{RABBIT_ADMIN}@127.0.0.1:{proxy.port}/{rabbit_vhost}"\n'
+                      f'prefix = "{broker.topology.prefix}"\ncall_timeout = {DEADLINE}\n')
+    proxy.hold_replies()
+    res = subprocess.run([sys.executable, "-m", "epu.cli", "tap", "-c", str(config), "--seconds", "60"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"epu: RabbitMQ at amqp://guest:***@127.0.0.1:{proxy.port}/{rabbit_vhost}: the broker did not answer "
+        f"channel.open, queue.declare and basic.consume of the tap within {DEADLINE:g} s (connection open, no reply: "
+        f"is it out of file handles? docs/deploy.md, 'The broker's file handles')"], res.stderr
 
 
 def test_a_deadline_that_does_not_pass_changes_nothing(broker: Broker) -> None:
