@@ -24,7 +24,9 @@ Only public py-amqp interfaces are used: ``confirm_select``, ``basic_publish`` (
 non-waiting one: connections here are opened without ``confirm_publish``) and the channel's
 ``basic_ack``/``basic_nack``/``basic_return`` events. A keepalive thread services the
 publisher connection's heartbeats while it is idle (reads the broker's, sends its own), so an
-idle publisher is not dropped by the broker for missed heartbeats.
+idle publisher is not dropped by the broker for missed heartbeats. Opening the confirm channel
+has a deadline (``Broker.call_timeout``, ``common.stall``): a broker that keeps the connection but
+never answers is left for a new connection, not waited on.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from amqp.exceptions import ChannelError, MessageNacked
 from epu.common.codec import CONTENT_TYPE, packb
 from epu.common.messages import Envelope, Message
 from epu.common.senders import SenderPolicy
+from epu.common.stall import CALL_TIMEOUT, bounded
 from epu.common.topology import COMMAND_TYPES, DEAD_LETTER_EXCHANGE, DEFAULT_TOPOLOGY, Topology
 from kombu import Connection, Producer
 
@@ -215,6 +218,10 @@ class Broker:
     """How long a publish waits for the broker's confirms before taking the connection for dead."""
     nack_retry_seconds: float = 15.0
     """How long nacked messages are resent (with backoff) before the publish fails."""
+    call_timeout: float = CALL_TIMEOUT
+    """How long a synchronous call (channel.open, queue.declare, basic.consume, basic.cancel,
+    confirm.select) may go unanswered before its connection is broken and replaced (``common.stall``;
+    0: wait for ever, as py-amqp does)."""
     senders: SenderPolicy = field(default_factory=SenderPolicy)
     """How consumers bind each inbound message to the sender allowed to send it (common.senders)."""
     _failover: _Failover = field(default_factory=_Failover, compare=False, repr=False)
@@ -531,8 +538,11 @@ class Publisher:
             self._conn = self.broker.connection(name=f"epu {self.source} publisher (pid {os.getpid()})")
             self._start_keepalive()
         if self._channel is None:
-            channel = self._conn.channel()
-            channel.confirm_select()
+            stalls = getattr(self.metrics, "broker_stalls", None)
+            on_stall = (lambda _what: stalls.inc()) if stalls is not None else None
+            with bounded(self._conn, self.broker.call_timeout, "channel.open and confirm.select", on_stall):
+                channel = self._conn.channel()
+                channel.confirm_select()
             channel.events["basic_ack"].add(lambda tag, multiple: self._settle(tag, multiple, True))
             channel.events["basic_nack"].add(lambda tag, multiple: self._settle(tag, multiple, False))
             channel.events["basic_return"].add(self._on_return)

@@ -53,6 +53,10 @@ class ServiceMetrics:
         self.reconnect_seconds = Gauge("epu_broker_last_reconnect_seconds",
                                        "From losing the broker connection to serving again, last time", registry=r)
         self.connected = Gauge("epu_broker_connected", "1 while connected to the broker", registry=r)
+        self.broker_stalls = Counter("epu_broker_stalls_total",
+                                     "Synchronous broker calls left unanswered past call_timeout on an open "
+                                     "connection (the connection was broken and replaced): a stalled broker",
+                                     registry=r)
         self.consumer_up = Gauge("epu_consumer_up", "1 while this service consumes the queue", ["queue"], registry=r)
         self.handler_retries = Counter("epu_handler_retries_total",
                                        "Handler failures retried in place, by queue and kind (transient: "

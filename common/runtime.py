@@ -44,6 +44,11 @@ changed, definitions being loaded), then ``run()`` raises ``BrokerRefused``: the
 (systemd's ``Restart=``) sees it, instead of a unit that stays active forever while logging
 "waiting for broker". /healthz says which kind each failure is (``error_kind``).
 
+A broker that keeps the connection open but stops answering (RabbitMQ out of file handles:
+a declare never returns, issue 34) is not waited on: the connection's setup and the cancel of its
+consumers have a deadline (``Broker.call_timeout``, ``common.stall``), after which the connection
+is broken, counted (``epu_broker_stalls_total``), named on /healthz and replaced like a lost one.
+
 Shutdown (SIGTERM/SIGINT, or ``stop()``): the message in hand is finished and acked, then the
 connection closes; prefetched but unhandled messages return to the queue via the broker.
 
@@ -64,6 +69,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +90,7 @@ from epu.common.failures import classify, describe
 from epu.common.inbound import allow_deep_headers, open_delivery, safe_headers
 from epu.common.messages import DecodeError, Envelope, Message
 from epu.common.observability import HealthServer, ServiceMetrics
+from epu.common.stall import bounded
 from epu.common.topology import (
     ATTEMPTS_HEADER,
     DEAD_AT_HEADER,
@@ -443,7 +450,8 @@ class Service:
             if self.stopping:
                 self._interrupt.set()
             if self.broker.declare:
-                self.broker.topology.declare(conn.channel(), self._declare)
+                with self._bounded(conn, "channel.open and the declares of its exchanges and queues"):
+                    self.broker.topology.declare(conn.channel(), self._declare)
             self._cancelled.clear()
             self._live = {}
             for c in self._consumers:
@@ -451,10 +459,11 @@ class Service:
                 if queue.name in self._stopped:
                     continue  # stopped on a permanent failure: only a restart (after the fix) resumes it
                 declare = self.broker.declare or c.queue is not None  # ad-hoc queues are ours
-                consumers.append(RawConsumer(
-                    conn.channel(), queue, prefetch=c.prefetch, declare=declare,
-                    on_message=lambda m, c=c, name=queue.name: self._inbox.append((c, name, m)),
-                    on_cancel=self._cancelled.append))
+                with self._bounded(conn, f"channel.open, basic.qos and basic.consume of {queue.name}"):
+                    consumers.append(RawConsumer(
+                        conn.channel(), queue, prefetch=c.prefetch, declare=declare,
+                        on_message=lambda m, c=c, name=queue.name: self._inbox.append((c, name, m)),
+                        on_cancel=self._cancelled.append))
                 self._live[queue.name] = consumers[-1]
                 self._consuming[queue.name] = True
                 self.metrics.consumer_up.labels(queue.name).set(1)
@@ -477,8 +486,9 @@ class Service:
             else:
                 self.log.info("serving", extra={"broker": url, "queues": [c.name for c in consumers]})
             self._pump(conn, worker)
-            for consumer in consumers:
-                consumer.cancel()
+            with self._bounded(conn, "basic.cancel of its consumers"):
+                for consumer in consumers:
+                    consumer.cancel()
         except BaseException:
             self._interrupt.set()
             raise
@@ -487,6 +497,12 @@ class Service:
                 conn.release()
             except Exception:
                 pass
+
+    def _bounded(self, conn: Any, what: str) -> AbstractContextManager[None]:
+        """A deadline on the broker calls of the block (``common.stall``): a broker that keeps the
+        connection but stops answering is left for a new connection, counted in
+        ``epu_broker_stalls_total`` and named on /healthz (``last_error``)."""
+        return bounded(conn, self.broker.call_timeout, what, lambda _what: self.metrics.broker_stalls.inc())
 
     def _queue_for(self, spec: QueueSpec | None) -> Queue:
         assert spec is not None
@@ -539,7 +555,9 @@ class Service:
         """Cancel (on the connection thread) the consumers of queues stopped on a permanent
         failure; what they had prefetched is requeued by ``_handle_batch``."""
         for name in [q for q in self._stopped if q in self._live]:
-            self._live.pop(name).cancel()
+            consumer = self._live.pop(name)
+            with self._bounded(consumer.channel.connection, f"basic.cancel of {name}"):
+                consumer.cancel()
             self._consuming[name] = False
             self.metrics.consumer_up.labels(name).set(0)
 

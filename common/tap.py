@@ -6,7 +6,9 @@ generated ``epu-operator`` user may create — and the events exchange is never 
 tap (the operator has no configure permission on it). Only when the exchange does not exist
 yet and the broker config allows declaring (a developer's broker) is it declared. Deliveries
 are opened with ``common.inbound`` like a service's, so a hostile event is shown as
-undecodable, never crashes the tap, and never inflates a compression bomb.
+undecodable, never crashes the tap, and never inflates a compression bomb. Setting the tap up
+and cancelling it have a deadline (``common.stall``): a broker that stops answering is an error
+(``BrokerStalled``), not a tap that hangs silent.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from epu.common.broker import Broker
 from epu.common.consuming import Inbound, RawConsumer
 from epu.common.inbound import allow_deep_headers, open_delivery
 from epu.common.messages import DecodeError, Envelope, Message
+from epu.common.stall import bounded
 
 #: Called per message: routing key, then (envelope, message) or the decode error.
 OnEvent = Callable[[str, Envelope | None, Message | None, DecodeError | None], None]
@@ -61,7 +64,8 @@ def follow(broker: Broker, pattern: str | Sequence[str], on_event: OnEvent, *, s
                 on_event(d.routing_key, envelope, msg, None)
             inbound.ack()
 
-        consumer = _consume(conn, broker, patterns, on_message)
+        with bounded(conn, broker.call_timeout, "channel.open, queue.declare and basic.consume of the tap"):
+            consumer = _consume(conn, broker, patterns, on_message)
         try:
             if on_bound is not None:
                 on_bound()
@@ -74,4 +78,5 @@ def follow(broker: Broker, pattern: str | Sequence[str], on_event: OnEvent, *, s
                 if conn.heartbeat:
                     conn.heartbeat_check()
         finally:
-            consumer.cancel()
+            with bounded(conn, broker.call_timeout, "basic.cancel of the tap"):
+                consumer.cancel()

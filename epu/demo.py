@@ -250,7 +250,20 @@ class Demo:
 
         self._agents = ThreadPoolExecutor(max_workers=2, thread_name_prefix="demo-agent")
 
+    #: Seconds each service has to connect and register its consumers.
+    START_SECONDS = 15.0
+
     def start(self) -> None:
+        """Start the tap, then the services. If one does not start, stop every one started before
+        raising: a half-started demo left running keeps its connections to the broker (and its
+        threads) for as long as the process lives."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         from epu.common.runtime import Service
         from epu.services.decision.app import build_service as build_decision
         from epu.services.provisioner.app import build_service as build_provisioner
@@ -279,8 +292,9 @@ class Demo:
         self.services.append(svc)
         if isinstance(svc, Service):
             self.threads.append(run_in_thread(svc))
-            if not svc.wait_ready(15):
-                raise RuntimeError(f"{svc.name} did not start")
+            if not svc.wait_ready(self.START_SECONDS):
+                raise RuntimeError(f"{svc.name} did not start within {self.START_SECONDS:g} s: "
+                                   f"{svc.health().get('last_error') or 'no error reported'}")
         else:
             t = threading.Thread(target=svc.run, name="svc-ctxbroker", daemon=True)
             t.start()

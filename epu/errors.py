@@ -58,6 +58,10 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
         if "NOT_ALLOWED" in text:
             return 1, f"{_broker()} refused the virtual host (NOT_ALLOWED): the user has no access to it; {BROKER_HINT}"
         return 1, f"cannot reach RabbitMQ: {text.removeprefix('cannot reach the broker: ')}; {BROKER_HINT}"
+    from epu.common.stall import BrokerStalled
+
+    if isinstance(exc, BrokerStalled):  # it took the connection, then stopped answering
+        return 1, f"{_broker()}: {exc}"
     amqp = _amqp(exc)
     if amqp is not None:
         return amqp

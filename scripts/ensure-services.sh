@@ -25,15 +25,30 @@ wait_port() {
 }
 
 # ---- RabbitMQ
-if ! port_open 5672; then
+# Its open-file limit: RabbitMQ 3.x keeps ~10% of it back and shares the rest between sockets,
+# queue files and quorum queues' reservations (three each); at the 1,024 a shell gives, the broker
+# ran out in the middle of the suite and answered nothing for 12 minutes (issue 34). 65,536 is
+# what Debian's systemd unit gives it (LimitNOFILE) and what RabbitMQ recommends in production.
+RABBIT_NOFILE=65536
+RABBIT_PORT=${EPU_RABBIT_PORT:-5672}  # another port only for this script's own test
+if ! port_open "$RABBIT_PORT"; then
   command -v rabbitmq-server >/dev/null || apt_install RabbitMQ rabbitmq-server
-  echo "epu: starting RabbitMQ" >&2
-  if [ "$(id -u)" -eq 0 ]; then rabbitmq-server -detached || true; else
-    echo "epu: RabbitMQ is installed but not running; start it with: sudo rabbitmq-server -detached" >&2; exit 1; fi
-  wait_port 5672 RabbitMQ
+  echo "epu: starting RabbitMQ (open files: up to $RABBIT_NOFILE)" >&2
+  if [ "$(id -u)" -eq 0 ]; then
+    ( ulimit -n "$RABBIT_NOFILE" 2>/dev/null || ulimit -n "$(ulimit -Hn)"; rabbitmq-server -detached ) || true
+  else
+    echo "epu: RabbitMQ is installed but not running; start it with: sudo sh -c 'ulimit -n $RABBIT_NOFILE; rabbitmq-server -detached'" >&2; exit 1; fi
+  wait_port "$RABBIT_PORT" RabbitMQ
 fi
 if [ "$(id -u)" -eq 0 ]; then
   rabbitmqctl await_startup >/dev/null 2>&1 || true
+  # one started before (by hand, or by an older version of this script) may have the shell's limit
+  limit=$(rabbitmqctl eval 'file_handle_cache:get_limit().' 2>/dev/null | tr -dc '0-9')
+  if [ -n "$limit" ] && [ "$limit" -lt 10000 ]; then
+    echo "epu: warning: RabbitMQ may use only $limit file handles (its open-file limit is too low for" \
+         "the suite's peaks); when nobody else uses it, restart it with:" \
+         "rabbitmqctl stop && sh -c 'ulimit -n $RABBIT_NOFILE; rabbitmq-server -detached'" >&2
+  fi
 fi
 
 # ---- PostgreSQL

@@ -1,9 +1,23 @@
 """Shared fixtures: isolated RabbitMQ vhost and names, PostgreSQL database, temp dirs.
 
-Isolation: one vhost per test session (created with rabbitmqctl, deleted at the end), and a
-unique name prefix per test inside it, so tests run in parallel (pytest-xdist) without
-seeing each other. Nothing is skipped when a service is missing: ``make test`` provides
-the services (scripts/ensure-services.sh), and a missing one is a failure, not a skip.
+Isolation: one vhost per test module (tests/support/vhosts.py: deleted with every queue in it as
+soon as the module is done), and a unique name prefix per test inside it, so tests run in
+parallel (pytest-xdist) without seeing each other. Nothing is skipped when a service is missing:
+``make test`` provides the services (scripts/ensure-services.sh), and a missing one is a failure,
+not a skip.
+
+What the suite asks of the shared RabbitMQ is bounded (issue 34: a broker out of file handles
+answered nothing for 12 minutes in the middle of ``make test``):
+
+* queues are classic (``EPU_TEST_CLASSIC_QUEUES=1``, ``common.topology``): a quorum queue holds
+  three of the broker's file handles for as long as it exists. A test whose subject is quorum
+  semantics (replication, delivery limits, the committed definitions) is marked ``quorum`` and
+  declares quorum queues as production does; ``tests/cluster`` is, as a whole;
+* a module's queues go with its vhost when the module ends;
+* at its start and before each module that needs RabbitMQ, the suite checks that the broker
+  completes an AMQP handshake within ``EPU_TEST_BROKER_CHECK_SECONDS`` (15); if it does not, the
+  suite stops with one line saying so (tests/support/brokercheck.py), instead of failing every
+  test after it on its own timeout.
 """
 
 from __future__ import annotations
@@ -18,13 +32,20 @@ from pathlib import Path
 
 import pytest
 from epu.common.broker import Broker
-from epu.common.topology import Topology
+from epu.common.topology import CLASSIC_QUEUES_FOR_TESTS, Topology
 
+from tests.support.brokercheck import handshake_problem, stop_line
 from tests.support.brokerdiag import broker_diagnosis, is_unreachable_broker
+from tests.support.vhosts import VhostPool
 
 RABBIT_HOST = os.environ.get("EPU_TEST_RABBIT_HOST", "127.0.0.1:5672")
 RABBIT_ADMIN = os.environ.get("EPU_TEST_RABBIT_ADMIN", "guest:guest")
 PG_BASE_URL = os.environ.get("EPU_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
+
+
+# classic queues unless a test is marked ``quorum`` (set here, so subprocesses inherit it too);
+# EPU_TEST_CLASSIC_QUEUES=0 in the environment runs every test on quorum queues
+os.environ.setdefault(CLASSIC_QUEUES_FOR_TESTS, "1")
 
 
 def rabbitmqctl(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,6 +64,11 @@ _SERVICE_FIXTURES = {"rabbit_vhost": "rabbitmq", "rabbit_url": "rabbitmq", "brok
 _SERVICE_DIRS = {"e2e": "e2e", "cluster": "cluster"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "quorum: declares quorum queues, as production does (quorum semantics "
+                                       "under test); the suite's other tests declare classic ones")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what needs a system service from what the test asks for, so ``-m "not rabbitmq and
     not postgres and not slurm"`` (``make test-fast``) leaves out exactly those: a test using the
@@ -56,8 +82,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = item.path.relative_to(Path(__file__).parent).parts if item.path.is_relative_to(Path(__file__).parent) else ()
         if parts and parts[0] in _SERVICE_DIRS:
             wanted.add(_SERVICE_DIRS[parts[0]])
+        if parts and parts[0] == "cluster":
+            wanted.add("quorum")  # a cluster's failover is quorum queues replicated on its nodes
         for name in sorted(wanted - {m.name for m in item.iter_markers()}):
             item.add_marker(getattr(pytest.mark, name))
+
+
+def _needs_system_broker(item: pytest.Item) -> bool:
+    """The test talks to the machine's RabbitMQ (tests/cluster start nodes of their own)."""
+    return item.get_closest_marker("rabbitmq") is not None and item.get_closest_marker("cluster") is None
+
+
+_checked_module: list[Path] = []
+
+
+def _check_broker(when: str) -> None:
+    """Stop the suite with one line if the broker does not complete a handshake (see the docstring)."""
+    host, port = _host_port(RABBIT_HOST)
+    user, password = RABBIT_ADMIN.split(":", 1)
+    problem = handshake_problem(host, port, user, password)
+    if problem is not None:
+        pytest.exit(stop_line(host, port, problem, when), returncode=3)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not OFFLINE and not session.config.option.collectonly and any(map(_needs_system_broker, session.items)):
+        _check_broker("at the start of the suite")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures are set up: a stalled broker would hang them
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the first test of each module that needs the broker (a handshake takes milliseconds)."""
+    if OFFLINE or not _needs_system_broker(item) or item.path in _checked_module:
+        return
+    _checked_module[:] = [item.path]
+    _check_broker(f"before {item.path.name}")
+
+
+@pytest.fixture(autouse=True)
+def _queue_type(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``quorum`` declares quorum queues (and so do the processes it starts)."""
+    if request.node.get_closest_marker("quorum") is not None:
+        monkeypatch.setenv(CLASSIC_QUEUES_FOR_TESTS, "0")
 
 
 def _refuse_offline(what: str) -> None:
@@ -86,19 +152,28 @@ def _host_port(hostport: str) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="session")
-def rabbit_vhost() -> Iterator[str]:
-    """A fresh vhost for this test session (per xdist worker), with guest allowed in."""
+def _vhost_pool() -> Iterator[VhostPool]:
+    """Where the modules' vhosts come from; at the session's end every one is gone."""
     _refuse_offline("RabbitMQ")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    vhost = f"epu-test-{worker}-{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", vhost)
-    user = RABBIT_ADMIN.split(":")[0]
-    rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    host, port = _host_port(RABBIT_HOST)
+    user, password = RABBIT_ADMIN.split(":", 1)
+    pool = VhostPool(os.environ.get("PYTEST_XDIST_WORKER", "main"), host, port, user, password)
+    yield pool
+    left = pool.close()
+    if left:
+        print(f"\nRabbitMQ test vhosts not deleted: {', '.join(left)}")
+
+
+@pytest.fixture(scope="module")
+def rabbit_vhost(_vhost_pool: VhostPool) -> Iterator[str]:
+    """A fresh vhost for this test module (per xdist worker), with guest allowed in; deleted, with
+    every queue in it, as soon as the module is done."""
+    vhost = _vhost_pool.take()
     yield vhost
-    rabbitmqctl("delete_vhost", vhost, check=False)
+    _vhost_pool.give_back(vhost)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def rabbit_url(rabbit_vhost: str) -> str:
     return f"amqp://{RABBIT_ADMIN}@{RABBIT_HOST}/{rabbit_vhost}"
 
@@ -113,7 +188,7 @@ def broker(rabbit_url: str, prefix: str) -> Broker:
     """A Broker on the real RabbitMQ, with names unique to this test. The connect timeout is
     longer than production's 5 s: on the shared 2-core machine the AMQP handshake itself has taken
     over 5 s under load, and no test here is about how fast a connect to a live broker gives up."""
-    return Broker(rabbit_url, Topology(prefix=prefix, quorum=True), connect_timeout=20.0)
+    return Broker(rabbit_url, Topology(prefix=prefix), connect_timeout=20.0)
 
 
 @pytest.fixture

@@ -88,7 +88,7 @@ class EpuConfig(Section):
         url = b.url if isinstance(b.url, str) else tuple(b.url)
         return Broker(url, Topology(prefix=b.prefix, quorum=b.quorum), heartbeat=b.heartbeat, declare=b.declare,
                       tls=TlsSettings(**b.tls.model_dump()), connect_timeout=b.connect_timeout,
-                      confirm_timeout=b.confirm_timeout,
+                      confirm_timeout=b.confirm_timeout, call_timeout=b.call_timeout,
                       limits=MessageLimits(b.max_message_bytes, b.max_message_bytes),
                       senders=SenderPolicy(b.user_prefix, b.require_sender_user))
 

@@ -59,6 +59,10 @@ class BrokerConfig(Section):
     """Seconds to wait for one broker URL to answer before trying the next."""
     confirm_timeout: float = Field(30.0, gt=0)
     """Seconds a publish waits for the broker's confirm before taking the connection for dead."""
+    call_timeout: float = Field(30.0, ge=0)
+    """Seconds a synchronous broker call (channel.open, queue.declare, basic.consume, basic.cancel)
+    may go unanswered on an open connection before the connection is broken and replaced (0: wait
+    for ever). A broker out of file handles keeps connections open but never answers."""
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest message a consumer takes, before and after decompression; larger is dead-lettered."""
     user_prefix: str = ""

@@ -80,13 +80,13 @@ def test_scale_up_survives_losing_nodes_one_after_another(rabbit_cluster: Rabbit
                             idle_seconds=1.0, stall_seconds=60.0, quota_a=4, timeout=240, seed=7,
                             with_ctxbroker=True, broker_url=cluster.urls(vhost), prefix="")
     demo = Demo(settings)
-    demo.start()
-    prov = next(s for s in demo.services if hasattr(s, "provisioner")).provisioner
-    for site in prov.sites.values():
-        site.driver.client_tokens = False  # so a duplicate delivery would show as a second VM
-    engine = next(s for s in demo.services if hasattr(s, "engine")).engine
     reconnects: dict[str, dict[str, float]] = {}
     try:
+        demo.start()
+        prov = next(s for s in demo.services if hasattr(s, "provisioner")).provisioner
+        for site in prov.sites.values():
+            site.driver.client_tokens = False  # so a duplicate delivery would show as a second VM
+        engine = next(s for s in demo.services if hasattr(s, "engine")).engine
         assert all(f":{first.port}/" in s.broker.current_url for s in services_of(demo))
         demo.submit_burst()
         # node 1 goes while the engine is launching (every service is connected to it)

@@ -23,6 +23,8 @@ def test_the_live_broker_is_reported_greeting_without_alarms_with_its_descriptor
     assert "== AMQP greeting\nConnection.Start frame after" in report
     assert "no alarms" in report
     assert "File Descriptors" in report and "Sockets:" in report
+    # RabbitMQ's count, reservations of quorum queues included: what ran out in issue 34
+    assert "== file-handle budget\nfile handles " in report and " in use, sockets " in report
     assert "== busiest processes\nPID" in report
 
 

@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 from epu.common.messages import ContextMembership, Envelope
 
-from epu.demo import DemoSettings, Observed, run_demo
+from epu.demo import Demo, DemoSettings, Observed, run_demo
 
 EPU = [sys.executable, "-m", "epu.cli"]
 
@@ -66,3 +68,18 @@ def test_the_mixed_workload_launches_a_type_per_partition_and_nothing_for_stuck_
     assert summary["instances_by_type"] == {"c4": 3, "g8": 1, "r16": 1}, summary
     assert summary["jobs_completed"] == summary["jobs_submitted"] - summary["jobs_stuck"] == 12
     assert summary["final_instances"] == 0 and summary["unsatisfiable"] == ["1 x 64c @cpu (cores)"]
+
+
+def test_a_demo_whose_service_does_not_start_stops_the_ones_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34's title: a half-started demo. Its tap, left running, kept a connection to the broker
+    for as long as the process lived; ``start()`` now stops what it started before raising."""
+    monkeypatch.setattr(Demo, "START_SECONDS", 1.0)
+    before = set(threading.enumerate())
+    demo = Demo(DemoSettings(broker_url="amqp://guest:guest@127.0.0.1:1/nowhere", with_ctxbroker=False))
+    try:
+        with pytest.raises(RuntimeError, match="demo-tap did not start within 1 s: .*cannot reach the broker"):
+            demo.start()
+        left = [t.name for t in threading.enumerate() if t not in before and t.is_alive() and t.name.startswith("svc-")]
+        assert left == []
+    finally:
+        demo.close()

@@ -165,6 +165,7 @@ SERVICES = {
 }
 
 
+@pytest.mark.quorum  # none may reach the broker's delivery limit, which only quorum queues have
 @pytest.mark.parametrize("service", sorted(SERVICES))
 def test_a_real_service_process_survives_every_hostile_message(service: str, rabbit_url: str, prefix: str,
                                                                tmp_path: Path) -> None:

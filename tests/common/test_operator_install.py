@@ -158,14 +158,19 @@ def world() -> Iterator[World]:
                 stop_sensor.set()
                 feeder.join(5)
                 sensor.close()
+                stop(services, threads)  # before their users and vhost are deleted under them
     finally:
-        for svc in services:
-            svc.stop()
-        for t in threads:
-            t.join(15)
+        stop(services, threads)
         ctx.stop()
         ctx.join()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def stop(services: list, threads: list) -> None:
+    for svc in services:
+        svc.stop()
+    for t in threads:
+        t.join(15)
 
 
 def as_nobody(venv: Path, cfg: Path, *argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.rabbitmq
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.quorum  # the committed file declares production's quorum queues
 def test_committed_definitions_match_the_topology() -> None:
     committed = json.loads((ROOT / "deploy/rabbitmq/definitions.json").read_text())
     generated = rabbitmq_definitions(Topology(), ["alpha"], vhost="epu")

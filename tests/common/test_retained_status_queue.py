@@ -14,7 +14,8 @@ from epu.common.broker import Broker, Publisher
 from epu.common.messages import EngineStatus
 from epu.common.retained import read_retained
 
-pytestmark = pytest.mark.rabbitmq
+#: quorum: what is under test is how a quorum queue counts a held status against x-max-length
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.quorum]
 
 
 def _pika(broker: Broker) -> pika.BlockingConnection:

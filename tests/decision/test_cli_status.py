@@ -44,6 +44,7 @@ def test_board_folds_events():
 
 
 @pytest.mark.rabbitmq
+@pytest.mark.quorum  # reads beyond a quorum queue's delivery limit leave the status in place
 def test_status_reads_the_retained_status_at_once_and_leaves_it(tmp_path, broker, capsys):
     """The engine's status in the latest-value queue shows at once (``--seconds 0``), for any number
     of readers; only the newest of two is shown; an operator config naming no domain works."""

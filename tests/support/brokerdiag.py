@@ -63,8 +63,12 @@ def _status_sections(status: str, wanted: tuple[str, ...]) -> str:
 
 def broker_diagnosis(host: str = "127.0.0.1", port: int = 5672) -> str:
     established = _run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"])
+    from tests.support.brokercheck import file_handles
+
     sections = [
         ("AMQP greeting", amqp_greeting(host, port)),
+        # RabbitMQ's own count (quorum queues' reservations included), which the OS's does not show
+        ("file-handle budget", file_handles() or "(not available)"),
         ("alarms", _run(["rabbitmq-diagnostics", "-q", "alarms"])),
         ("status", _status_sections(_run(["rabbitmqctl", "-q", "status"]),
                                     ("Alarms", "File Descriptors", "Memory", "Free Disk Space", "Listeners"))),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource
 import secrets
 import shutil
 import signal
@@ -53,7 +54,10 @@ def free_port_pair() -> int:
 
 
 class RabbitNode:
-    def __init__(self, base: Path, index: int, cookie: str, extra_config: str = "", tag: str | None = None) -> None:
+    def __init__(self, base: Path, index: int, cookie: str, extra_config: str = "", tag: str | None = None,
+                 nofile: int | None = None) -> None:
+        self.nofile = nofile
+        """The node's open-file limit (None: this process's), which sets its file-handle budget."""
         self.tag = tag or uuid.uuid4().hex[:6]
         self.name = f"t{index}-{self.tag}@localhost"
         self.dir = base / f"t{index}"
@@ -100,8 +104,15 @@ class RabbitNode:
         self._prepare()
         self.pidfile.unlink(missing_ok=True)
         log = open(self.dir / "server.out", "ab")  # noqa: SIM115 - the child owns it
+        nofile = self.nofile
+
+        def limits() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.server_env(), stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=limits)
         log.close()
         return self
 
