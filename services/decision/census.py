@@ -114,6 +114,24 @@ def node_idle(node: NodeInfo) -> bool:
     return node.state == "free" and not node.jobs and not node.cores_used
 
 
+def joins(inst: Instance, node: NodeInfo) -> bool:
+    """The join rule, its one statement (both passes call it): a pending instance whose node the
+    batch system has *in service* has joined — unless it is on its way out. A name that is merely
+    known to the batch system (a pre-declared, powered-down pool slot; a node still offline or
+    down) has not joined: the instance still needs its ``add``."""
+    return (inst.state in PENDING_STATES and node.state in IN_SERVICE and not inst.terminate_sent
+            and not inst.retire)
+
+
+def counts_missing(inst: Instance) -> bool:
+    """The missing rule, its one statement (both passes call it, for an instance whose node the
+    snapshot does not show): a joined or draining instance that joined, whose node was not
+    removed and that is not being terminated, is a node the batch system lost — counted by the
+    circuit breaker."""
+    return (inst.state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
+            and not inst.terminate_sent)
+
+
 def joined_timers(inst: Instance, node: NodeInfo | None, now: float) -> Instance:
     """A joined instance's idle and lost timers on a snapshot, the rule's one statement (both
     passes call it): idle (``idle_since``) while its node is idle (``node_idle``), lost
@@ -165,11 +183,7 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
             new = evolve(new, seen_at=now)
         if state == "joined":
             new = joined_timers(new, node, now)
-        elif (node is not None and state in PENDING_STATES and node.state in IN_SERVICE
-              and not inst.terminate_sent and not inst.retire):
-            # joined = in service. A name that is merely known to the batch system (a
-            # pre-declared, powered-down pool slot; a node still offline or down) has not
-            # joined: the instance still needs its "add".
+        elif node is not None and state in PENDING_STATES and joins(inst, node):
             new = evolve(new, state="joined", state_at=now, joined_at=now,
                          idle_since=now if node_idle(node) else None)
             came.append(new)
@@ -181,21 +195,15 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
         if new.terminate_sent:
             continue
         state = new.state
-        if state == "joined":
-            if new.retire:
-                draining.append(new)  # on its way out (given up)
+        if state == "joined" or state == "draining":
+            if state == "draining" or new.retire:
+                draining.append(new)  # on its way out (given up, or drained)
             else:
                 joined.append(new)
                 active.append(new)
             if new.joined_at is not None and not new.removed:
                 known += 1
-                if node is None:
-                    missing += 1
-        elif state == "draining":
-            draining.append(new)
-            if new.joined_at is not None and not new.removed:
-                known += 1
-                if node is None:
+                if node is None and counts_missing(new):
                     missing += 1
         elif state in PENDING_STATES:
             if new.retire:
@@ -302,16 +310,14 @@ def refresh_census_again(prev: Census, index: NodeIndex, now: float) -> Census |
         if node is None:
             if state == "joined":
                 new = joined_timers(new, None, now)
-            if (state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
-                    and not inst.terminate_sent):
+            if counts_missing(inst):
                 missing += 1
         else:
             if inst.seen_at is None:
                 new = evolve(new, seen_at=now)
             if state == "joined":
                 new = joined_timers(new, node, now)
-            elif (state in PENDING_STATES and node.state in IN_SERVICE and not inst.terminate_sent
-                  and not inst.retire):
+            elif joins(inst, node):
                 return None  # it joins
         if gather:
             rest.append(new)
