@@ -562,6 +562,10 @@ class OfferedType(Model):
     gpus: NonNegInt = 0
     features: list[str] = Field(default_factory=list)
     price_per_hour: Annotated[float, Field(ge=0)] = 0.0
+    priced: bool = True
+    """False: nobody said what it costs (a driver size with no price, and no override);
+    ``price_per_hour`` is then 0 and means nothing — a spend cap never admits the type, and cost
+    reports do not bill it as 0. (Senders before this field: always true.)"""
     spot: bool = False
     quota: NonNegInt = 0
     image: str = ""
@@ -833,7 +837,10 @@ class PolicyChange(Message):
     """True: act on the current snapshots although the circuit breaker found them implausible
     (until a healthy snapshot closes it anyway)."""
     budget_per_hour: Annotated[float, Field(ge=0)] | None = None
-    """New spend cap of the domain ($/h); 0 removes the cap; ``None`` leaves it unchanged."""
+    """New spend cap of the domain ($/h, above 0: a 0 is refused, as in the file); ``None`` leaves
+    it unchanged. (Engines before ``clear_budget`` took 0 to remove the cap.)"""
+    clear_budget: bool | None = None
+    """True removes the domain's spend cap (``epu policy set D budget_per_hour=none``)."""
     mode: str | None = None
     """``act`` or ``observe`` (shadow mode); ``None`` leaves it unchanged."""
 

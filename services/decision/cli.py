@@ -36,7 +36,7 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
     """``key=value`` words → PolicyChange fields; unknown keys are policy parameters.
 
     Values are TOML literals where they parse (``3``, ``0.5``, ``true``), strings otherwise;
-    ``sites`` takes a comma-separated list."""
+    ``sites`` takes a comma-separated list; ``budget_per_hour=none`` removes the spend cap."""
     out: dict[str, Any] = {"params": {}}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -45,6 +45,8 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"expected key=value, got {pair!r}")
         if key == "sites":
             out["sites"] = [s.strip() for s in value.split(",") if s.strip()]
+        elif key == "budget_per_hour" and value.strip().lower() == "none":
+            out["clear_budget"] = True  # no cap (0 is refused, as in the file)
         elif key in ("policy", "placement", "mode"):
             out[key] = value
         elif key in FIELDS:

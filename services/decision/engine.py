@@ -126,7 +126,7 @@ class Engine:
         """Sends a burst of actions with one confirm wait (the service's); without it, one by one."""
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
-        self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
+        self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour or 0.0, s.cores) for n, s in config.sites.items()}
         self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
         """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
         self.leases: DecisionLeases | None = leases
@@ -136,7 +136,8 @@ class Engine:
         self.health = PipelineHealth(self.settings, store)
         self.catalogues = Catalogues(config, self.site_infos)
         self.events = InstanceEvents(config, store, self.clock, publish, self.acting, self.catalogues, self.health)
-        self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health)
+        self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health,
+                                     types=lambda: self.catalogues.types)
         self.census = CensusKeeper()
         """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
         self.params = PolicyParams()
@@ -448,8 +449,7 @@ class Engine:
         caps = None  # the spend caps (budget_per_hour of the domain and of sites)
         if cfg.budget_per_hour or self.site_caps:
             caps = budget.budget_for(cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
-                                     budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()},
-                                                        self.types))
+                                     budget.price_table(budget.site_prices(self.config.sites), self.types))
         placement = placement_input(cfg, self.site_infos, health, live, unproven, budget=caps,
                                     backoff_initial=self.settings.backoff_initial_seconds,
                                     backoff_max=self.settings.backoff_max_seconds)

@@ -22,7 +22,7 @@ from typing import Any
 from epu.common.codec import packb
 from epu.common.columns import decode_columns, replace_fields
 from epu.common.messages import DecisionRecord, EngineStatus, InstanceStatus, Message
-from epu.services.decision.budget import price_table, spend_rate
+from epu.services.decision.budget import price_table, site_prices, spend_rate
 from epu.services.decision.status import queue_of
 from epu.services.decision.view import NodeIndex
 
@@ -93,7 +93,7 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
         min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes, breaker=engine.breakers().get(domain, ""),
         budget_held=engine.budget_held.get(domain, ""), mode=cfg.mode,
         spend_per_hour=round(spend_rate(((i.site, i.instance_type, i.state) for i in insts), price_table(
-            {n: i.price_per_hour for n, i in engine.site_infos.items()}, engine.types)), 6),
+            site_prices(engine.config.sites), engine.types)), 6),
         snapshot_at=float(snap.taken_at) if snap is not None else None,
         sensor_skew_seconds=_skew(engine, domain),
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,

@@ -59,7 +59,7 @@ class Catalogues:
 
 def to_offered(t: InstanceType) -> OfferedType:
     return OfferedType(name=t.name, size=t.size, cores=t.cores, memory_mb=t.memory_mb, gpus=t.gpus,
-                       features=list(t.features), price_per_hour=t.price_per_hour, spot=t.spot, quota=t.quota,
+                       features=list(t.features), price_per_hour=t.price_per_hour, priced=t.priced, spot=t.spot, quota=t.quota,
                        image=t.image)
 
 
