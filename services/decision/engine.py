@@ -65,6 +65,7 @@ from epu.services.decision.health import PipelineHealth
 from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
+from epu.services.decision.occupancy import JobSpans
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import Plan, placement_input, plan, shadow
 from epu.services.decision.policies import (
@@ -138,6 +139,8 @@ class Engine:
         self.events = InstanceEvents(config, store, self.clock, publish, self.acting, self.catalogues, self.health)
         self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health,
                                      types=lambda: self.catalogues.types)
+        self.job_spans = JobSpans(store, gap=self.settings.active_window_seconds)
+        """Which jobs ran on which instance, kept in the store for ``epu cost`` (``occupancy``)."""
         self.census = CensusKeeper()
         """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
         self.params = PolicyParams()
@@ -226,7 +229,10 @@ class Engine:
         one before (the caller may then iterate at once rather than at the next tick)."""
         if snap.domain not in self.config.domains:
             return False
-        return self.snapshots.admit(snap, self.clock.now())
+        changed = self.snapshots.admit(snap, self.clock.now())
+        if self.snapshots.snapshot(snap.domain) is snap:  # kept as the newest: whose jobs ran where (epu cost)
+            self.job_spans.observe(snap.domain, snap, self.snapshots.taken(snap.domain) or self.clock.now())
+        return changed
 
     def is_active(self, domain: str) -> bool:
         return self.snapshots.fresh(domain, self.clock.now(), self.settings.active_window_seconds)
@@ -280,6 +286,7 @@ class Engine:
         self.health.forget()
         self.census.forget()
         self.events.forget()
+        self.job_spans.forget()
         self.store.invalidate()
         if self.leases is not None:
             self.leases.release()
