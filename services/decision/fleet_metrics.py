@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.messages import DecisionRecord
+from epu.common.retire import RetireReason
 from epu.services.decision.budget import price as budget_price
 from epu.services.decision.budget import price_table, site_prices
 from epu.services.decision.view import PENDING_STATES
@@ -103,6 +104,21 @@ class FleetObserver:
         self._owned: set[str] = set()
         """Domains this engine exports (see the module docstring)."""
         self._last: float | None = None
+
+    def _known(self, domain: str) -> None:
+        """Start the domain's counters at 0 for every label set known now — its sites and their
+        catalogue types, every retire reason — instead of at their first increment: Prometheus's
+        ``increase()`` reads a series born at 1 as no increase (issue 34: an alert missed the first
+        events)."""
+        e = self.engine
+        current = e.store.current_config(domain)
+        sites = (current[1].sites if current is not None else []) or list(e.config.sites)
+        for site in sites:
+            types = [t.name for t in e.types.get(site, ())] or [self._site_type(site, "")]
+            for typ in types:
+                self.launches.setdefault((domain, site, typ), 0)
+        for reason in RetireReason:
+            self.retired.setdefault((domain, reason.value), 0)
 
     # ------------------------------------------------------------------ inputs
     def _site_type(self, site_name: str, instance_type: str) -> str:
@@ -215,6 +231,8 @@ class FleetObserver:
                     self.spend_total[key2] = self.spend_total.get(key2, 0.0) + rate * hours
         for key2 in s.spend_rate:
             self.spend_total.setdefault(key2, 0.0)
+        for d in active:  # every known label set from 0: increase() then sees the first launch, retirement
+            self._known(d)
         self._last = now
         self.sample = s
         return s

@@ -22,7 +22,7 @@ PROM = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULES = PROM / "epu-alerts.yml"
 ALERTS = {"EpuTargetDown", "EpuDomainWithoutEngine", "EpuDecisionEngineAbsent", "EpuCircuitBreakerOpen",
           "EpuSiteBackedOff", "EpuInstancesStuckBooting", "EpuDeadLettersGrowing", "EpuSpendOverBudget",
-          "EpuSensorUnavailable", "EpuUnsatisfiableJobs"}
+          "EpuSensorUnavailable", "EpuUnsatisfiableJobs", "EpuSpendCapHoldingLaunches", "EpuUnpricedInstances"}
 PROMETHEUS_OWN = {"up"}
 """Series Prometheus makes itself, not a service."""
 
