@@ -745,6 +745,9 @@ class InstanceStatus(Model):
     """Why it is on its way out ("": it is not): scale-down, stalled, lost, operator."""
     since: float
     """When it entered ``state``."""
+    launched_at: float | None = None
+    """When its launch was asked for (the engine's record; None from engines before this field):
+    what ``epu instances list`` counts AGE from, as it does for the provisioner's records."""
 
 
 @register
@@ -841,6 +844,10 @@ class PolicyChange(Message):
     it unchanged. (Engines before ``clear_budget`` took 0 to remove the cap.)"""
     clear_budget: bool | None = None
     """True removes the domain's spend cap (``epu policy set D budget_per_hour=none``)."""
+    forced_terminate: list[str] | None = None
+    """Instances (launch ids) an operator terminated at once through the provisioners
+    (``epu instances terminate --force``), sent for the record: the engine keeps it in the
+    domain's history (``epu policy history``) and does nothing else with it."""
     mode: str | None = None
     """``act`` or ``observe`` (shadow mode); ``None`` leaves it unchanged."""
 

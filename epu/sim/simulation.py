@@ -237,9 +237,11 @@ class Simulation:
     # ------------------------------------------------------------------ operators
     def operator_terminate(self, instance_id: str, force: bool) -> None:
         """``epu instances terminate ID [--force]``: the message the CLI builds, sent as the CLI does."""
-        from epu.services.provisioner.cli import terminate_message
+        from epu.services.provisioner.cli import forced_record, terminate_message
 
         self.operator.send(terminate_message(instance_id, self.domain, "terminated by an operator", force))
+        if force:  # then the record for the engine's history (the CLI sends it once a provisioner answered)
+            self.operator.send(forced_record(instance_id, self.domain, "sim"))
 
     # ------------------------------------------------------------------ outage bookkeeping
     def pipeline_changed(self) -> None:

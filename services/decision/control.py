@@ -86,6 +86,8 @@ class PolicyChanges:
                 what = [f"applied by {change.operator or 'operator'}"]
                 if retiring:
                     what.append(f"{len(retiring)} instance(s) to drain and terminate")
+                if change.forced_terminate:
+                    what.append(self._forced(change))
                 if change.release_breaker:
                     what.append("circuit breaker released")
                 out = PolicyOutcome(change_id=change.change_id, domain=change.domain, applied=True,
@@ -103,6 +105,15 @@ class PolicyChanges:
         problems = domain_cap_problems(new, self.types())
         if problems:
             raise ChangeRejected("budget_per_hour: " + "; ".join(problems))
+
+    def _forced(self, change: PolicyChange) -> str:
+        """An operator's forced terminate, for the record only: the provisioners did it (the
+        escape hatch needs no engine); the history says which instances, and which of them this
+        engine did not know (an instance only the provisioner's store held)."""
+        ids = list(change.forced_terminate or [])
+        unknown = [i for i in ids if (inst := self.store.instance(i)) is None or inst.domain != change.domain]
+        note = f"forced terminate of {', '.join(ids)} recorded (done by the provisioners, not the engine)"
+        return note + (f"; not in the engine's table: {', '.join(unknown)}" if unknown else "")
 
     def _retirements(self, change: PolicyChange) -> list[Instance]:
         """An operator's unforced terminate: the instances, marked to go the safe way out."""

@@ -86,7 +86,7 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
         "node_name": [i.node_name for i in insts], "ip": [i.ip for i in insts],
         "in_batch": [i.joined_at is not None and not i.removed for i in insts],
         "node_state": node_states, "retire": [i.retire for i in insts],
-        "since": [float(i.state_at) for i in insts]}
+        "since": [float(i.state_at) for i in insts], "launched_at": [float(i.launched_at) for i in insts]}
     jobs, cores = queue_of(snap) if snap is not None and snap.available else (0, 0)
     head = EngineStatus(
         domain=domain, at=float(now), policy=cfg.policy, policy_version=version, paused=cfg.paused,
