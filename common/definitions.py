@@ -18,8 +18,8 @@ Least privilege, one user per service:
   ``provisioner.launch``); declares and reads its own exclusive tap queues (``epu.tap.*``)
   bound to any event, reads the engine's status queues (``epu.status.DOMAIN``, without
   consuming: basic.get then requeue) and the dead-letter queue (``epu dead``) — what ``epu tap``,
-  ``epu status``, ``epu record``, ``epu cost``, ``epu dead``, ``epu instances`` and ``epu policy``
-  need, and nothing more.
+  ``epu status``, ``epu record``, ``epu dead``, ``epu instances`` and ``epu policy`` need, and
+  nothing more (``epu cost`` reads the services' stores, not the broker).
 
 Bounds, by policy (``QueueBounds``): the decision input and work queues refuse publishes
 beyond a byte size (the publisher is told, nothing is dropped silently); dead letters are
