@@ -20,8 +20,8 @@ Least privilege, one user per service:
   ``provisioner.launch``); declares and reads its own exclusive tap queues (``epu.tap.*``)
   bound to any event, reads the engine's status queues (``epu.status.DOMAIN``, without
   consuming: basic.get then requeue), the dead-letter queue and the death notes (``epu dead``) —
-  what ``epu tap``, ``epu status``, ``epu record``, ``epu cost``, ``epu dead``, ``epu instances``
-  and ``epu policy`` need, and nothing more.
+  what ``epu tap``, ``epu status``, ``epu record``, ``epu dead``, ``epu instances``
+  and ``epu policy`` need, and nothing more (``epu cost`` reads the services' stores, not the broker).
 
 Nobody writes the dead-letter exchange ``epu.dlx``: only the broker puts messages there (a consumer
 rejects a message; its queue's ``x-dead-letter-exchange`` takes it, with the validated ``user_id``

@@ -562,6 +562,10 @@ class OfferedType(Model):
     gpus: NonNegInt = 0
     features: list[str] = Field(default_factory=list)
     price_per_hour: Annotated[float, Field(ge=0)] = 0.0
+    priced: bool = True
+    """False: nobody said what it costs (a driver size with no price, and no override);
+    ``price_per_hour`` is then 0 and means nothing — a spend cap never admits the type, and cost
+    reports do not bill it as 0. (Senders before this field: always true.)"""
     spot: bool = False
     quota: NonNegInt = 0
     image: str = ""
@@ -741,6 +745,9 @@ class InstanceStatus(Model):
     """Why it is on its way out ("": it is not): scale-down, stalled, lost, operator."""
     since: float
     """When it entered ``state``."""
+    launched_at: float | None = None
+    """When its launch was asked for (the engine's record; None from engines before this field):
+    what ``epu instances list`` counts AGE from, as it does for the provisioner's records."""
 
 
 @register
@@ -833,7 +840,14 @@ class PolicyChange(Message):
     """True: act on the current snapshots although the circuit breaker found them implausible
     (until a healthy snapshot closes it anyway)."""
     budget_per_hour: Annotated[float, Field(ge=0)] | None = None
-    """New spend cap of the domain ($/h); 0 removes the cap; ``None`` leaves it unchanged."""
+    """New spend cap of the domain ($/h, above 0: a 0 is refused, as in the file); ``None`` leaves
+    it unchanged. (Engines before ``clear_budget`` took 0 to remove the cap.)"""
+    clear_budget: bool | None = None
+    """True removes the domain's spend cap (``epu policy set D budget_per_hour=none``)."""
+    forced_terminate: list[str] | None = None
+    """Instances (launch ids) an operator terminated at once through the provisioners
+    (``epu instances terminate --force``), sent for the record: the engine keeps it in the
+    domain's history (``epu policy history``) and does nothing else with it."""
     mode: str | None = None
     """``act`` or ``observe`` (shadow mode); ``None`` leaves it unchanged."""
 

@@ -65,6 +65,39 @@ class ServiceMetrics:
                                        ["queue", "kind"], registry=r)
         self.timer_runs = Counter("epu_timer_runs_total", "Periodic task runs, by task and outcome",
                                   ["task", "outcome"], registry=r)
+        for type_ in types_sent_by(service):  # from 0: see known_queue
+            self.published.labels(type_)
+
+    def known_queue(self, queue: str) -> None:
+        """Export every counter series of a consumed ``queue`` at 0 now. Why: a labelled counter
+        exists only from its first increment, and Prometheus's ``increase()`` reads a series
+        born at 1 as no increase — ``EpuDeadLettersGrowing`` missed the first dead letters of a
+        queue (issue 34). Known at 0, the first one is an increase of 1."""
+        for outcome in CONSUME_OUTCOMES:
+            self.consumed.labels(queue, outcome)
+        self.dead_lettered.labels(queue)
+        self.refused_senders.labels(queue)
+        for kind in RETRY_KINDS:
+            self.handler_retries.labels(queue, kind)
+
+    def known_timer(self, task: str) -> None:
+        """Export a periodic task's run counters at 0 (``known_queue`` says why)."""
+        for outcome in ("ok", "error"):
+            self.timer_runs.labels(task, outcome)
+
+
+def types_sent_by(service: str) -> list[str]:
+    """The message types the service ``service`` publishes (``common.senders.ALLOWED``)."""
+    from epu.common.senders import ALLOWED
+
+    role = f"epu-{service}"
+    return sorted(t for t, roles in ALLOWED.items() if any(r.split("-{")[0] == role for r in roles))
+
+
+CONSUME_OUTCOMES = ("ok", "dead-lettered", "requeued", "rejected")
+"""The ``outcome`` label of ``epu_messages_consumed_total`` (the runtime's settlements)."""
+RETRY_KINDS = ("transient", "error", "permanent")
+"""The ``kind`` label of ``epu_handler_retries_total``."""
 
 
 class _QuietServer(ThreadingHTTPServer):

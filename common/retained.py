@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp.exceptions import NotFound
+from amqp.exceptions import AccessRefused, NotFound
 from epu.common.broker import Broker
 from epu.common.consuming import from_amqp
 from epu.common.inbound import open_delivery
@@ -35,6 +35,8 @@ class Retained:
     messages: dict[str, Message] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     """Queues that do not exist."""
+    refused: list[str] = field(default_factory=list)
+    """Queues this user may not read (RabbitMQ's 403: a domain its permissions do not name)."""
     undecodable: dict[str, str] = field(default_factory=dict)
     """Queue → why its message could not be decoded."""
 
@@ -68,6 +70,10 @@ def read_retained(broker: Broker, queues: Iterable[str]) -> Retained:
                 out.missing.append(name)
                 channel = conn.channel()  # the broker closed the channel
                 continue
+            except AccessRefused:
+                out.refused.append(name)
+                channel = conn.channel()
+                continue
             for raw in taken:  # back in place, for the next reader
                 channel.basic_reject(raw.delivery_tag, requeue=True)
             newest = _newest(found)
@@ -91,6 +97,10 @@ def engine_statuses(broker: Broker, domains: Iterable[str]) -> tuple[dict[str, M
         elif name in got.missing:
             why[domain] = (f"no status queue {name}: load the current RabbitMQ definitions (docs/deploy.md) "
                            "or start the decision engine")
+        elif name in got.refused:
+            why[domain] = (f"RabbitMQ does not let this user read {name} (403): {domain!r} is a domain the "
+                           "user's permissions do not name — an unknown domain, or definitions older than "
+                           "the domain (docs/deploy.md)")
         elif name in got.undecodable:
             why[domain] = f"the status in {name} cannot be read: {got.undecodable[name]}"
         else:

@@ -249,6 +249,7 @@ class Service:
               initial_delay: float | None = None) -> None:
         delay = seconds if initial_delay is None else initial_delay
         self._timers.append(_Timer(name or fn.__name__, seconds, fn, time.monotonic() + delay))
+        self.metrics.known_timer(name or fn.__name__)
 
     def wake(self, name: str, min_gap_seconds: float) -> bool:
         """Run periodic task ``name`` as soon as possible instead of at its next tick, but no
@@ -467,6 +468,7 @@ class Service:
                 self._live[queue.name] = consumers[-1]
                 self._consuming[queue.name] = True
                 self.metrics.consumer_up.labels(queue.name).set(1)
+                self.metrics.known_queue(queue.name)  # its counters from 0, before any message
             self._connected.set()
             self.metrics.connected.set(1)
             self._status = "serving"

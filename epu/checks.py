@@ -53,6 +53,28 @@ def domain_ceilings(config: Any) -> Iterable[tuple[str, str]]:
 register_check({"decision"}, domain_ceilings)
 
 
+def spend_caps(config: Any) -> Iterable[tuple[str, str]]:
+    """Each spend cap over the types it judges, by the rule ``epu policy set`` applies too
+    (``budget.cap_problems``): no unpriced type under a cap (issue 33: a 1.0/h cap let 40
+    launches of an unpriced type through), no cap below the cheapest instance (issue 34)."""
+    from epu.common.config.catalogue import site_types
+    from epu.services.decision.budget import cap_problems, domain_cap_problems
+
+    types = {name: site_types(name, site) for name, site in config.sites.items()}
+    for name, d in config.domains.items():
+        if any(s not in config.sites for s in d.sites):
+            continue  # an undefined site is reported by domain_sites
+        for problem in domain_cap_problems(d, types):
+            yield f"domains.{name}.budget_per_hour", problem
+    for name, site in config.sites.items():
+        if site.budget_per_hour is not None:
+            for problem in cap_problems(site.budget_per_hour, types[name]):
+                yield f"sites.{name}.budget_per_hour", problem
+
+
+register_check({"decision"}, spend_caps)
+
+
 def provisioner_sites(config: Any) -> Iterable[tuple[str, str]]:
     try:
         from epu.services.provisioner.cloud import check_site

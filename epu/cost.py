@@ -1,26 +1,24 @@
 """Cost accounting: who paid node-second went to whom. Pure: no I/O, no clock.
 
-One rule, used by ``epu cost`` (live, from the event stream) and by ``epu simulate``'s report:
+One rule, used by ``epu cost`` (from the services' stores, ``epu.cost_sources``) and by
+``epu simulate``'s report:
 
-* an instance is **paid** from its launch (its first event, ``requested`` or later) until it is
-  ``terminated`` or ``failed`` (or the end of the period), at its catalogue price per hour;
+* an instance is **paid** from its launch until it is ``terminated`` or ``failed`` (or the end of
+  the period), at the price its record kept from its launch (else the catalogue's);
 * at every moment, the paid time of an instance is shared **equally among the jobs running on
   its node** then, each share going to the job's (account, user, partition);
 * time with no job on the node (booting, idle, draining, shutting down) goes to the account
   ``(idle)`` — it is the price of elasticity, reported apart rather than spread over the jobs.
 
-So the sum over accounts (``(idle)`` included) is the total cost, by construction. Live, the jobs
-on a node are known from the sensor's snapshots: the jobs a snapshot lists on a node count from
-that snapshot until the next one (the resolution is the sensor's poll period); owners come from
-``SensorSnapshot.owners`` (a backend that does not report them leaves account and user "").
+So the sum over accounts (``(idle)`` included) is the total cost, by construction. **An unknown
+price is never 0**: the node-seconds of an instance nobody priced are counted apart
+(``Usage.unpriced_seconds``) and the cost says it is incomplete.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-
-from epu.common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent, Message, SensorSnapshot
+from dataclasses import dataclass
 
 IDLE = "(idle)"
 DIMENSIONS = ("domain", "site", "type", "account", "user", "partition")
@@ -39,6 +37,8 @@ class Life:
     """None: still live."""
     node_name: str = ""
     seq: int = -1
+    price: float | None = None
+    """$/h as recorded at its launch (None: take the prices table's)."""
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,38 @@ class Occupancy:
 class Usage:
     node_seconds: float = 0.0
     cost: float = 0.0
+    unpriced_seconds: float = 0.0
+    """Node-seconds whose price nobody knows: in ``node_seconds``, not in ``cost``."""
 
-    def add(self, seconds: float, price: float) -> None:
+    def add(self, seconds: float, price: float | None) -> None:
         self.node_seconds += seconds
-        self.cost += seconds / 3600.0 * price
+        if price is None:
+            self.unpriced_seconds += seconds
+        else:
+            self.cost += seconds / 3600.0 * price
+
+    def merge(self, other: Usage) -> None:
+        self.node_seconds += other.node_seconds
+        self.cost += other.cost
+        self.unpriced_seconds += other.unpriced_seconds
 
 
 Key = tuple[str, str, str, str, str, str]
 """(domain, site, type, account, user, partition)."""
 
 
+def life_price(life: Life, prices: dict[tuple[str, str], float | None]) -> float | None:
+    """The price one hour of ``life`` is billed at: its own, else its type's, else its site's
+    (None: unknown — never 0)."""
+    if life.price is not None:
+        return life.price
+    if (life.site, life.instance_type) in prices:
+        return prices[(life.site, life.instance_type)]
+    return prices.get((life.site, ""))
+
+
 def attribute(lives: Iterable[Life], occupancy: Iterable[Occupancy], owners: dict[str, tuple[str, str, str]],
-              prices: dict[tuple[str, str], float], since: float, until: float) -> dict[Key, Usage]:
+              prices: dict[tuple[str, str], float | None], since: float, until: float) -> dict[Key, Usage]:
     """Node-seconds and cost per key over [since, until) (the module's rule)."""
     by_inst: dict[str, list[Occupancy]] = {}
     for o in occupancy:
@@ -76,7 +96,7 @@ def attribute(lives: Iterable[Life], occupancy: Iterable[Occupancy], owners: dic
         a, b = max(life.start, since), min(life.end if life.end is not None else until, until)
         if b <= a:
             continue
-        price = prices.get((life.site, life.instance_type), prices.get((life.site, ""), 0.0))
+        price = life_price(life, prices)
         base = (life.domain, life.site, life.instance_type)
         spans = [(max(o.start, a), min(o.end, b), o.job_id) for o in by_inst.get(life.instance_id, ())]
         spans = [s for s in spans if s[1] > s[0]]
@@ -98,99 +118,12 @@ def group(usage: dict[Key, Usage], by: list[str]) -> list[tuple[tuple[str, ...],
     idx = [DIMENSIONS.index(d) for d in by]
     out: dict[tuple[str, ...], Usage] = {}
     for key, u in usage.items():
-        k = tuple(key[i] for i in idx)
-        g = out.setdefault(k, Usage())
-        g.node_seconds += u.node_seconds
-        g.cost += u.cost
+        out.setdefault(tuple(key[i] for i in idx), Usage()).merge(u)
     return sorted(out.items(), key=lambda kv: (-kv[1].cost, kv[0]))
 
 
 def total(usage: dict[Key, Usage]) -> Usage:
     t = Usage()
     for u in usage.values():
-        t.node_seconds += u.node_seconds
-        t.cost += u.cost
+        t.merge(u)
     return t
-
-
-@dataclass
-class Ledger:
-    """The live fold: feed it the event stream (``observe``) or a ledger file's facts, then
-    ``attribute`` a period. Instance events move a life forward only by ``seq``; each available
-    snapshot closes the occupancy the previous one opened and opens its own."""
-
-    lives: dict[str, Life] = field(default_factory=dict)
-    occupancy: list[Occupancy] = field(default_factory=list)
-    owners: dict[str, tuple[str, str, str]] = field(default_factory=dict)
-    _open: dict[str, tuple[float, dict[str, list[str]]]] = field(default_factory=dict)
-    """Domain → (when its last snapshot was taken, instance id → the jobs it listed there)."""
-    _by_name: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(domain, node name) → instance id, for nodes a backend reports without identity."""
-
-    def observe(self, msg: Message) -> dict | None:
-        """Fold one message; returns the fact to append to a ledger file (None: nothing to keep)."""
-        if isinstance(msg, InstanceEvent):
-            fact = {"k": "i", "id": msg.instance_id, "domain": msg.domain, "site": msg.site,
-                    "type": msg.instance_type, "state": msg.state, "seq": msg.seq, "at": float(msg.at),
-                    "node": msg.node_name or ""}
-        elif isinstance(msg, SensorSnapshot) and msg.available:
-            nodes: dict[str, list[str]] = {}
-            for n in msg.nodes:
-                iid = n.instance_id or self._by_name.get((msg.domain, n.name))
-                if iid is not None and n.jobs:
-                    nodes[iid] = list(n.jobs)
-            running = {j for js in nodes.values() for j in js}
-            fact = {"k": "s", "domain": msg.domain, "at": float(msg.taken_at), "nodes": nodes,
-                    "owners": {j: list(o) for j, o in msg.owners.items() if j in running}}
-        else:
-            return None
-        self.apply(fact)
-        return fact
-
-    def apply(self, fact: dict) -> None:
-        """Fold one ledger fact (what ``observe`` returned)."""
-        if fact["k"] == "i":
-            self._instance(fact)
-        elif fact["k"] == "s":
-            self._snapshot(fact)
-
-    def _instance(self, f: dict) -> None:
-        life = self.lives.get(f["id"])
-        if life is None:
-            life = self.lives[f["id"]] = Life(f["id"], f["domain"], f["site"], f.get("type", ""), f["at"])
-        if f["seq"] < life.seq:
-            return
-        life.seq = f["seq"]
-        life.start = min(life.start, f["at"])
-        if f.get("type"):
-            life.instance_type = f["type"]
-        if f.get("node"):
-            life.node_name = f["node"]
-            self._by_name[(life.domain, life.node_name)] = life.instance_id
-        if f["state"] in TERMINAL_INSTANCE_STATES and life.end is None:
-            life.end = f["at"]
-            self._by_name.pop((life.domain, life.node_name), None)
-
-    def _snapshot(self, f: dict) -> None:
-        at, domain = f["at"], f["domain"]
-        prev = self._open.get(domain)
-        if prev is not None and at < prev[0]:
-            return  # an older snapshot than the one already counted
-        self._close(domain, at)
-        self._open[domain] = (at, {k: list(v) for k, v in f["nodes"].items()})
-        for j, o in f.get("owners", {}).items():
-            self.owners[j] = (str(o[0]), str(o[1]), str(o[2])) if len(o) >= 3 else ("", "", "")
-
-    def _close(self, domain: str, at: float) -> None:
-        prev = self._open.pop(domain, None)
-        if prev is None:
-            return
-        since, nodes = prev
-        for iid, jobs in nodes.items():
-            self.occupancy.extend(Occupancy(iid, since, at, j) for j in jobs)
-
-    def attribute(self, prices: dict[tuple[str, str], float], since: float, until: float) -> dict[Key, Usage]:
-        """The module's rule over [since, until); jobs of the newest snapshots count up to ``until``."""
-        open_ = [Occupancy(iid, at, until, j) for at, nodes in self._open.values()
-                 for iid, jobs in nodes.items() for j in jobs]
-        return attribute(self.lives.values(), [*self.occupancy, *open_], self.owners, prices, since, until)

@@ -37,7 +37,6 @@ from epu.common.messages import (
     Message,
     SensorSnapshot,
 )
-from epu.cost import Ledger
 
 RAW = argparse.RawDescriptionHelpFormatter
 #: A syntactically valid OpenSSH host key line for the simulated nodes' context joins.
@@ -68,8 +67,6 @@ class DemoSettings:
     ``demo_mixed``)."""
     budget_per_hour: float | None = None
     """The domain's spend cap (``budget_per_hour``; None: none)."""
-    cost_ledger: str | None = None
-    """Append the run's accounting facts here (what ``epu cost record`` keeps; ``epu cost --ledger``)."""
 
 
 #: (account, user) of the simple workload's jobs, in turn: the demo's cost has owners.
@@ -100,11 +97,7 @@ class Observed:
     context_last_entry: dict[str, int] = field(default_factory=dict)
     context_joins: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    ledger: Ledger = field(default_factory=Ledger)
-    """Cost accounting over the events (``epu.cost``)."""
-    facts: Any = None
-    """An open ledger file the facts are appended to (``DemoSettings.cost_ledger``)."""
-    prices: dict[tuple[str, str], float] = field(default_factory=dict)
+    prices: dict[tuple[str, str], float | None] = field(default_factory=dict)
     peak_spend: float = 0.0
     """The most the live instances cost per hour at once."""
 
@@ -129,10 +122,6 @@ class Observed:
     def on_event(self, msg: Message, env: Envelope) -> None:
         with self.lock:
             self.events += 1
-            fact = self.ledger.observe(msg)
-            if fact is not None and self.facts is not None:
-                self.facts.write(json.dumps(fact, sort_keys=True) + "\n")
-                self.facts.flush()
             if isinstance(msg, InstanceEvent):
                 if msg.seq and msg.seq <= self.instance_seq.get(msg.instance_id, -1):
                     return  # stale or duplicate
@@ -146,7 +135,8 @@ class Observed:
                 if msg.state == "failed":
                     self.failed += 1
                 spend = sum(self.prices.get((self.instance_site[i], self.instance_type.get(i, "")),
-                                            self.prices.get((self.instance_site[i], ""), 0.0)) for i in self.live())
+                                            self.prices.get((self.instance_site[i], ""))) or 0.0
+                            for i in self.live())  # the demo's sites are all priced
                 self.peak_spend = max(self.peak_spend, spend)
                 live = len(self.live())
                 if live > self.peak:
@@ -229,11 +219,9 @@ class Demo:
         self._stopped = False
         self.prefix = s.prefix if s.prefix is not None else f"demo{uuid.uuid4().hex[:6]}."
         self.config = build_config(s, self.workdir, self.prefix)
-        from epu.cli_cost import prices_of
+        from epu.cli_cost import catalogue_prices
 
-        self.obs = Observed(prices=prices_of(self.config))
-        if s.cost_ledger:
-            self.obs.facts = open(s.cost_ledger, "a")  # noqa: SIM115 (closed in close())
+        self.obs = Observed(prices=catalogue_prices(self.config))
         self.threads: list[threading.Thread] = []
         self.services: list[Any] = []
         from epu.demo_mixed import TypedBatch
@@ -399,9 +387,6 @@ class Demo:
         try:
             self.stop()
         finally:
-            if self.obs.facts is not None:
-                self.obs.facts.close()
-                self.obs.facts = None
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Demo:
@@ -437,11 +422,14 @@ class Demo:
         }
 
     def cost(self) -> dict[str, Any]:
-        """The run's cost by account (``epu cost``'s rule) and the most it spent per hour at once."""
+        """The run's cost by account, as ``epu cost`` reads it from the services' stores (the
+        instance records and the engine's job spans), and the most it spent per hour at once."""
+        from epu.cli_cost import read_report
         from epu.cost import group, total
 
+        now = time.time()
+        usage = read_report(self.config, 0.0, now, now).usage
         with self.obs.lock:
-            usage = self.obs.ledger.attribute(self.obs.prices, 0.0, time.time())
             peak = self.obs.peak_spend
         return {"cost_total": round(total(usage).cost, 9),
                 "cost_by_account": {k[0]: round(u.cost, 9) for k, u in group(usage, ["account"])},
@@ -548,7 +536,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                      api_error_rate=args.api_error_rate, stall_seconds=args.stall_seconds,
                      idle_seconds=args.idle_seconds, timeout=args.timeout, seed=args.seed,
                      with_ctxbroker=not args.no_ctxbroker, workload=args.workload,
-                     budget_per_hour=args.budget_per_hour, cost_ledger=args.cost_ledger)
+                     budget_per_hour=args.budget_per_hour)
     live = not args.json and not args.no_live and sys.stderr.isatty()
     summary = run_demo(s, live_display=live, out=None if args.json else sys.stderr)
     if args.json:
@@ -629,8 +617,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-ctxbroker", action="store_true", help="leave the context broker out")
     p.add_argument("--budget-per-hour", type=_positive(float), default=None, metavar="USD",
                    help="the domain's spend cap (the summary shows the peak spend rate under it)")
-    p.add_argument("--cost-ledger", metavar="FILE",
-                   help="append the run's accounting facts to FILE (then: epu cost --ledger FILE)")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")
     p.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
     p.add_argument("-v", "--verbose", action="store_true", help="show service logs")

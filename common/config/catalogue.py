@@ -164,6 +164,16 @@ class InstanceType:
     legacy: bool = False
     """Made of a site's single-type keys (``size``, ``cores``, ``price_per_hour``) rather than a
     ``[types]`` table: the domain's ``cores_per_node`` has always applied to it."""
+    priced: bool = True
+    """False when nobody said what it costs (no ``price_per_hour`` in the config, a driver size
+    with ``price=None``). ``price_per_hour`` is then 0.0, which only the packer's order reads (an
+    unpriced type sorts as if free, as before): a spend cap never admits it and ``epu cost`` never
+    bills it as 0 (``services/decision/budget.py``, ``epu/cost.py``)."""
+
+    @property
+    def price(self) -> float | None:
+        """$/h of one instance, or None when the type is unpriced."""
+        return self.price_per_hour if self.priced else None
 
     @property
     def ref(self) -> str:
@@ -193,8 +203,9 @@ def site_types(site_name: str, site: Any, discovered: list[Any] | None = None) -
         out[name] = _from_config(site_name, name, t_cfg, quota=site.quota, image=site.image)
     if not types and not site.discover:
         name = _type_name(site.size) if site.size else "default"
-        out[name] = InstanceType(site_name, name, site.size, site.cores, price_per_hour=site.price_per_hour,
-                                 quota=site.quota, image=site.image, legacy=True)
+        out[name] = InstanceType(site_name, name, site.size, site.cores, price_per_hour=site.price_per_hour or 0.0,
+                                 quota=site.quota, image=site.image, legacy=True,
+                                 priced=site.price_per_hour is not None)
     return sorted(out.values(), key=lambda t: (t.price_per_hour, t.name))
 
 
@@ -202,7 +213,7 @@ def _from_config(site_name: str, name: str, t: InstanceTypeConfig, *, quota: int
     assert t.cores is not None
     return InstanceType(site_name, name, t.size or name, t.cores, t.memory_mb or 0, t.gpus or 0,
                         tuple(sorted(t.features or ())), t.price_per_hour or 0.0, t.spot,
-                        quota if t.quota is None else t.quota, t.image or image)
+                        quota if t.quota is None else t.quota, t.image or image, priced=t.price_per_hour is not None)
 
 
 def _type_name(size_id: str) -> str:
@@ -218,7 +229,8 @@ def type_from_size(site_name: str, size: Any, override: InstanceTypeConfig | Non
     Cores come from what each driver reports: OpenStack ``size.vcpus``, EC2 ``extra["vcpu"]``,
     GCE ``extra["guestCpus"]``, Azure ``extra["numberOfCores"]``; GPUs from EC2 ``extra["gpu"]``
     or GCE ``extra["accelerators"]``; memory from ``size.ram`` (MB); the price from
-    ``size.price`` (libcloud's on-demand price per hour, ``None`` when unknown). Returns ``None``
+    ``size.price`` (libcloud's on-demand price per hour, ``None`` when unknown: the type is then
+    unpriced, ``priced=False``, unless the override gives one). Returns ``None``
     when the core count is unknown and not overridden (a type that cannot be packed)."""
     o = override or InstanceTypeConfig()
     extra = getattr(size, "extra", None) or {}
@@ -234,7 +246,8 @@ def type_from_size(site_name: str, size: Any, override: InstanceTypeConfig | Non
     return InstanceType(
         site_name, name or _type_name(str(size.id)), o.size or str(size.id), cores,
         o.memory_mb if o.memory_mb is not None else ram, gpus,
-        tuple(sorted(o.features or ())), price, o.spot, quota if o.quota is None else o.quota, o.image or image)
+        tuple(sorted(o.features or ())), price or 0.0, o.spot, quota if o.quota is None else o.quota, o.image or image,
+        priced=price is not None)
 
 
 def _count(*values: Any) -> int:
@@ -257,12 +270,15 @@ def _gce_accelerators(value: Any) -> int:
     return sum(_count(a.get("guestAcceleratorCount")) for a in value if isinstance(a, dict))
 
 
-def _price(value: Any) -> float:
+def _price(value: Any) -> float | None:
+    """A driver's price per hour, or None when it gives none (or nonsense): unknown, never 0."""
+    if value is None or isinstance(value, bool):
+        return None
     try:
         p = float(value)
     except (TypeError, ValueError):
-        return 0.0
-    return p if p >= 0 else 0.0
+        return None
+    return p if p >= 0 and p == p and p != float("inf") else None
 
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")

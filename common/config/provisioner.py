@@ -65,7 +65,9 @@ class SiteConfig(Section):
     sets itself, is an error naming the key (docs/provisioner.md, "Provider extras")."""
     tags: dict[str, str] = Field(default_factory=dict)
     quota: int = Field(20, ge=0)
-    price_per_hour: float = Field(0.0, ge=0)
+    price_per_hour: float | None = Field(None, ge=0)
+    """$/h of one instance of the site's single type. Unset: unpriced — a spend cap refuses such
+    a site (``epu config check``) and ``epu cost`` warns instead of billing it as 0."""
     cores: int = Field(1, ge=1)
     budget_per_hour: float | None = Field(None, gt=0)
     """Spend cap of the site over every domain: the most its live instances may cost per hour

@@ -160,9 +160,12 @@ class SimCloud:
     def __init__(self, world: World, name: str, *, quota: int | None = None,
                  boot_seconds: tuple[float, float] = (60.0, 180.0), terminated_linger: float = 120.0,
                  faults: CloudFaults | None = None,
-                 boot_time: Callable[[random.Random], float] | None = None) -> None:
+                 boot_time: Callable[[random.Random], float] | None = None,
+                 sizes: dict[str, dict[str, Any]] | None = None) -> None:
         self.world = world
         self.name = name
+        self.sizes = dict(sizes or {})
+        """What ``list_sizes()`` answers: size id → cores, memory_mb, gpus, ``price`` (None: none given)."""
         self.quota = quota
         self.boot_seconds = boot_seconds
         self.boot_time = boot_time
@@ -579,7 +582,11 @@ class SimNodeDriver(NodeDriver):
         return [NodeImage(id="sim-image", name="sim-image", driver=self)]
 
     def list_sizes(self, location: NodeLocation | None = None) -> list[NodeSize]:
-        return []
+        """The cloud's sizes as a libcloud driver reports them (``price`` None where it has none)."""
+        return [NodeSize(id=sid, name=sid, ram=int(z.get("memory_mb", 0)), disk=0, bandwidth=None,
+                         price=z.get("price"), driver=self,
+                         extra={"vcpu": int(z.get("cores", 1)), "gpu": int(z.get("gpus", 0))})
+                for sid, z in sorted(self.cloud.sizes.items())]
 
     def list_locations(self) -> list[NodeLocation]:
         return []

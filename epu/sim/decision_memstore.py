@@ -36,6 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from epu.common.config.decision import DomainConfig
 from epu.common.messages import Message
 from epu.services.decision.lease import Fenced, Held, StaleWrite
+from epu.services.decision.occupancy import JobSpan
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
 from epu.services.decision.store import (
@@ -94,6 +95,12 @@ class MemoryDecisionDatabase:
     (as ``Store``'s own counts: readers ``get`` with a default, none iterates them)."""
     type_counts: dict[tuple[str, str], int] | None = None
     """Likewise ``count_per_type`` of ``live``."""
+    job_spans: dict[int, JobSpan] = field(default_factory=dict)
+    """Row → a job span (``occupancy``), rows numbered from 1 as the table's ids."""
+    open_spans: dict[str, dict[int, None]] = field(default_factory=dict)
+    """Domain → the rows of its spans still open."""
+    job_seen: dict[str, float] = field(default_factory=dict)
+    """Domain → when its last snapshot was applied to the spans (``decision_job_seen``)."""
 
     def recount(self, old: Instance | None, new: Instance | None) -> None:
         """Move the kept counts from ``old`` (a live row replaced, None: none) to ``new`` (the
@@ -547,6 +554,38 @@ class MemoryStore:
         if inst is not None:
             self._put([inst])
         self._commit()
+
+    # ------------------------------------------------------------------ job spans (epu cost)
+    def _seen(self, sp: JobSpan) -> JobSpan:
+        seen = self.db.job_seen.get(sp.domain, sp.start)
+        return sp if sp.seen == seen else replace(sp, seen=max(seen, sp.start))
+
+    def open_jobs(self, domain: str) -> dict[int, JobSpan]:
+        spans = self.db.job_spans
+        return {row: self._seen(spans[row]) for row in self.db.open_spans.get(domain, {})}
+
+    def note_jobs(self, domain: str, at: float, opened: list[JobSpan], closed: list[tuple[int, float]]) -> list[int]:
+        """As ``Store.note_jobs``: work in proportion to the change, not to the spans ever kept
+        (``epu simulate`` runs a month of snapshots through it); the generation does not move."""
+        db = self.db
+        spans, still = db.job_spans, db.open_spans.setdefault(domain, {})
+        for row, end in closed:
+            if row in spans:
+                spans[row] = replace(spans[row], end=end)
+                still.pop(row, None)
+        db.job_seen[domain] = at
+        rows = []
+        for sp in opened:
+            row = len(spans) + 1
+            spans[row] = sp
+            still[row] = None
+            rows.append(row)
+        return rows
+
+    def job_spans(self, since: float, until: float, domain: str | None = None) -> list[JobSpan]:
+        rows = [(sp.start, row, sp) for row, sp in self.db.job_spans.items()
+                if sp.start < until and (sp.end is None or sp.end > since) and (not domain or sp.domain == domain)]
+        return [self._seen(sp) for _start, _row, sp in sorted(rows, key=lambda r: (r[0], r[1]))]
 
     def action(self, action_id: str) -> dict[str, Any] | None:
         row = self.db.actions.get(action_id)

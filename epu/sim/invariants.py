@@ -55,6 +55,7 @@ engines committed and sent. Each check runs where the thing it judges happens:
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -292,24 +293,33 @@ class Checker:
         self._spend(vm)
 
     # ------------------------------------------------------------------ 8: at creates
-    def _price(self, vm: VM) -> float:
+    def _price(self, vm: VM) -> float | None:
+        """What one hour of ``vm`` costs as the scenario's catalogue prices its launch's type
+        (None: the type is unpriced — a listed size without a price, a type without one)."""
         spec = self._sites.get(vm.site)
         return spec.price_of(self.launch_type.get(vm.launch_id or "", "")) if spec is not None else 0.0
 
     def _spend(self, vm: VM) -> None:
-        """The spend rate of what runs (and is paid) right now, against the caps it must stay under."""
+        """The spend rate of what runs (and is paid) right now, against the caps it must stay under.
+        A VM of an unpriced type created under a cap is a violation in itself: the cap cannot
+        have counted it (issue 33, defect 4), so it is never summed as 0."""
         d = self.sim.scenario.domain
         caps = {s.name: s.budget_per_hour for s in self.sim.scenario.sites if s.budget_per_hour}
         if not d.budget_per_hour and vm.site not in caps:
             return
+        if self._price(vm) is None and (vm.site in caps or (d.budget_per_hour and vm.domain == d.name)):
+            self.fail(8, f"{vm.cloud_id} of unpriced type {self.launch_type.get(vm.launch_id or '', '') or vm.size!r} "
+                         f"created at {vm.site} under a spend cap")
+            return
         live = [v for c in self.sim.clouds.values() for v in c.vms.values()
-                if v.terminated_at is None and v.created_by in self._ours and v.launch_id in self.launched]
-        mine = sum(self._price(v) for v in live if v.domain == d.name)
+                if v.terminated_at is None and v.created_by in self._ours and v.launch_id in self.launched
+                and self._price(v) is not None]  # an unpriced one failed at its create
+        mine = sum(self._price(v) or 0.0 for v in live if v.domain == d.name)
         if d.budget_per_hour and mine > d.budget_per_hour + 1e-9:
             self.fail(8, f"{d.name} spends {mine:.2f}/h over its budget_per_hour {d.budget_per_hour:.2f} "
                          f"(after creating {vm.cloud_id})")
         cap = caps.get(vm.site)
-        there = sum(self._price(v) for v in live if v.site == vm.site)
+        there = sum(self._price(v) or 0.0 for v in live if v.site == vm.site)
         if cap and there > cap + 1e-9:
             self.fail(8, f"{vm.site} spends {there:.2f}/h over its budget_per_hour {cap:.2f}")
 
@@ -506,7 +516,7 @@ class Checker:
                 and vm.created_by in {p.name for p in sim.provisioners if p.spec.managed}]  # type: ignore[attr-defined]
         capacity = min(d.max_nodes, sum(s.quota for s in sim.scenario.sites))
         if d.budget_per_hour:  # a job the cap leaves no room for is the cap working, not a failure
-            spend = sum(self._price(v) for v in live)
+            spend = sum(self._price(v) or 0.0 for v in live)
             waiting = [j for j in waiting if spend + self._cheapest_for(j) <= d.budget_per_hour + 1e-9]
         if waiting and len(live) < capacity:  # a backlog the domain runs at full size is not a failure
             self.fail(5, f"{len(waiting)} satisfiable job(s) still queued at the end with {len(live)} of "
@@ -554,21 +564,27 @@ class Checker:
 
     def _cheapest_for(self, job: Any) -> float:
         """The hourly price of the cheapest instance that could run one node of ``job`` (a type of
-        its partition with the cores, memory, GPUs and features it asks; a site's own single type)."""
+        its partition with the cores, memory, GPUs and features it asks; a size a site discovers;
+        a site's own single type). An unpriced type is one a cap never launches: not a candidate."""
         d = self.sim.scenario.domain
         allowed = d.partitions.get(job.queue) if d.partitions else None
         prices = []
         for site in self.sim.scenario.sites:
-            if not site.types:
+            if not site.types and not site.sizes:
                 if job.cores <= site.cores:
                     prices.append(site.price)
                 continue
-            for name, t in site.types.items():
+            listed = {sid: {**z, "size": sid} for sid, z in site.sizes.items()
+                      if any(fnmatch.fnmatchcase(sid, p) for p in site.discover)}
+            for name, t in {**listed, **site.types}.items():
                 if allowed is not None and name not in allowed:
+                    continue
+                price = site.price_of(name)
+                if price is None:
                     continue
                 if (int(t.get("cores", 0)) >= job.cores and int(t.get("memory_mb", 0) or job.memory_mb) >= job.memory_mb
                         and int(t.get("gpus", 0)) >= job.gpus and set(job.features) <= set(t.get("features", ()))):
-                    prices.append(float(t.get("price_per_hour", 0.0)))
+                    prices.append(price)
         return min(prices, default=float("inf"))
 
     def _engine_cleanup(self, domain: str) -> list[tuple[str, str, str]]:

@@ -516,6 +516,9 @@ class ProvisionerProc(Proc):
         report_seconds = getattr(pc, "report_seconds", None)
         if report_seconds:
             self.every(report_seconds, self._report, f"report {self.name}", phase=report_seconds)
+        if any(site.discover for site in self.config.sites.values()):  # as the service: at start, then every so often
+            self.later(0.0, self._discover, f"discover {self.name}")
+            self.every(pc.discover_seconds, self._discover, f"discover {self.name}", phase=pc.discover_seconds)
 
     def _alert(self, message: Message) -> None:
         self.alerts.append((self.world.t, message))
@@ -562,12 +565,19 @@ class ProvisionerProc(Proc):
         assert self.prov is not None
         self.prov.flush_outbox()
 
-    def _report(self) -> None:
-        """Anti-entropy, as the service's ``report`` timer: every domain's instances, one report each."""
-        from epu.services.provisioner.app import publish_reports
+    def _discover(self) -> None:
+        assert self.prov is not None
+        self.prov.discover_all()
 
-        assert self.store is not None
+    def _report(self) -> None:
+        """Anti-entropy, as the service's ``report`` timer: every domain's instances, one report
+        each, with the types the sites that discover sizes offer (the service's ``offered``)."""
+        from epu.services.provisioner.app import publish_reports
+        from epu.services.provisioner.discovery import domain_sites
+
+        assert self.store is not None and self.prov is not None
         publish_reports(self, self.store, self.config.provisioner.report_horizon_seconds,  # type: ignore[arg-type]
+                        self.prov.catalogues, domain_sites(self.config.domains, self.config.sites),
                         events=self._report_events)
 
     def _handle(self, msg: Message) -> None:

@@ -40,6 +40,7 @@ from epu.services.provisioner.store import (
     Sighting,
     Transition,
     cloud_field_values,
+    ended_at,
     new_identity_value,
 )
 
@@ -243,7 +244,8 @@ class MemoryStore:
         return tid
 
     # ------------------------------------------------------------------ launches
-    def record_launch(self, req: LaunchRequest, now: float) -> tuple[InstanceRecord, Transition | None]:
+    def record_launch(self, req: LaunchRequest, now: float,
+                      price: float | None = None) -> tuple[InstanceRecord, Transition | None]:
         duplicate = False
         with self._tx() as write:
             write()
@@ -256,7 +258,7 @@ class MemoryStore:
             rec = InstanceRecord(instance_id=req.launch_id, domain=req.domain, site=req.site,
                                  node_name=req.node_name, cores=req.cores, state="requested", seq=1, cloud_id=None,
                                  ip=None, reason="", error_kind=None, created_at=now, updated_at=now,
-                                 instance_type=req.instance_type)
+                                 instance_type=req.instance_type, price_per_hour=price)
             self._put(rec)
             tid = self._transition(rec, None, now, "launch requested", None)
         if duplicate:  # a redelivery: the record as stored
@@ -417,7 +419,7 @@ class MemoryStore:
             write()
             presumed = None if new_state == "terminating" else rec.presumed_gone_at
             new = _evolve(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
-                          error_kind=error_kind, presumed_gone_at=presumed,
+                          error_kind=error_kind, presumed_gone_at=presumed, ended_at=ended_at(rec, new_state, now),
                           cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip)
             self._put(new)
             tid = self._transition(new, rec.state, now, reason, presumed is not None)
@@ -446,7 +448,7 @@ class MemoryStore:
                 return None
             write()
             new = _evolve(rec, state=state, seq=rec.seq + 1, updated_at=now, reason=reason, error_kind=None,
-                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip)
+                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip, ended_at=None)
             self._put(new)
             tid = self._transition(new, "failed", now, reason, False)
         return Transition(tid, new, "failed", now)
@@ -505,7 +507,7 @@ class MemoryStore:
                 raise _Rollback
             rec = InstanceRecord(instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
                                  state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
-                                 created_at=now, updated_at=now)
+                                 created_at=now, updated_at=now, ended_at=now if state in _ENDED else None)
             self._put(rec)
             tid = self._transition(rec, None, now, reason, None)
         if existing is not None:
@@ -607,6 +609,14 @@ class MemoryStore:
                 out.append(Transition(tid, rec, t["from_state"], t["at"]))
                 if len(out) >= limit:
                     break
+        return out
+
+    def lives(self, since: float, until: float) -> list[InstanceRecord]:
+        """As ``Store.lives``: the records billed for some of [since, until), oldest first."""
+        with self.db.lock:
+            out = [r for r in self.db.instances.values()
+                   if r.created_at < until and (r.ended_at is None or r.ended_at > since)]
+        out.sort(key=_ROW_ORDER)
         return out
 
     def active_count(self, site: str, instance_type: str | None = None) -> int:

@@ -35,11 +35,25 @@ class SiteSpec:
     """An instance-type catalogue (``[sites.NAME.types]``); empty: one type of ``cores``."""
     budget_per_hour: float | None = None
     """The site's spend cap ([sites.NAME] budget_per_hour)."""
+    discover: list[str] = field(default_factory=list)
+    """``[sites.NAME] discover``: the provisioner offers the driver's ``sizes`` matching these."""
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What the cloud's ``list_sizes()`` answers: size id → cores, memory_mb, gpus and ``price``
+    (None: the driver gives no price, as libcloud does for many providers)."""
 
-    def price_of(self, instance_type: str) -> float:
-        """$/h of one instance of ``instance_type`` here ("" or unknown: the site's price)."""
+    def price_of(self, instance_type: str) -> float | None:
+        """$/h of one instance of ``instance_type`` here ("": the site's price); None when nobody
+        priced it — a ``types`` entry without ``price_per_hour``, a listed size without ``price`` —
+        which is the truth the checks must see, never 0."""
         t = self.types.get(instance_type)
-        return float(t.get("price_per_hour", 0.0)) if t is not None else self.price
+        if t is not None and t.get("price_per_hour") is not None:
+            return float(t["price_per_hour"])
+        size = self.sizes.get(str(t.get("size", instance_type)) if t is not None else instance_type)
+        if size is not None:
+            return None if size.get("price") is None else float(size["price"])
+        if t is not None:
+            return None
+        return self.price
 
 
 @dataclass

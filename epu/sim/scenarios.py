@@ -515,6 +515,50 @@ def spend_cap_types() -> Scenario:
                    stresses="issue 27 §3: the spend cap prices each catalogue type (invariant 8)")
 
 
+UNPRICED_SIZES = {
+    # what the site's driver lists (libcloud list_sizes()): the typed catalogue's sizes with the
+    # driver's prices, and two sizes no one priced (price None, no [types] override)
+    "sim.c4": {"cores": 4, "memory_mb": 16000, "price": 0.11},
+    "sim.m4": {"cores": 4, "memory_mb": 16000, "price": None},
+    "sim.r16": {"cores": 16, "memory_mb": 512000, "price": 1.0},
+    "sim.g8": {"cores": 8, "memory_mb": 61000, "gpus": 1, "price": 3.06},
+    "sim.c2": {"cores": 2, "memory_mb": 8000, "price": None},
+    "sim.f8": {"cores": 8, "memory_mb": 32000, "price": None},
+}
+UNPRICED_PARTITIONS = {**MIXED_PARTITIONS, "cpu": ["c4", "m4", "sim.c2"], "fast": ["sim.f8"]}
+
+
+def unpriced_jobs(sim: Simulation) -> None:
+    """The mixed waves, and 8-core jobs of the ``fast`` partition only an unpriced size can serve."""
+    mixed_jobs(sim)
+    inner = sim.batch.inner
+    rng = sim.world.rng("fast-workload")
+    for k in range(3):
+        sim.world.at(sim.world.start + 300 + k * 2400,
+                     lambda: inner.submit(cores=8, count=2, duration=rng.uniform(300, 900), queue="fast"),
+                     f"fast wave {k + 1}")
+
+
+@scenario
+def spend_cap_unpriced() -> Scenario:
+    base = spend_cap_types()
+    types = {k: dict(v) for k, v in MIXED_TYPES.items()}
+    del types["m4"]["price_per_hour"]  # declared without a price: the driver's (None) stands
+    site = SiteSpec("cloud-a", quota=20, types=types, discover=["sim.*"], sizes=UNPRICED_SIZES)
+    return replace(base, name="spend-cap-unpriced",
+                   summary="spend-cap-types on a site that discovers its sizes, three of them with no price "
+                           "(the driver's price None): a cheap-looking 2-core size, a declared type left "
+                           "unpriced, and the only size of the fast partition; crashes of both services "
+                           "(a catalogue forgotten and learnt again), reports delayed and duplicated",
+                   domain=replace(base.domain, partitions=UNPRICED_PARTITIONS),
+                   sites=[site], setup=unpriced_jobs,
+                   messages=MessageFaults(delay_rate=0.05, duplicate_rate=0.05),
+                   faults=[F.crashes("decision", 1.0), F.crashes("provisioner", 1.0)],
+                   stresses="issue 33 defect 4: a discovered type with no price under a cap is held, never "
+                            "counted as 0 (invariant 8 prices what it checks: an unpriced launch under a cap "
+                            "is a violation)", seeds_in_ci=2)
+
+
 @scenario
 def mixed_shapes_faults() -> Scenario:
     s = mixed_shapes()

@@ -124,7 +124,7 @@ class Simulation:
         self.domain = d.name
         # the clouds and the batch system
         self.clouds = {s.name: SimCloud(self.world, s.name, quota=s.account_quota, boot_seconds=s.boot_seconds,
-                                        faults=s.faults) for s in scenario.sites}
+                                        faults=s.faults, sizes=s.sizes) for s in scenario.sites}
         self.batch = SimBatchSystem(self.world, WorldClock(self.world), flavor=d.flavor,
                                     report_identity=d.report_identity, condor_drain=d.condor_drain,
                                     retirement_seconds=d.retirement_seconds)
@@ -190,6 +190,7 @@ class Simulation:
                                  **({"mode": d.mode} if d.mode != "act" else {})}},
             "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "image": "sim-image",
                                **({"budget_per_hour": x.budget_per_hour} if x.budget_per_hour else {}),
+                               **({"discover": list(x.discover)} if x.discover else {}),
                                **({"types": x.types} if x.types else
                                   {"price_per_hour": x.price, "cores": x.cores, "size": f"sim.{x.cores}core"})}
                       for x in s.sites},
@@ -236,9 +237,11 @@ class Simulation:
     # ------------------------------------------------------------------ operators
     def operator_terminate(self, instance_id: str, force: bool) -> None:
         """``epu instances terminate ID [--force]``: the message the CLI builds, sent as the CLI does."""
-        from epu.services.provisioner.cli import terminate_message
+        from epu.services.provisioner.cli import forced_record, terminate_message
 
         self.operator.send(terminate_message(instance_id, self.domain, "terminated by an operator", force))
+        if force:  # then the record for the engine's history (the CLI sends it once a provisioner answered)
+            self.operator.send(forced_record(instance_id, self.domain, "sim"))
 
     # ------------------------------------------------------------------ outage bookkeeping
     def pipeline_changed(self) -> None:
@@ -415,6 +418,9 @@ def node_types(scenario: Scenario) -> dict[str, dict]:
             serves.setdefault(ref.rpartition("/")[2], []).append(part)
     out: dict[str, dict] = {}
     for site in scenario.sites:
+        for size, z in site.sizes.items():  # listed by the driver; a [types] entry of the size wins
+            out[size] = {"memory_mb": int(z.get("memory_mb", 0)), "gpus": int(z.get("gpus", 0)),
+                         "features": tuple(z.get("features", ())), "partitions": tuple(serves.get(size, ()))}
         for name, t in site.types.items():
             out[str(t.get("size", name))] = {
                 "memory_mb": int(t.get("memory_mb", 0)), "gpus": int(t.get("gpus", 0)),

@@ -135,7 +135,7 @@ def baseline(plan: Plan) -> dict[str, Any]:
     d = plan.config.domains[domain]
     site = (d.sites or list(plan.config.sites))[0]
     model = plan.cloud.site(site)
-    price = model.price_per_hour if model.price_per_hour is not None else plan.config.sites[site].price_per_hour
+    price = model.price_per_hour if model.price_per_hour is not None else (plan.config.sites[site].price_per_hour or 0.0)
     nodes = plan.static_nodes or d.max_nodes
     return static_summary(plan.workload, nodes, d.cores_per_node, price, model.period)
 

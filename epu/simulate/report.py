@@ -74,7 +74,7 @@ def summarize(d: RunData, with_attribution: bool = True) -> dict[str, Any]:
     cloud_model: dict[str, Any] = {}
     for site, vms in d.vms.items():
         model = d.cloud.site(site)
-        price = model.price_per_hour if model.price_per_hour is not None else d.config.sites[site].price_per_hour
+        price = model.price_per_hour if model.price_per_hour is not None else (d.config.sites[site].price_per_hour or 0.0)
         cloud_model[site] = {"source": d.cloud_sources.get(site, "default"), **describe_site(model, price)}
         cores = d.cores.get(site, 1)
         s_nodes = s_cost = 0.0
@@ -140,7 +140,7 @@ def attribution(d: RunData, billed_cost: float) -> dict[str, Any]:
     for site, vms in d.vms.items():
         model = d.cloud.site(site)
         prices[(site, "")] = model.price_per_hour if model.price_per_hour is not None \
-            else d.config.sites[site].price_per_hour
+            else (d.config.sites[site].price_per_hour or 0.0)
         for vm in vms:
             a, b = vm_life(vm, d.end)
             lives.append(Life(vm.cloud_id, d.domain, site, "", a, b))

@@ -43,6 +43,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 INPUT_TYPES = {"sensor.snapshot", "instance.state", "instance.report", "node.result"}
 LEADERSHIP = ("active", "standby", "fenced")
+ACTION_KINDS = ("launch", "terminate", "add", "offline", "online", "remove")
+"""The ``kind`` of an action an iteration sends (``ActionRecord.kind``)."""
 
 
 def _malloc_trim() -> Callable[[], Any]:
@@ -76,6 +78,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     r = service.metrics.registry
     stale = Counter("epu_decision_stale_snapshots_total", "Snapshots too old to act on when they arrived",
                     ["domain"], registry=r)
+    for domain in config.domains:  # from 0: increase() sees the first one (a series born at 1 reads as none)
+        stale.labels(domain)
 
     def on_snapshot(msg: Any, _env: Envelope) -> None:
         assert isinstance(msg, SensorSnapshot)
@@ -130,6 +134,9 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
                 if n > seen.get(key, 0):
                     counter.labels(*key).inc(n - seen.get(key, 0))
                     seen[key] = n
+    for domain in config.domains:
+        for kind in ACTION_KINDS:
+            actions.labels(domain, kind)
     seconds = Histogram("epu_decision_iteration_seconds", "Time of one iteration over all domains", registry=r)
     active = Gauge("epu_decision_active_domains", "Domains this engine currently acts for (0 on a standby)",
                    registry=r)
@@ -151,6 +158,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
     settings.extra_health["circuit_open"] = engine.breakers
     budget_blocked = Gauge("epu_decision_budget_blocked", "1 while a domain's spend cap (budget_per_hour of "
                            "the domain or a site) holds launches it wants", ["domain"], registry=r)
+    for domain in config.domains:
+        budget_blocked.labels(domain).set(0)
     unsatisfiable = Gauge("epu_decision_unsatisfiable_jobs", "Pending jobs no instance type of the domain can "
                           "ever serve (never launched for), by what rules them out", ["domain", "constraint"],
                           registry=r)

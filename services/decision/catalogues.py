@@ -20,6 +20,7 @@ from typing import Any
 from epu.common.config import EpuConfig
 from epu.common.config.catalogue import InstanceType, site_types
 from epu.common.messages import UnsatisfiableShape
+from epu.services.decision.budget import rank_unpriced_last
 from epu.services.decision.offers import from_offered
 from epu.services.decision.packing import describe_shape, unservable
 from epu.services.decision.placement import SiteInfo
@@ -39,6 +40,8 @@ class Catalogues:
         self.types: dict[str, list[InstanceType]] = {n: site_types(n, s) for n, s in config.sites.items()}
         """Each site's instance-type catalogue, from config (docs/demand.md); a site that
         ``discover``s sizes takes what the provisioner found (``apply_offered``)."""
+        self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
+        """Site → its spend cap: under a cap an unpriced type is ranked last (``budget.rank_unpriced_last``)."""
         self.cooldown: dict[tuple[str, str], float] = {}
         """(site, type) offerings out until then after a capacity error (``capacity_error``)."""
         self.spot_failures: dict[str, tuple[int, float]] = {}
@@ -66,9 +69,11 @@ class Catalogues:
     def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float,
                   live_per_type: dict[tuple[str, str], int]) -> Catalogue:
         """The domain's offers now: its sites' types, their rooms, minus offerings cooling down
-        (and spot ones while the domain has fallen back to on-demand)."""
+        (and spot ones while the domain has fallen back to on-demand); under a spend cap, an
+        unpriced type ranked after the priced ones."""
         names = [n for n in (cfg.sites or list(self.site_infos)) if n in self.site_infos]
-        types = [t for n in names for t in self.types.get(n, [])]
+        types = rank_unpriced_last([t for n in names for t in self.types.get(n, [])], cfg.budget_per_hour,
+                                   self.site_caps)
         excluded = {k for k, until in self.cooldown.items() if until > now}
         if self.spot_off(domain, now):
             excluded |= {(t.site, t.name) for t in types if t.spot}

@@ -33,8 +33,15 @@ def apply_change(current: DomainConfig, change: PolicyChange, known_sites: list[
         value = getattr(change, key)
         if value is not None:
             data[key] = value
-    if change.budget_per_hour is not None:
-        data["budget_per_hour"] = change.budget_per_hour or None  # 0: no cap
+    if change.clear_budget and change.budget_per_hour is not None:
+        raise ChangeRejected("budget_per_hour: a new cap and clear_budget together (give one)")
+    if change.clear_budget:
+        data["budget_per_hour"] = None
+    elif change.budget_per_hour is not None:
+        if change.budget_per_hour <= 0:  # the file refuses 0 too: it is not a way to say "no cap"
+            raise ChangeRejected("budget_per_hour: must be greater than 0 (to remove the cap: "
+                                 "epu policy set DOMAIN budget_per_hour=none)")
+        data["budget_per_hour"] = change.budget_per_hour
     if change.sites is not None:
         unknown = [s for s in change.sites if s not in known_sites]
         if unknown:

@@ -36,7 +36,7 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
     """``key=value`` words → PolicyChange fields; unknown keys are policy parameters.
 
     Values are TOML literals where they parse (``3``, ``0.5``, ``true``), strings otherwise;
-    ``sites`` takes a comma-separated list."""
+    ``sites`` takes a comma-separated list; ``budget_per_hour=none`` removes the spend cap."""
     out: dict[str, Any] = {"params": {}}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -45,6 +45,8 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"expected key=value, got {pair!r}")
         if key == "sites":
             out["sites"] = [s.strip() for s in value.split(",") if s.strip()]
+        elif key == "budget_per_hour" and value.strip().lower() == "none":
+            out["clear_budget"] = True  # no cap (0 is refused, as in the file)
         elif key in ("policy", "placement", "mode"):
             out[key] = value
         elif key in FIELDS:
@@ -52,6 +54,36 @@ def parse_assignments(pairs: list[str]) -> dict[str, Any]:
         else:
             out["params"][key.removeprefix("params.")] = _literal(value)
     return out
+
+
+def unknown_domain(config: Any, domain: str) -> str | None:
+    """Why ``domain`` is no domain this deployment manages (None: it is one, or this host cannot
+    tell). Where the truth comes from, in order: the configuration's ``[domains]`` when it names
+    any (the operator's own file may name none: only the broker), else the decision engine's
+    store (``decision.store_url``: every domain the engine was ever configured with) where this
+    host can read it. Asked before the broker, which answers a status queue of an unknown domain
+    with a 403 that says nothing of the cause (issue 34)."""
+    from epu.common.storeaccess import read_store
+
+    if config.domains:
+        if domain in config.domains:
+            return None
+        return (f"unknown domain {domain!r} (the configuration's [domains]: "
+                f"{', '.join(sorted(config.domains))})")
+
+    def read() -> list[str]:
+        from epu.services.decision.store import Store
+
+        store = Store(config.decision.store_url)
+        try:
+            return store.domains()
+        finally:
+            store.engine.dispose()
+
+    known, why = read_store(config.decision.store_url, "decision.store_url", read)
+    if why is not None or known is None or domain in known:
+        return None
+    return f"unknown domain {domain!r} (the decision engine's store knows: {', '.join(sorted(known)) or 'none'})"
 
 
 def send_change(config: Any, change: PolicyChange, timeout: float) -> Any:
@@ -79,8 +111,10 @@ def _change_cmd(args: argparse.Namespace, fields: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(outcome.model_dump(mode="json"), indent=2))
     elif outcome.applied:
+        budget = outcome.config.get("budget_per_hour")
         print(f"{args.domain}: applied as version {outcome.version} ({outcome.config.get('policy')}, "
-              f"nodes {outcome.config.get('min_nodes')}..{outcome.config.get('max_nodes')}"
+              f"nodes {outcome.config.get('min_nodes')}..{outcome.config.get('max_nodes')}, "
+              f"mode {outcome.config.get('mode', 'act')}, budget {f'{budget:g}/h' if budget is not None else 'none'}"
               f"{', PAUSED' if outcome.config.get('paused') else ''})")
     else:
         print(f"{args.domain}: rejected: {outcome.reason}", file=sys.stderr)
@@ -170,6 +204,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  policy     {cfg.policy}")
     print(f"  nodes      min {cfg.min_nodes}, max {cfg.max_nodes}, {cfg.cores_per_node} core(s) each")
     print(f"  sites      {', '.join(cfg.sites) or '(all configured)'}  placement {cfg.placement}")
+    print(f"  mode       {cfg.mode}" + ("  (observe: decisions recorded, nothing done)" if cfg.mode == "observe" else ""))
+    print("  budget     " + (f"{cfg.budget_per_hour:g} per hour (spend cap)" if cfg.budget_per_hour is not None
+                             else "none (no spend cap)"))
     for k, v in effective.items():
         mark = "" if k in cfg.params else "  (default)"
         print(f"  {k:<24} {v}{mark}")
@@ -294,11 +331,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = psub.add_parser("set", help="change policy, parameters, bounds or sites", formatter_class=RAW,
                         description="KEY=VALUE words: policy, min_nodes, max_nodes, sites (comma list, in rank\n"
-                                    "order), placement (rank|cheapest|spread), paused; any other key is a\n"
-                                    "parameter of the policy (see docs/policies.md).",
+                                    "order), placement (rank|cheapest|spread), paused, mode (act|observe: observe\n"
+                                    "records what the engine would do and does nothing), budget_per_hour (the\n"
+                                    "domain's spend cap per hour, above 0; `none` removes the cap; refused when\n"
+                                    "a type it judges has no price or one instance costs more); any other key is\n"
+                                    "a parameter of the policy (see docs/policies.md).",
                         epilog="Examples:\n  epu policy set alpha policy=threshold jobs_per_vm=2 max_nodes=40\n"
                                "  epu policy set alpha sites=cheap,backup placement=cheapest\n"
-                               "  epu policy set alpha stall_seconds=300\n\n"
+                               "  epu policy set alpha stall_seconds=300\n"
+                               "  epu policy set alpha budget_per_hour=25 mode=observe\n"
+                               "  epu policy set alpha budget_per_hour=none             # no spend cap\n\n"
                                "Exit status: 0 applied (the new version is printed); 1 rejected (the reason is\n"
                                "printed, nothing changed) or no answer within --timeout (is the engine running?),\n"
                                "or RabbitMQ refused or cannot be reached; 2 bad usage (a word without =) or\n"

@@ -45,7 +45,13 @@ def cmd_history(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"epu policy history: {exc}", file=sys.stderr)
         return 2
+    from epu.services.decision.cli import unknown_domain
+
     config = load_or_exit(args.config)
+    problem = unknown_domain(config, args.domain)
+    if problem is not None:
+        print(f"epu policy history: {problem}", file=sys.stderr)
+        return 2
     found, why = engine_statuses(config.broker_obj(), [args.domain])
     status = found.get(args.domain)
     if status is None:
@@ -73,7 +79,9 @@ def add_parser(psub: argparse._SubParsersAction) -> None:
                                     "broker (the newest 50 changes); no access to the engine's store needed.",
                         epilog="Example: epu policy history alpha -c /etc/epu/operator.toml\n"
                                "Exit status: 0 listed; 1 no engine status for the domain (engine not running,\n"
-                               "or RabbitMQ refused or cannot be reached); 2 bad domain name or configuration.")
+                               "or RabbitMQ refused or cannot be reached); 2 bad domain name, unknown domain\n"
+                               "(not in the configuration's [domains], or not in the engine's store where\n"
+                               "this host can read it), or bad configuration.")
     s.add_argument("domain", help="the domain, as named under [domains] in the configuration")
     s.add_argument("--json", action="store_true", help="print the entries as a JSON list")
     add_config_arg(s)

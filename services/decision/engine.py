@@ -66,6 +66,7 @@ from epu.services.decision.health import PipelineHealth
 from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
 from epu.services.decision.lifecycle import add_started
+from epu.services.decision.occupancy import JobSpans
 from epu.services.decision.placement import SiteHealth, SiteInfo, record_success
 from epu.services.decision.planner import Plan, placement_input, plan
 from epu.services.decision.policies import (
@@ -127,7 +128,7 @@ class Engine:
         """The one door every command leaves by (``gate``); it holds the publish functions."""
         self.clock = clock or RealClock()
         self.domains = list(config.domains)
-        self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour, s.cores) for n, s in config.sites.items()}
+        self.site_infos = {n: SiteInfo(n, s.quota, s.price_per_hour or 0.0, s.cores) for n, s in config.sites.items()}
         self.site_caps = {n: s.budget_per_hour for n, s in config.sites.items() if s.budget_per_hour is not None}
         """Site → its spend cap ([sites.NAME] budget_per_hour), over every domain."""
         self.leases: DecisionLeases | None = leases
@@ -139,7 +140,10 @@ class Engine:
         self._shadowed: dict[str, tuple[Any, ...]] = {}
         """Domain → what its last published shadow record would have done (``shadow_signature``)."""
         self.events = InstanceEvents(config, store, self.clock, self.gate, self.acting, self.catalogues, self.health)
-        self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health)
+        self.control = PolicyChanges(config, store, self.clock, publish, self.site_infos, self.health,
+                                     types=lambda: self.catalogues.types)
+        self.job_spans = JobSpans(store, gap=self.settings.active_window_seconds)
+        """Which jobs ran on which instance, kept in the store for ``epu cost`` (``occupancy``)."""
         self.retries = CommandRetries()
         """Node commands answered with an error, waiting before they are planned again (``retries``)."""
         self.census = CensusKeeper()
@@ -248,7 +252,10 @@ class Engine:
         one before (the caller may then iterate at once rather than at the next tick)."""
         if snap.domain not in self.config.domains:
             return False
-        return self.snapshots.admit(snap, self.clock.now())
+        changed = self.snapshots.admit(snap, self.clock.now())
+        if self.snapshots.snapshot(snap.domain) is snap:  # kept as the newest: whose jobs ran where (epu cost)
+            self.job_spans.observe(snap.domain, snap, self.snapshots.taken(snap.domain) or self.clock.now())
+        return changed
 
     def is_active(self, domain: str) -> bool:
         return self.snapshots.fresh(domain, self.clock.now(), self.settings.active_window_seconds)
@@ -302,6 +309,7 @@ class Engine:
         self.health.forget()
         self.census.forget()
         self.events.forget()
+        self.job_spans.forget()
         self.store.invalidate()
         if self.leases is not None:
             self.leases.release()
@@ -477,8 +485,7 @@ class Engine:
         caps = None  # the spend caps (budget_per_hour of the domain and of sites)
         if cfg.budget_per_hour or self.site_caps:
             caps = budget.budget_for(cfg.budget_per_hour, self.site_caps, view.instances, self._live_per_type(),
-                                     budget.price_table({n: i.price_per_hour for n, i in self.site_infos.items()},
-                                                        self.types))
+                                     budget.price_table(budget.site_prices(self.config.sites), self.types))
         placement = placement_input(cfg, self.site_infos, health, live, unproven, budget=caps,
                                     backoff_initial=self.settings.backoff_initial_seconds,
                                     backoff_max=self.settings.backoff_max_seconds)

@@ -17,7 +17,8 @@ half an update.
 
 Spend: an instance is paid from its launch until it ends (``requested`` to ``terminated`` or
 ``failed``), at its catalogue type's ``price_per_hour`` (the site's for an untyped launch), in
-the catalogue's currency. ``epu_spend_rate_per_hour`` is what the live instances cost now;
+the catalogue's currency. An instance nobody priced is not counted as 0: it is left out of the
+rates and counted in ``epu_spend_unpriced_instances``. ``epu_spend_rate_per_hour`` is what the live instances cost now;
 ``epu_spend_total`` is this process's integral of that rate over the time it was active for the
 domain — a counter that restarts at 0 with the process, as Prometheus counters do (use
 ``increase()``, which sums across restarts and engine failovers).
@@ -31,6 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.messages import DecisionRecord
+from epu.common.retire import RetireReason
+from epu.services.decision.budget import price as budget_price
+from epu.services.decision.budget import price_table, site_prices
 from epu.services.decision.view import PENDING_STATES
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -51,6 +55,9 @@ class FleetSample:
     """(domain, state) → batch nodes in the newest snapshot."""
     paused: dict[str, int] = field(default_factory=dict)
     spend_rate: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(domain, site) → $/h of the live instances whose price is known."""
+    unpriced: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(domain, site) → live instances nobody priced (left out of ``spend_rate``: unknown, not 0)."""
     budget: dict[str, float] = field(default_factory=dict)
     cooldown: dict[tuple[str, str], float] = field(default_factory=dict)
     """(site, type) → seconds an offering is still out after a capacity error."""
@@ -70,6 +77,8 @@ class _DomainFleet:
     """site → launch time of the oldest instance not joined yet."""
     retiring: dict[str, str]
     """instance → why it is being taken out."""
+    unpriced: dict[str, int] = field(default_factory=dict)
+    """site → live instances whose price is unknown (not in ``rate``)."""
 
 
 class FleetObserver:
@@ -96,6 +105,21 @@ class FleetObserver:
         """Domains this engine exports (see the module docstring)."""
         self._last: float | None = None
 
+    def _known(self, domain: str) -> None:
+        """Start the domain's counters at 0 for every label set known now — its sites and their
+        catalogue types, every retire reason — instead of at their first increment: Prometheus's
+        ``increase()`` reads a series born at 1 as no increase (issue 34: an alert missed the first
+        events)."""
+        e = self.engine
+        current = e.store.current_config(domain)
+        sites = (current[1].sites if current is not None else []) or list(e.config.sites)
+        for site in sites:
+            types = [t.name for t in e.types.get(site, ())] or [self._site_type(site, "")]
+            for typ in types:
+                self.launches.setdefault((domain, site, typ), 0)
+        for reason in RetireReason:
+            self.retired.setdefault((domain, reason.value), 0)
+
     # ------------------------------------------------------------------ inputs
     def _site_type(self, site_name: str, instance_type: str) -> str:
         if instance_type:
@@ -103,15 +127,10 @@ class FleetObserver:
         site = self.engine.config.sites.get(site_name)
         return (site.size if site is not None else "") or DEFAULT_TYPE
 
-    def prices(self) -> dict[tuple[str, str], float]:
+    def prices(self) -> dict[tuple[str, str], float | None]:
         """(site, type) → price per hour: each catalogue type's, and ("site", "") the site's own
-        (an untyped launch's)."""
-        e = self.engine
-        out = {(n, ""): float(info.price_per_hour) for n, info in e.site_infos.items()}
-        for n, types in e.types.items():
-            for t in types:
-                out[(n, t.name)] = float(t.price_per_hour)
-        return out
+        (an untyped launch's); None where nobody priced it (``budget.price_table``)."""
+        return price_table(site_prices(self.engine.config.sites), self.engine.types)
 
     def owned(self) -> list[str]:
         """The domains whose fleet this engine exports now."""
@@ -136,6 +155,7 @@ class FleetObserver:
     def _aggregate(self, domain: str, key: tuple[Any, ...], prices: dict[tuple[str, str], float]) -> _DomainFleet:
         counts: Counter[tuple[str, str, str, str]] = Counter()
         rate: dict[str, float] = {}
+        unpriced: dict[str, int] = {}
         booting: dict[str, float] = {}
         retiring: dict[str, str] = {}
         types: dict[tuple[str, str], str] = {}
@@ -145,13 +165,16 @@ class FleetObserver:
             if label is None:
                 label = types[(site, it)] = self._site_type(site, it)
             counts[(domain, site, label, inst.state)] += 1
-            price = prices.get((site, it)) if it else None
-            rate[site] = rate.get(site, 0.0) + (price if price is not None else prices.get((site, ""), 0.0))
+            price = budget_price(prices, site, it)
+            if price is None:  # unknown: counted apart, never as 0
+                unpriced[site] = unpriced.get(site, 0) + 1
+                price = 0.0
+            rate[site] = rate.get(site, 0.0) + price
             if inst.state in PENDING_STATES and inst.launched_at < booting.get(site, float("inf")):
                 booting[site] = inst.launched_at
             if inst.retire:
                 retiring[inst.instance_id] = inst.retire
-        return _DomainFleet(key, dict(counts), rate, booting, retiring)
+        return _DomainFleet(key, dict(counts), rate, booting, retiring, unpriced)
 
     def observe(self, force: bool = False) -> FleetSample:
         """Sample the fleet now (at most every ``min_interval`` seconds unless ``force``: an
@@ -178,6 +201,8 @@ class FleetObserver:
             s.instances.update(fleet.counts)
             for site, r in fleet.rate.items():
                 s.spend_rate[(d, site)] = r
+            for site, n in fleet.unpriced.items():
+                s.unpriced[(d, site)] = n
             for site, since in fleet.booting_since.items():
                 s.booting_oldest[(d, site)] = max(0.0, now - since)
         for d in list(self._domains):
@@ -198,6 +223,7 @@ class FleetObserver:
                 s.budget[d] = float(budget)
             for site in cfg.sites or list(e.config.sites):  # a site with nothing running costs 0, not absent
                 s.spend_rate.setdefault((d, site), 0.0)
+                s.unpriced.setdefault((d, site), 0)
         s.cooldown = {k: max(0.0, until - now) for k, until in e.cooldown.items()}
         s.site_failures = {name: h.failures for name, h in e.store.site_health().items()}
         if self._last is not None:
@@ -207,6 +233,8 @@ class FleetObserver:
                     self.spend_total[key2] = self.spend_total.get(key2, 0.0) + rate * hours
         for key2 in s.spend_rate:
             self.spend_total.setdefault(key2, 0.0)
+        for d in active:  # every known label set from 0: increase() then sees the first launch, retirement
+            self._known(d)
         self._last = now
         self.sample = s
         return s
@@ -236,6 +264,9 @@ class FleetCollector(Collector):
                      "with them)", ["site"], {(k,): v for k, v in s.site_failures.items()})
         yield _gauge("epu_spend_rate_per_hour", "What the live instances cost per hour now, by domain and site "
                      "(catalogue price, its currency)", ["domain", "site"], s.spend_rate)
+        yield _gauge("epu_spend_unpriced_instances", "Live instances whose price nobody gave (no price_per_hour, "
+                     "a driver size without a price), by domain and site: not in epu_spend_rate_per_hour",
+                     ["domain", "site"], s.unpriced)
         yield _gauge("epu_spend_budget_per_hour", "The domain's spend cap per hour, as configured (absent: "
                      "no cap)", ["domain"], {(d,): v for d, v in s.budget.items()})
         spend = CounterMetricFamily("epu_spend", "Cost of the instances while this engine acted for the domain, "

@@ -61,9 +61,10 @@ def domain_offers(types: Iterable[InstanceType], domain: Any, live: Mapping[tupl
 def from_offered(site: str, offered: Iterable[OfferedType]) -> list[InstanceType]:
     """A site's instance types as the provisioner discovered them (``instance.report``'s
     ``offered``: the driver's sizes with the config's overrides), cheapest first like
-    ``site_types``."""
+    ``site_types``; a type offered without a price is unpriced (``InstanceType.priced``)."""
     types = [InstanceType(site, o.name, o.size, o.cores, o.memory_mb, o.gpus, tuple(sorted(o.features)),
-                          o.price_per_hour, o.spot, o.quota, o.image) for o in offered]
+                          o.price_per_hour, o.spot, o.quota, o.image, priced=o.priced)
+             for o in offered]
     return sorted(types, key=lambda t: (t.price_per_hour, t.name))
 
 

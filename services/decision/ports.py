@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from epu.common.config.decision import DomainConfig
     from epu.common.messages import Message
+    from epu.services.decision.occupancy import JobSpan
     from epu.services.decision.placement import SiteHealth
     from epu.services.decision.planner import Plan
     from epu.services.decision.store import PlanWrite
@@ -178,6 +179,20 @@ class DecisionStore(Protocol):
     def record_node_result(self, action_id: str, outcome: str, inst: Instance | None) -> None:
         """A node command's answer and the instance row it changes, in one transaction (a
         compare-and-set: ``StaleWrite`` when another engine wrote since this one read)."""
+        ...
+
+    # ---------------------------------------------------------------- job spans (epu cost)
+    def open_jobs(self, domain: str) -> dict[int, JobSpan]:
+        """The domain's job spans still open, by row (``occupancy``)."""
+        ...
+
+    def note_jobs(self, domain: str, at: float, opened: list[JobSpan], closed: list[tuple[int, float]]) -> list[int]:
+        """One snapshot's effect on the domain's spans (close, see, open) in one transaction;
+        the new rows' ids. Outside the working set: the generation does not move."""
+        ...
+
+    def job_spans(self, since: float, until: float, domain: str | None = None) -> list[JobSpan]:
+        """Spans started before ``until`` and open or ended after ``since``, oldest first."""
         ...
 
     def action(self, action_id: str) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from typing import Any
 from epu.common.codec import packb
 from epu.common.columns import decode_columns, replace_fields
 from epu.common.messages import DecisionRecord, EngineStatus, InstanceStatus, Message
-from epu.services.decision.budget import price_table, spend_rate
+from epu.services.decision.budget import price_table, site_prices, spend_rate
 from epu.services.decision.status import queue_of
 from epu.services.decision.view import NodeIndex
 
@@ -86,14 +86,14 @@ def status_parts(engine: Any, domain: str, now: float, last: DecisionRecord | No
         "node_name": [i.node_name for i in insts], "ip": [i.ip for i in insts],
         "in_batch": [i.joined_at is not None and not i.removed for i in insts],
         "node_state": node_states, "retire": [i.retire for i in insts],
-        "since": [float(i.state_at) for i in insts]}
+        "since": [float(i.state_at) for i in insts], "launched_at": [float(i.launched_at) for i in insts]}
     jobs, cores = queue_of(snap) if snap is not None and snap.available else (0, 0)
     head = EngineStatus(
         domain=domain, at=float(now), policy=cfg.policy, policy_version=version, paused=cfg.paused,
         min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes, breaker=engine.breakers().get(domain, ""),
         budget_held=engine.budget_held.get(domain, ""), mode=cfg.mode,
         spend_per_hour=round(spend_rate(((i.site, i.instance_type, i.state) for i in insts), price_table(
-            {n: i.price_per_hour for n, i in engine.site_infos.items()}, engine.types)), 6),
+            site_prices(engine.config.sites), engine.types)), 6),
         snapshot_at=float(snap.taken_at) if snap is not None else None,
         sensor_skew_seconds=_skew(engine, domain),
         sensor_available=snap.available if snap is not None else True, queued_jobs=jobs, queued_cores=cores,

@@ -10,7 +10,9 @@ What lives here, so a restarted or standby engine continues where the last one s
 * ``actions`` — the intent log: every launch/terminate/node command, stored *before* it is
   sent, re-sent with the same id until its outcome is seen;
 * ``sites`` — failure counts and backoff per site;
-* ``domain_state`` — policy memory (threshold timers, utilisation samples) and the iteration count.
+* ``domain_state`` — policy memory (threshold timers, utilisation samples) and the iteration count;
+* ``job_spans`` — which job ran on which instance's node and when (``occupancy``), kept for
+  ``epu cost``: outside the working set (never read to decide, written without the generation).
 
 Working set in memory, written through: an engine reads its configs, live instances, open
 actions, site health and policy memory from the database once, then serves every read from
@@ -42,6 +44,7 @@ from epu.common.config.decision import DomainConfig
 from epu.common.db import create_schema, make_engine
 from epu.common.messages import REGISTRY, Message
 from epu.services.decision.lease import StaleWrite
+from epu.services.decision.occupancy import JobSpan
 from epu.services.decision.placement import SiteHealth
 from epu.services.decision.planner import Plan
 from epu.services.decision.view import LIVE_STATES, PENDING_STATES, Instance
@@ -145,6 +148,28 @@ domain_state = Table(
     Column("iteration", Integer, nullable=False, default=0),
     Column("file_config", Text),
 )
+
+job_spans = Table(
+    "decision_job_spans", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("domain", String(64), nullable=False, index=True),
+    Column("instance_id", String(128), nullable=False),
+    Column("job_id", String(128), nullable=False),
+    Column("start_at", Float, nullable=False, index=True),
+    Column("end_at", Float),
+    Column("owner_account", String(128), nullable=False, default=""),
+    Column("owner_user", String(128), nullable=False, default=""),
+    Column("owner_partition", String(128), nullable=False, default=""),
+)
+"""Which job ran on which instance's node, from when to when (``occupancy``): whose the paid time
+was, for ``epu cost``. A record, not part of the working set: no engine reads it to decide."""
+job_seen = Table(
+    "decision_job_seen", metadata,
+    Column("domain", String(64), primary_key=True),
+    Column("seen_at", Float, nullable=False),
+)
+"""Domain → when its last snapshot was applied to ``job_spans``: an open span was listed in
+every snapshot since it opened, so this is when each of the domain's open spans was last seen."""
 
 generation = Table(
     "decision_generation", metadata,
@@ -998,6 +1023,43 @@ class Store:
             if inst is not None:
                 self.save_instances([inst], conn)
 
+    # ------------------------------------------------------------------ job spans (epu cost)
+    def open_jobs(self, domain: str) -> dict[int, JobSpan]:
+        """The domain's spans still open (row → span, ``seen`` when the domain's last snapshot was)."""
+        q = (select(job_spans, job_seen.c.seen_at).join(job_seen, job_seen.c.domain == job_spans.c.domain)
+             .where(job_spans.c.domain == domain, job_spans.c.end_at.is_(None)))
+        with self.engine.connect() as conn:
+            return {r.id: _span(r) for r in conn.execute(q)}
+
+    def note_jobs(self, domain: str, at: float, opened: list[JobSpan], closed: list[tuple[int, float]]) -> list[int]:
+        """One snapshot's effect on the domain's spans, in one transaction: ``closed`` (row, end)
+        end, the domain was seen ``at`` (its open spans with it), ``opened`` start. Returns the
+        new rows' ids. Not a working-set write: the generation does not move (no engine's cached
+        working set is stale for it)."""
+        rows: list[int] = []
+        with self.engine.begin() as conn:
+            if closed:
+                conn.execute(update(job_spans).where(job_spans.c.id == bindparam("row")).values(
+                    end_at=bindparam("end")), [{"row": r, "end": e} for r, e in closed])
+            _upsert(conn, job_seen, {"domain": domain}, {"seen_at": at})
+            for sp in opened:
+                rows.append(conn.execute(insert(job_spans).values(
+                    domain=sp.domain, instance_id=sp.instance_id, job_id=sp.job_id, start_at=sp.start,
+                    end_at=sp.end, owner_account=sp.account, owner_user=sp.user,
+                    owner_partition=sp.partition)).inserted_primary_key[0])
+        return rows
+
+    def job_spans(self, since: float, until: float, domain: str | None = None) -> list[JobSpan]:
+        """Spans that may overlap [since, until): started before ``until``, and open or ended after
+        ``since``, oldest first."""
+        q = (select(job_spans, job_seen.c.seen_at).join(job_seen, job_seen.c.domain == job_spans.c.domain,
+                                                        isouter=True)
+             .where(job_spans.c.start_at < until, job_spans.c.end_at.is_(None) | (job_spans.c.end_at > since)))
+        if domain:
+            q = q.where(job_spans.c.domain == domain)
+        with self.engine.connect() as conn:
+            return [_span(r) for r in conn.execute(q.order_by(job_spans.c.start_at, job_spans.c.id))]
+
     def action(self, action_id: str) -> dict[str, Any] | None:
         o = self._open().get(action_id)
         if o is not None:
@@ -1014,6 +1076,12 @@ class Store:
             q = q.where(actions.c.kind == kind)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(actions.c.created_at))]
+
+
+def _span(row: Any) -> JobSpan:
+    seen = row.seen_at if row.seen_at is not None else row.start_at
+    return JobSpan(row.domain, row.instance_id, row.job_id, row.start_at, max(seen, row.start_at), row.end_at,
+                   row.owner_account, row.owner_user, row.owner_partition)
 
 
 def history_entry(row: dict[str, Any]) -> dict[str, Any]:

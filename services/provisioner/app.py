@@ -100,6 +100,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         settings=RuntimeSettings(metrics_port=pc.metrics_port, metrics_host=pc.metrics_host),
     )
     metrics = ProvisionerMetrics(service.metrics.registry)
+    metrics.known_sites(config.sites)  # every site's counters from 0 (alerts see the first event)
 
     def publish(event: InstanceEvent) -> None:
         service.publish(event)

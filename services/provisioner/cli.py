@@ -43,7 +43,8 @@ whether each has joined the batch system, from the decision engine's retained st
 queue epu.status.DOMAIN, read and left in place; the operator's read access suffices).
 
 Columns: INSTANCE (= launch id), DOMAIN, SITE, STATE, BATCH, NODE (batch node name), IP,
-CLOUD_ID, AGE (since the launch was requested) and REASON (why it last changed state).
+CLOUD_ID, AGE (since the launch was requested, on every row; "-" where an older engine's
+status does not say) and REASON (why it last changed state).
 
 States, in the order they move (never backwards): requested, pending, started, joined,
 draining, terminating, terminated; failed is terminal. The provisioner sets the cloud states
@@ -84,7 +85,10 @@ still wants one. The request goes to the engine's control queue (an operator nee
 than decision.control permission) and is answered like `epu policy set`.
 
 With --force: a TerminateRequest goes straight to the provisioners — the instance is
-terminated at once, killing whatever runs there; its batch node is removed afterwards.
+terminated at once, killing whatever runs there; its batch node is removed afterwards. Once a
+provisioner has answered, the decision engine is told, for the record: the forced terminate
+shows in `epu policy history` (a warning says so when the engine does not answer; the
+terminate stands either way).
 
 Either way the command waits for the answer (--timeout) and prints it: the engine's acceptance or
 its reason for refusing; with --force, the instance's move to terminating reported by a
@@ -103,8 +107,9 @@ examples:
 exit status: 0 when the engine accepted the request (with --force: a provisioner reported the
 instance terminating), or the instance is already gone; 1 when the engine refused (its reason is
 printed), no answer came within --timeout, no instance has that id (nothing is sent), or the
-broker refused or cannot be reached; 2 on a bad configuration, or an id prefix that matches
-several instances.
+broker refused or cannot be reached; 2 on a bad configuration, an id prefix that matches
+several instances, or an unknown --domain (not in the configuration's [domains], or not in the
+decision engine's store where this host can read it).
 """
 
 
@@ -142,13 +147,17 @@ def engine_view(config: Any, domains: list[str]) -> EngineView:
 
 def engine_only(view: EngineView, domain: str | None) -> list[Any]:
     """Rows for a host without the provisioner's store: the engine's live instances, shaped like
-    store records (no cloud id; age since the current state)."""
+    store records (no cloud id). ``created_at`` is when the launch was asked for, as in the
+    store's rows (None where an older engine's status does not say: AGE shows "-"), so AGE means
+    one thing on every row (issue 34: it was the time in the current state here)."""
     out = []
-    for iid, e in sorted((view.entries or {}).items(), key=lambda kv: kv[1].since):
+    for iid, e in sorted((view.entries or {}).items(),
+                         key=lambda kv: (kv[1].launched_at if kv[1].launched_at is not None else kv[1].since, kv[0])):
         if domain is None or view.domain_of[iid] == domain:
             out.append(SimpleNamespace(instance_id=iid, domain=view.domain_of[iid], site=e.site, node_name=e.node_name,
                                        cores=0, state=e.state, seq=e.seq, cloud_id=None, ip=e.ip, reason=e.retire,
-                                       error_kind=None, created_at=e.since, updated_at=e.since, presumed_gone_at=None))
+                                       error_kind=None, created_at=e.launched_at, updated_at=e.since,
+                                       presumed_gone_at=None))
     return out
 
 
@@ -217,7 +226,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [header] + [
         (d["instance_id"], d["domain"], d["site"], d.get("instance_type") or "-", d["state"],
          "-" if args.no_engine else _batch(d, engine), d["node_name"], d["ip"] or "-", d["cloud_id"] or "-",
-         _age(now - d["created_at"]), d["reason"][:60])
+         "-" if d["created_at"] is None else _age(now - d["created_at"]), d["reason"][:60])
         for d in docs]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
@@ -243,6 +252,14 @@ def terminate_message(instance_id: str, domain: str, reason: str, force: bool,
         return TerminateRequest(request_id=new_id(), instance_id=instance_id, domain=domain, reason=reason,
                                 force=True, retire=RetireReason.OPERATOR, proof=Proof.FORCED)
     return PolicyChange(change_id=new_id(), domain=domain, retire=[instance_id], operator=operator or reason)
+
+
+def forced_record(instance_id: str, domain: str, operator: str) -> PolicyChange:
+    """What ``epu instances terminate --force`` sends the decision engine once a provisioner has
+    answered (the simulator sends the same): the record of the forced terminate, for the
+    domain's history (``epu policy history``; issue 34: forced terminations were missing from it).
+    The engine acts on nothing in it."""
+    return PolicyChange(change_id=new_id(), domain=domain, forced_terminate=[instance_id], operator=operator)
 
 
 @dataclass
@@ -301,11 +318,16 @@ def cmd_terminate(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
     if args.domain is not None:
         from epu.common.topology import check_name
+        from epu.services.decision.cli import unknown_domain
 
         try:
             check_name(args.domain)
         except ValueError as exc:
             print(f"epu instances terminate: {exc}", file=sys.stderr)
+            return 2
+        problem = unknown_domain(config, args.domain)  # before the broker, whose answer is a bare 403
+        if problem is not None:
+            print(f"epu instances terminate: {problem}; nothing sent", file=sys.stderr)
             return 2
     known, notes = find_instances(config, args.domain)
     found = resolve(args.instance_id, known)
@@ -339,6 +361,14 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             return 1
         print(f"forced terminate: instance={iid} domain={domain} is {answer.state}"
               f"{f' ({answer.reason})' if answer.reason else ''}")
+        record = forced_record(iid, domain, f"{getpass.getuser()} ({args.reason})")
+        noted = request(config.broker_obj(), record, f"policy.outcome.{domain}",
+                        lambda m: getattr(m, "change_id", None) == record.change_id,
+                        timeout=min(args.timeout, 15.0), source=f"cli:{getpass.getuser()}")
+        if noted is None or not noted.applied:
+            why = "no answer from the decision engine" if noted is None else f"the engine refused: {noted.reason}"
+            print(f"epu instances terminate: not recorded in `epu policy history` ({why}); the terminate "
+                  "itself stands", file=sys.stderr)
         return 0
     outcome = request(config.broker_obj(), req, f"policy.outcome.{domain}",
                       lambda m: getattr(m, "change_id", None) == req.change_id,

@@ -31,6 +31,8 @@ class Catalogues:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._types: dict[str, list[InstanceType]] = {}
+        self._declared: dict[str, tuple[Any, list[InstanceType]]] = {}
+        """Site → (its config, the types it declares): a launch's price without a catalogue built per launch."""
 
     def discover(self, name: str, site: Any, list_sizes: Any) -> list[InstanceType]:
         """List ``site``'s sizes with ``list_sizes()`` (a rate-limited, retried cloud call) and
@@ -47,6 +49,23 @@ class Catalogues:
             types = self._types.get(name)
         return list(types) if types is not None else None
 
+    def price_at_launch(self, name: str, config: Any, instance_type: str) -> float | None:
+        """$/h of one instance of ``instance_type`` at site ``name`` (its ``SiteConfig``) as this
+        provisioner's catalogue says now — what its record keeps as the price at launch (None:
+        nobody priced it). "" is the site's single type (its ``price_per_hour``)."""
+        if not instance_type:
+            return config.price_per_hour
+        types = self.get(name)
+        if types is None:
+            declared = self._declared.get(name)
+            if declared is None or declared[0] is not config:
+                declared = self._declared[name] = (config, site_types(name, config))
+            types = declared[1]
+        for t in types:
+            if instance_type in (t.name, t.size):
+                return t.price
+        return None
+
     def offered(self, sites: Iterable[str]) -> dict[str, list[OfferedType]]:
         """What ``instance.report`` carries for a domain using ``sites``: the discovered ones."""
         out = {}
@@ -59,7 +78,7 @@ class Catalogues:
 
 def to_offered(t: InstanceType) -> OfferedType:
     return OfferedType(name=t.name, size=t.size, cores=t.cores, memory_mb=t.memory_mb, gpus=t.gpus,
-                       features=list(t.features), price_per_hour=t.price_per_hour, spot=t.spot, quota=t.quota,
+                       features=list(t.features), price_per_hour=t.price_per_hour, priced=t.priced, spot=t.spot, quota=t.quota,
                        image=t.image)
 
 

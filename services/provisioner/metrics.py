@@ -9,14 +9,16 @@ listing a node (presumed gone) or listed it again, and which alerts the destroy 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, get_args
 
-from epu.common.messages import InstanceEvent, ProvisionerAlert
+from epu.common.messages import ErrorKind, InstanceEvent, ProvisionerAlert, ProvisionerAlertKind
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 CLOUD_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 BOOT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200)
+PROVISIONER_STATES = ("requested", "pending", "started", "terminating", "terminated", "failed")
+"""The instance states a provisioner publishes (joined and draining are the engine's)."""
 
 
 class ProvisionerMetrics:
@@ -40,6 +42,21 @@ class ProvisionerMetrics:
         self.alerts = Counter("epu_provisioner_alerts_total", "provisioner.alert events raised, by site and kind",
                               ["site", "kind"], registry=registry)
         self._requested_at: dict[str, float] = {}
+
+    def known_sites(self, sites: Iterable[str]) -> None:
+        """Export every counter series of each configured site at 0 now: a labelled counter exists
+        only from its first increment, and ``increase()`` reads a series born at 1 as no increase
+        (issue 34: an alert missed the first events). The states a provisioner publishes, the
+        error kinds of a failure, the presence changes and the alert kinds are all known."""
+        for site in sites:
+            for state in PROVISIONER_STATES:
+                self.transitions.labels(site, state)
+            for kind in (*get_args(ErrorKind), "none"):
+                self.failures.labels(site, kind)
+            for change in ("presumed_gone", "readopted"):
+                self.presence.labels(site, change)
+            for kind in get_args(ProvisionerAlertKind):
+                self.alerts.labels(site, kind)
 
     def cloud_call(self, site: str, call: str, seconds: float, outcome: str) -> None:
         self.cloud_calls.labels(site, call, outcome).observe(seconds)

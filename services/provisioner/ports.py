@@ -40,9 +40,11 @@ class ProvisionerStore(Protocol):
         ...
 
     # ---------------------------------------------------------------- launches
-    def record_launch(self, req: LaunchRequest, now: float) -> tuple[InstanceRecord, Transition | None]:
-        """Store the intent before any cloud call: the record and its first transition, or
-        ``(existing, None)`` for a duplicate request."""
+    def record_launch(self, req: LaunchRequest, now: float,
+                      price: float | None = None) -> tuple[InstanceRecord, Transition | None]:
+        """Store the intent before any cloud call, with its type's price per hour now (None:
+        unknown): the record and its first transition, or ``(existing, None)`` for a duplicate
+        request."""
         ...
 
     def get_with_launch(self, instance_id: str) -> tuple[InstanceRecord | None, LaunchRecord | None]:
@@ -105,6 +107,11 @@ class ProvisionerStore(Protocol):
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
                      ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
         """A record for an instance this store never launched (adopted)."""
+        ...
+
+    def lives(self, since: float, until: float) -> list[InstanceRecord]:
+        """Records whose billed span (``created_at`` to ``ended_at``, open while live) overlaps
+        [since, until), oldest first (``epu cost``)."""
         ...
 
     def active_count(self, site: str, instance_type: str | None = None) -> int:

@@ -205,7 +205,9 @@ class Provisioner:
     # ------------------------------------------------------------------ commands
     def handle_launch(self, req: LaunchRequest) -> InstanceRecord:
         """Store the intent (idempotently) and schedule the cloud call. Returns when stored."""
-        rec, first = self.store.record_launch(req, self.clock.now())
+        site = self.sites.get(req.site)  # the price at launch stays with the record (epu cost)
+        price = self.catalogues.price_at_launch(req.site, site.config, req.instance_type) if site else None
+        rec, first = self.store.record_launch(req, self.clock.now(), price)
         if first is not None:
             self.emit(first)
             if req.site not in self.sites:

@@ -95,6 +95,8 @@ instances = Table(
     Column("updated_at", Float, nullable=False),
     Column("presumed_gone_at", Float),
     Column("instance_type", String(64)),
+    Column("price_per_hour", Float),
+    Column("ended_at", Float),
 )
 
 transitions = Table(
@@ -138,7 +140,8 @@ sightings = Table(
 )
 
 #: Columns added after the first release: ``Store`` adds them to an older database (all nullable).
-LATER_COLUMNS = {"prov_instances": ("presumed_gone_at", "instance_type"), "prov_transitions": ("presumed_gone",)}
+LATER_COLUMNS = {"prov_instances": ("presumed_gone_at", "instance_type", "price_per_hour", "ended_at"),
+                 "prov_transitions": ("presumed_gone",)}
 
 
 # Prebuilt statements for the launch path: building a statement per call costs more Python
@@ -159,6 +162,7 @@ _UPD_ADVANCE = (update(instances)
                 .values(state=bindparam("new_state"), seq=bindparam("new_seq"), updated_at=bindparam("at"),
                         reason=bindparam("new_reason"), error_kind=bindparam("new_kind"),
                         presumed_gone_at=bindparam("new_presumed", type_=Float),
+                        ended_at=func.coalesce(instances.c.ended_at, bindparam("new_ended", type_=Float)),
                         cloud_id=func.coalesce(bindparam("new_cloud_id", type_=String), instances.c.cloud_id),
                         ip=func.coalesce(bindparam("new_ip", type_=String), instances.c.ip)))
 
@@ -184,6 +188,13 @@ class InstanceRecord:
     instance_type: str = ""
     """The catalogue type it was launched as ("" = the site's single type; NULL in rows written
     before the column existed)."""
+    price_per_hour: float | None = None
+    """What one hour of it costs, as the provisioner's catalogue priced its type when the launch
+    was recorded (None: unpriced, adopted, or recorded before the column existed). Kept with the
+    record so a bill for last month does not change when the catalogue does (``epu cost``)."""
+    ended_at: float | None = None
+    """When it became ``terminated`` or ``failed`` (None: live, or reopened): with ``created_at``,
+    the span it is billed for (``lives``)."""
 
     @property
     def terminal(self) -> bool:
@@ -331,9 +342,11 @@ class Store:
             conn.execute(update(transitions).where(transitions.c.id.in_(ids)).values(published=True))
 
     # ------------------------------------------------------------------ launches
-    def record_launch(self, req: LaunchRequest, now: float) -> tuple[InstanceRecord, Transition | None]:
-        """Store the intent. Returns the record and its first transition, or ``(existing, None)``
-        for a request already stored (a duplicate or a redelivery)."""
+    def record_launch(self, req: LaunchRequest, now: float,
+                      price: float | None = None) -> tuple[InstanceRecord, Transition | None]:
+        """Store the intent, with the price per hour its type has now (``price``; None: unknown).
+        Returns the record and its first transition, or ``(existing, None)`` for a request
+        already stored (a duplicate or a redelivery)."""
         try:
             with self._tx() as conn:
                 conn.execute(_INS_LAUNCH, dict(
@@ -343,7 +356,8 @@ class Store:
                 conn.execute(_INS_INSTANCE, dict(
                     instance_id=req.launch_id, domain=req.domain, site=req.site, node_name=req.node_name,
                     cores=req.cores, state="requested", seq=1, cloud_id=None, ip=None, reason="",
-                    error_kind=None, created_at=now, updated_at=now, instance_type=req.instance_type))
+                    error_kind=None, created_at=now, updated_at=now, instance_type=req.instance_type,
+                    price_per_hour=price))
                 tid = conn.execute(_INS_TRANSITION, dict(
                     instance_id=req.launch_id, seq=1, from_state=None, to_state="requested", at=now,
                     reason="launch requested", error_kind=None, published=False)).inserted_primary_key[0]
@@ -354,7 +368,8 @@ class Store:
             return existing, None
         rec = InstanceRecord(instance_id=req.launch_id, domain=req.domain, site=req.site, node_name=req.node_name,
                              cores=req.cores, state="requested", seq=1, cloud_id=None, ip=None, reason="",
-                             error_kind=None, created_at=now, updated_at=now, instance_type=req.instance_type)
+                             error_kind=None, created_at=now, updated_at=now, instance_type=req.instance_type,
+                             price_per_hour=price)
         return rec, Transition(tid, rec, None, now)
 
     @staticmethod
@@ -449,8 +464,10 @@ class Store:
                     return None  # states only move forward, so a stale record's "no" is final too
                 # a terminate supersedes a presumption: the node is to go either way
                 presumed = None if new_state == "terminating" else rec.presumed_gone_at
+                ended = ended_at(rec, new_state, now)
                 values: dict[str, Any] = {"state": new_state, "seq": rec.seq + 1, "updated_at": now,
-                                          "reason": reason, "error_kind": error_kind, "presumed_gone_at": presumed}
+                                          "reason": reason, "error_kind": error_kind, "presumed_gone_at": presumed,
+                                          "ended_at": ended}
                 if cloud_id is not None:
                     values["cloud_id"] = cloud_id
                 if ip is not None:
@@ -458,7 +475,7 @@ class Store:
                 res = conn.execute(_UPD_ADVANCE, {
                     "iid": instance_id, "old_seq": rec.seq, "new_state": new_state, "new_seq": rec.seq + 1,
                     "at": now, "new_reason": reason, "new_kind": error_kind, "new_cloud_id": cloud_id,
-                    "new_ip": ip, "new_presumed": presumed})
+                    "new_ip": ip, "new_presumed": presumed, "new_ended": ended})
                 if res.rowcount != 1:
                     continue  # someone else moved it: re-read and re-check
                 tid = conn.execute(_INS_TRANSITION, dict(
@@ -514,9 +531,10 @@ class Store:
                 rec = _instance(row)
                 if rec.state != "failed":
                     return None
+                # live again, and it was all along (its node ran): billed from its launch, unbroken
                 values: dict[str, Any] = {"state": state, "seq": rec.seq + 1, "updated_at": now, "reason": reason,
                                           "error_kind": None, "presumed_gone_at": None, "cloud_id": cloud_id,
-                                          "ip": ip if ip is not None else rec.ip}
+                                          "ip": ip if ip is not None else rec.ip, "ended_at": None}
                 res = conn.execute(update(instances).where(
                     instances.c.instance_id == instance_id, instances.c.seq == rec.seq,
                     instances.c.state == "failed").values(**values))
@@ -567,7 +585,7 @@ class Store:
                 conn.execute(insert(instances).values(
                     instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
                     state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
-                    created_at=now, updated_at=now))
+                    created_at=now, updated_at=now, ended_at=now if is_terminal(state) else None))
                 tid = conn.execute(insert(transitions).values(
                     instance_id=instance_id, seq=1, from_state=None, to_state=state, at=now,
                     reason=reason, error_kind=None, published=False)).inserted_primary_key[0]
@@ -716,6 +734,16 @@ class Store:
                 out.append(Transition(m["id"], rec, m["from_state"], m["at"]))
         return out
 
+    def lives(self, since: float, until: float) -> list[InstanceRecord]:
+        """Every record whose billed span — from its launch (``created_at``) to its end
+        (``ended_at``; still running: open) — overlaps [``since``, ``until``), oldest first: what
+        ``epu cost`` bills, read from the records themselves, whoever was watching then."""
+        q = (select(instances).where(instances.c.created_at < until,
+                                     instances.c.ended_at.is_(None) | (instances.c.ended_at > since))
+             .order_by(instances.c.created_at, instances.c.instance_id))
+        with self._read() as conn:
+            return [_instance(r) for r in conn.execute(q)]
+
     def active_count(self, site: str, instance_type: str | None = None) -> int:
         """Instances at ``site`` that are not terminal (what a site quota counts); of one catalogue
         type only when ``instance_type`` is given (what a type quota counts)."""
@@ -731,13 +759,23 @@ class Store:
         return {r[0]: int(r[1]) for r in rows}
 
 
+def ended_at(rec: InstanceRecord, new_state: str, now: float) -> float | None:
+    """A record's ``ended_at`` once it moves to ``new_state`` at ``now`` (set once, at its end)."""
+    if rec.ended_at is not None:
+        return rec.ended_at
+    return now if is_terminal(new_state) else None
+
+
 def add_later_columns(engine: Engine) -> list[str]:
     """Bring an older database up to this schema: add the nullable columns of ``LATER_COLUMNS``
     that it lacks (``create_all`` makes missing tables, never missing columns).
 
     Records an older release closed as ``terminated`` because their node was not listed
     ("vanished: ...") are marked presumed gone when the column arrives, so a node of theirs that
-    is listed again is left alone instead of destroyed as the node of a closed record."""
+    is listed again is left alone instead of destroyed as the node of a closed record. Records
+    that ended before ``ended_at`` existed get the time of their last move to an end state (from
+    ``prov_transitions``), so what they cost is still known; ``price_per_hour`` stays NULL for
+    them (``epu cost`` prices those at the configuration's catalogue and says so)."""
     added: list[str] = []
     for attempt in range(5):
         have = {t: {c["name"] for c in inspect(engine).get_columns(t)} for t in LATER_COLUMNS}
@@ -754,6 +792,13 @@ def add_later_columns(engine: Engine) -> list[str]:
                         conn.execute(update(instances).where(
                             instances.c.state == "terminated", instances.c.reason.like("vanished:%"))
                             .values(presumed_gone_at=instances.c.updated_at))
+                    if (table, column) == ("prov_instances", "ended_at"):
+                        last_end = (select(func.max(transitions.c.at))
+                                     .where(transitions.c.instance_id == instances.c.instance_id,
+                                            transitions.c.to_state.in_(["terminated", "failed"]))
+                                     .scalar_subquery())
+                        conn.execute(update(instances).where(instances.c.state.in_(["terminated", "failed"]))
+                                     .values(ended_at=func.coalesce(last_end, instances.c.updated_at)))
                     added.append(f"{table}.{column}")
         except DBAPIError:  # another process added it meanwhile: look again
             if attempt == 4:

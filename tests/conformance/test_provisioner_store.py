@@ -180,6 +180,10 @@ OLD_SCHEMA = [  # prov_instances and prov_transitions as the previous release cr
        'vanished: node c-1 not found by reconciliation', NULL, 1.0, 2.0)""",
     """INSERT INTO prov_instances VALUES ('old-2', 'alpha', 'sim', 'w2', 1, 'terminated', 4, 'c-2', NULL,
        'terminated', NULL, 1.0, 2.0)""",
+    """INSERT INTO prov_instances VALUES ('old-3', 'alpha', 'sim', 'w3', 1, 'started', 3, 'c-3', NULL,
+       '', NULL, 1.5, 1.6)""",
+    """INSERT INTO prov_transitions VALUES (1, 'old-2', 3, 'started', 'terminated', 1.75, 'done', NULL, true)""",
+    """INSERT INTO prov_transitions VALUES (2, 'old-2', 4, 'terminated', 'terminated', 1.9, 'noted', NULL, true)""",
 ]
 
 
@@ -196,6 +200,10 @@ def test_an_older_database_is_brought_up_to_date(backend: str, request: pytest.F
     try:
         # records an older release closed on absence alone are marked presumed gone: their nodes are safe
         assert store.get("old-1").presumed_gone and not store.get("old-2").presumed_gone
+        # ended records get when they ended (their last move to an end state, else their last
+        # change), live ones none; no record claims a price it was never given
+        assert [(r.instance_id, r.ended_at, r.price_per_hour) for r in store.lives(0.0, 10.0)] == [
+            ("old-1", 2.0, None), ("old-2", 1.9, None), ("old-3", None, None)]
         # its instances were tagged by configuration: the store will not guess their deployment
         with pytest.raises(IdentityError) as exc:
             store.claim_identity()
@@ -291,3 +299,31 @@ def test_reads_come_in_one_order_on_every_store(store: Store) -> None:
     assert seq(store.sightings("sim")) == ["c-a", "c-b", "c-c"]
     assert store.active_count("sim") == 2 and store.counts() == {"failed": 1, "pending": 1, "requested": 1,
                                                                   "terminated": 1}
+
+
+def test_a_life_is_kept_with_its_price_at_launch_from_launch_to_end(store: Store) -> None:
+    """What ``epu cost`` bills: each record's span (launch to end, open while live) and the price
+    its type had when the launch was recorded, read back for any period."""
+    store.record_launch(req(1), 100.0, price=0.5)
+    store.record_launch(req(2), 110.0)  # unpriced: None, never 0
+    store.record_launch(req(3), 300.0, price=0.25)
+    store.advance("l1", "pending", 101.0, cloud_id="c-1")
+    store.advance("l1", "terminating", 190.0)
+    assert store.get("l1").ended_at is None
+    store.advance("l1", "terminated", 200.0)
+    store.advance("l1", "failed", 250.0)  # refused: an end is set once
+    store.advance("l2", "failed", 120.0, error_kind="transient")
+    rec = store.get("l1")
+    assert (rec.ended_at, rec.price_per_hour) == (200.0, 0.5)
+    assert store.get("l2").price_per_hour is None and store.get("l2").ended_at == 120.0
+    assert [r.instance_id for r in store.lives(0.0, 1000.0)] == ["l1", "l2", "l3"]
+    assert [r.instance_id for r in store.lives(150.0, 250.0)] == ["l1"]
+    assert [r.instance_id for r in store.lives(200.0, 300.0)] == []  # l1 over at 200, l3 from 300
+    assert [r.instance_id for r in store.lives(250.0, 301.0)] == ["l3"]
+    # a failed record whose node was running all along is live again: its end is taken back
+    store.reopen("l2", "started", 400.0, "listed alive", cloud_id="c-2")
+    assert store.get("l2").ended_at is None
+    assert [r.instance_id for r in store.lives(500.0, 600.0)] == ["l2", "l3"]
+    found, _ = store.record_found("x9", "alpha", "terminating", 700.0, "asked to terminate", site="sim")
+    assert found.ended_at is None and found.price_per_hour is None
+    assert reopen(store).get("l3").price_per_hour == 0.25

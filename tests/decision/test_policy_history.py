@@ -35,10 +35,17 @@ def test_the_store_keeps_who_what_and_why(store_url) -> None:
     assert cfg.budget_per_hour == 2.5 and cfg.mode == "observe" and cfg.paused
 
 
-def test_zero_removes_the_cap_and_a_bad_mode_is_refused() -> None:
+def test_zero_is_refused_as_in_the_file_clear_budget_removes_the_cap_and_a_bad_mode_is_refused() -> None:
+    """Issue 34: ``budget_per_hour = 0`` was refused in the file but removed the cap in ``policy
+    set``. Now 0 is refused both ways, and removing the cap is said outright."""
     e, _bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 10, "budget_per_hour": 3.0}}))
     e.store.seed_config("d", e.config.domains["d"], clock.now())
-    assert e.on_policy_change(PolicyChange(change_id="z", domain="d", budget_per_hour=0)).applied
+    out = e.on_policy_change(PolicyChange(change_id="z", domain="d", budget_per_hour=0))
+    assert not out.applied and out.reason.startswith("budget_per_hour: must be greater than 0")
+    assert "budget_per_hour=none" in out.reason and e.store.current_config("d")[1].budget_per_hour == 3.0
+    assert not e.on_policy_change(PolicyChange(change_id="zc", domain="d", budget_per_hour=2.0,
+                                               clear_budget=True)).applied
+    assert e.on_policy_change(PolicyChange(change_id="c", domain="d", clear_budget=True)).applied
     assert e.store.current_config("d")[1].budget_per_hour is None
     out = e.on_policy_change(PolicyChange(change_id="m", domain="d", mode="yolo"))
     assert not out.applied and out.reason.startswith("mode:")
@@ -86,3 +93,5 @@ def test_policy_set_words_for_the_cap_and_the_mode() -> None:
 
     assert parse_assignments(["budget_per_hour=2.5", "mode=observe", "idle_seconds=60"]) == {
         "budget_per_hour": 2.5, "mode": "observe", "params": {"idle_seconds": 60}}
+    assert parse_assignments(["budget_per_hour=none"]) == {"clear_budget": True, "params": {}}
+    assert parse_assignments(["budget_per_hour=0"]) == {"budget_per_hour": 0, "params": {}}  # the engine refuses it

@@ -123,7 +123,7 @@ def cli(*argv: str) -> int:
 def test_cli_policy_set_show_pause_resume(running, config_file, capsys):
     c = str(config_file)
     assert cli("policy", "set", "d", "policy=threshold", "jobs_per_vm=2", "max_nodes=7", "-c", c) == 0
-    assert "applied as version 2 (threshold, nodes 0..7)" in capsys.readouterr().out
+    assert "applied as version 2 (threshold, nodes 0..7, mode act, budget none)" in capsys.readouterr().out
     assert cli("policy", "set", "d", "jobs_per_vm=0", "-c", c) == 1
     assert "rejected: threshold.jobs_per_vm: Input should be greater than or equal to 1" in capsys.readouterr().err
     assert cli("policy", "pause", "d", "-c", c) == 0
@@ -135,7 +135,8 @@ def test_cli_policy_set_show_pause_resume(running, config_file, capsys):
     assert shown["version"] == 4 and shown["policy"] == "threshold" and shown["max_nodes"] == 7
     assert shown["effective_params"]["jobs_per_vm"] == 2 and shown["effective_params"]["waiting_jobs_time_s"] == 40
     assert cli("policy", "show", "d", "-c", c) == 0
-    assert "waiting_jobs_time_s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "waiting_jobs_time_s" in out and "mode       act" in out and "budget     none (no spend cap)" in out
 
 
 def test_cli_status_json_from_the_event_stream(running, config_file, capsys):

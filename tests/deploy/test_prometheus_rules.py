@@ -22,7 +22,8 @@ PROM = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULES = PROM / "epu-alerts.yml"
 ALERTS = {"EpuTargetDown", "EpuDomainWithoutEngine", "EpuDecisionEngineAbsent", "EpuCircuitBreakerOpen",
           "EpuSiteBackedOff", "EpuInstancesStuckBooting", "EpuDeadLettersGrowing", "EpuSpendOverBudget",
-          "EpuSensorUnavailable", "EpuUnsatisfiableJobs", "EpuBrokerConnectionStalled"}
+          "EpuSensorUnavailable", "EpuUnsatisfiableJobs", "EpuBrokerConnectionStalled", "EpuSpendCapHoldingLaunches",
+          "EpuUnpricedInstances"}
 PROMETHEUS_OWN = {"up"}
 """Series Prometheus makes itself, not a service."""
 

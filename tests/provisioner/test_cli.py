@@ -93,19 +93,32 @@ def test_forced_terminate_goes_to_the_provisioners_and_waits_for_their_answer(tm
                                                                                capsys) -> None:
     seed(sqlite_url)
     cfg = write_config(tmp_path, sqlite_url, broker)
+    topo = broker.topology
+    watch = Queue(topo.n("test.cli.forced-record"), exchange=topo.commands_exchange, routing_key="decision.control",
+                  durable=False, auto_delete=False)
     with broker.connection() as conn:
-        broker.topology.declare(conn.channel(), [broker.topology.provisioner_spec()])
+        topo.declare(conn.channel(), [topo.provisioner_spec()])
+        watch(conn.channel()).declare()
     t, taken = answer_one(broker, broker.topology.n("epu.provisioner"), lambda m: InstanceEvent(
         instance_id=m.instance_id, domain=m.domain, site="sim", state="terminating", previous="started", seq=3,
         reason=f"{m.reason} (forced)", at=102.0))
+    # issue 34: then the engine is told, for `epu policy history`
+    t2, recorded = answer_one(broker, watch.name, lambda m: PolicyOutcome(change_id=m.change_id, domain=m.domain,
+                                                                         applied=True, version=1))
     # --timeout: how long the command waits for the answer, which comes as soon as it is given
     # (generous: a loaded machine once took over the default 10 s to answer)
     assert main(["instances", "terminate", "i1", "-c", cfg, "--reason", "stuck", "--force", "--timeout", "60"]) == 0
     t.join(10)
-    assert "instance=i1 domain=alpha is terminating (stuck (forced))" in capsys.readouterr().out
+    t2.join(10)
+    out = capsys.readouterr()
+    assert "instance=i1 domain=alpha is terminating (stuck (forced))" in out.out
+    assert "not recorded" not in out.err
     [msg] = taken
     assert isinstance(msg, TerminateRequest) and msg.instance_id == "i1" and msg.domain == "alpha"
     assert msg.reason == "stuck" and msg.force
+    [record] = recorded
+    assert isinstance(record, PolicyChange) and record.forced_terminate == ["i1"] and record.domain == "alpha"
+    assert "stuck" in record.operator and record.retire is None
 
 
 @pytest.mark.rabbitmq
