@@ -310,6 +310,15 @@ def resolve(ident: str, known: dict[str, Known]) -> Known | list[str]:
     return known[matches[0]] if len(matches) == 1 else matches
 
 
+def _unknown_domain(config: Any, domain: str) -> str | None:
+    """Why ``domain`` is no domain of this configuration (None: it is one, or the file names no
+    domain — then the provisioner's store and the engine's answer tell). The decision CLI asks the
+    engine's store too (``epu policy history``); this one stays within the provisioner's side."""
+    if not config.domains or domain in config.domains:
+        return None
+    return f"unknown domain {domain!r} (the configuration's [domains]: {', '.join(sorted(config.domains))})"
+
+
 def cmd_terminate(args: argparse.Namespace) -> int:
     import getpass
 
@@ -318,14 +327,13 @@ def cmd_terminate(args: argparse.Namespace) -> int:
     config = load_or_exit(args.config)
     if args.domain is not None:
         from epu.common.topology import check_name
-        from epu.services.decision.cli import unknown_domain
 
         try:
             check_name(args.domain)
         except ValueError as exc:
             print(f"epu instances terminate: {exc}", file=sys.stderr)
             return 2
-        problem = unknown_domain(config, args.domain)  # before the broker, whose answer is a bare 403
+        problem = _unknown_domain(config, args.domain)  # before the broker, whose answer is a bare 403
         if problem is not None:
             print(f"epu instances terminate: {problem}; nothing sent", file=sys.stderr)
             return 2
