@@ -34,7 +34,14 @@ from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.exc import OperationalError
 
 from epu.common.config import EpuConfig
-from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
+from epu.common.messages import (
+    InstanceEvent,
+    LaunchRequest,
+    Message,
+    NodeCommand,
+    PolicyChange,
+    TerminateRequest,
+)
 from epu.services.decision.engine import Engine
 from epu.services.decision.snaporder import stale_on_arrival
 from epu.services.decision.store import Store as DecisionStore
@@ -460,6 +467,11 @@ class ProvisionerProc(Proc):
         self.api_latency = api_latency
         self.crash_after_create = False
         """Armed by a fault: die right after a create call returned, before the store knows."""
+        self.unconfirmed_share = 0.0
+        """Set by a fault (``faults.outbox_delays``): this share of its instance-event publishes get
+        no confirm (a timeout, as ``Publisher`` reports it): the transition stays in the store's
+        outbox and the next outbox sweep publishes it — while the anti-entropy report goes out on
+        time, and may overtake it."""
         self.queue = queue
         self.alerts: list[tuple[float, Message]] = []
         self._report_events = ReportEvents()
@@ -499,6 +511,16 @@ class ProvisionerProc(Proc):
         report_seconds = getattr(pc, "report_seconds", None)
         if report_seconds:
             self.every(report_seconds, self._report, f"report {self.name}", phase=report_seconds)
+
+    def publish(self, msg: Message) -> None:
+        """``Proc.publish``, and an instance event whose confirm does not come (``unconfirmed_share``)
+        fails as the runtime's publisher fails it: the caller sees the error (the provisioner leaves
+        the transition to its outbox)."""
+        if (self.unconfirmed_share and isinstance(msg, InstanceEvent)
+                and self.world.rng(f"outbox/{self.name}").random() < self.unconfirmed_share):
+            self.world.note(f"{self.name}: no confirm for instance.state {msg.state}")
+            raise ConnectionError("simulated: publish confirm timed out")
+        super().publish(msg)
 
     def _alert(self, message: Message) -> None:
         self.alerts.append((self.world.t, message))
