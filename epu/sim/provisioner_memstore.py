@@ -30,8 +30,8 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 
 from epu.common.messages import LaunchRequest
-from epu.services.provisioner.states import check_transition
-from epu.services.provisioner.store import (
+from epu.services.provisioner.records import (
+    DestroyRecord,
     Identity,
     IdentityError,
     InstanceRecord,
@@ -42,6 +42,7 @@ from epu.services.provisioner.store import (
     cloud_field_values,
     new_identity_value,
 )
+from epu.services.provisioner.states import check_transition
 
 _ENDED = ("terminated", "failed")
 _ROW_ORDER = operator.attrgetter("created_at", "instance_id")
@@ -113,6 +114,8 @@ class MemoryDatabase:
     meta: dict[str, str] = field(default_factory=dict)
     misses: dict[str, Miss] = field(default_factory=dict)
     sightings: dict[tuple[str, str], Sighting] = field(default_factory=dict)
+    destroys: list[DestroyRecord] = field(default_factory=list)
+    """The destroy ledger (``prov_destroys``), in row order."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     version: int = 0
     """Moves with every record stored (``MemoryStore._put``): what a read kept may be reused
@@ -131,7 +134,8 @@ class MemoryDatabase:
                 launches={k: replace(v) for k, v in self.launches.items()}, instances=dict(self.instances),
                 live={k: dict(v) for k, v in self.live.items()}, ended=list(self.ended), transitions=[dict(t) for t in self.transitions],
                 unpublished=dict(self.unpublished), by_instance={k: list(v) for k, v in self.by_instance.items()},
-                meta=dict(self.meta), misses=dict(self.misses), sightings=dict(self.sightings))
+                meta=dict(self.meta), misses=dict(self.misses), sightings=dict(self.sightings),
+                destroys=list(self.destroys))
 
 
 class _Tx:
@@ -407,7 +411,8 @@ class MemoryStore:
 
     def advance(self, instance_id: str, new_state: str, now: float, *, reason: str = "",
                 error_kind: str | None = None, cloud_id: str | None = None,
-                ip: str | None = None, expect: InstanceRecord | None = None) -> Transition | None:
+                ip: str | None = None, expect: InstanceRecord | None = None,
+                proof: str | None = None) -> Transition | None:
         with self._tx() as write:
             rec = self.db.instances.get(instance_id)
             if rec is None:
@@ -418,7 +423,8 @@ class MemoryStore:
             presumed = None if new_state == "terminating" else rec.presumed_gone_at
             new = _evolve(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
                           error_kind=error_kind, presumed_gone_at=presumed,
-                          cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip)
+                          cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip,
+                          end_proof=rec.end_proof if proof is None else proof)
             self._put(new)
             tid = self._transition(new, rec.state, now, reason, presumed is not None)
         return Transition(tid, new, rec.state, now)
@@ -446,7 +452,8 @@ class MemoryStore:
                 return None
             write()
             new = _evolve(rec, state=state, seq=rec.seq + 1, updated_at=now, reason=reason, error_kind=None,
-                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip)
+                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip,
+                          reopened_seq=rec.seq + 1)
             self._put(new)
             tid = self._transition(new, "failed", now, reason, False)
         return Transition(tid, new, "failed", now)
@@ -497,7 +504,7 @@ class MemoryStore:
 
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
-                     ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
+                     ip: str | None = None, proof: str | None = None) -> tuple[InstanceRecord, Transition | None]:
         with self._tx() as write:
             write()
             existing = self.db.instances.get(instance_id)
@@ -505,12 +512,25 @@ class MemoryStore:
                 raise _Rollback
             rec = InstanceRecord(instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
                                  state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
-                                 created_at=now, updated_at=now)
+                                 created_at=now, updated_at=now, end_proof=proof)
             self._put(rec)
             tid = self._transition(rec, None, now, reason, None)
         if existing is not None:
             return existing, None
         return rec, Transition(tid, rec, None, now)
+
+    # ------------------------------------------------------------------ destroys
+    def record_destroy(self, d: DestroyRecord) -> None:
+        with self._tx() as write:
+            write()
+            self.db.destroys.append(d)
+
+    def destroys(self, *, instance_id: str | None = None, cloud_id: str | None = None,
+                 limit: int = 100) -> list[DestroyRecord]:
+        with self.db.lock:
+            rows = [d for d in self.db.destroys if (instance_id is None or d.instance_id == instance_id)
+                    and (cloud_id is None or d.cloud_id == cloud_id)]
+        return rows[-limit:] if limit > 0 else []
 
     # ------------------------------------------------------------------ identity
     def claim_identity(self, configured: str | None = None,

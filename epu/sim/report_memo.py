@@ -27,7 +27,7 @@ import operator
 
 from epu.common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent
 from epu.services.provisioner.app import event_of
-from epu.services.provisioner.store import InstanceRecord
+from epu.services.provisioner.records import InstanceRecord
 
 #: The memo is pruned of ended records once it holds more than this many entries, or twice as
 #: many as after the last pruning (ended records are the only ones that leave the reports).

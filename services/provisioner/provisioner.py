@@ -42,6 +42,7 @@ from epu.common.messages import (
     ProvisionerAlert,
     TerminateRequest,
 )
+from epu.common.retire import Proof
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner import unstarted
 from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
@@ -54,14 +55,14 @@ from epu.services.provisioner.errors import (
     may_have_taken_effect,
 )
 from epu.services.provisioner.ports import ProvisionerStore
-from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
-from epu.services.provisioner.store import (
+from epu.services.provisioner.records import (
     InstanceRecord,
     Miss,
     Sighting,
     Transition,
     new_identity_value,
 )
+from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
 from epu.services.provisioner.userdata import UserdataError, UserdataRenderer
 
 log = logging.getLogger("epu.provisioner")
@@ -763,11 +764,11 @@ class Provisioner:
                     report.adopted.append(a.instance_id)
                     report.transitions += 1
             elif isinstance(a, core.Destroy):
-                if a.kind == "orphan" and self.store.launch_ids([a.launch_id]):
+                if a.proof is Proof.ORPHAN and self.store.launch_ids([a.launch_id]):
                     continue  # its launch arrived since the listing: no longer an orphan
                 if self._destroy_quietly(site_name, a.cloud_id, a.why):
                     report.swept.append(a.cloud_id)
-                    if a.kind == "orphan":
+                    if a.proof is Proof.ORPHAN:
                         forget.append(a.cloud_id)
             elif isinstance(a, core.Sight):
                 put_sightings.append(a.sighting)
