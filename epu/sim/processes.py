@@ -580,7 +580,8 @@ class ProvisionerProc(Proc):
         if isinstance(msg, LaunchRequest):
             self.prov.handle_launch(msg)
         elif isinstance(msg, TerminateRequest):
-            self.prov.handle_terminate(msg)
+            sent = self.bus.delivering  # the broker's validated user, as the runtime's ``Service.sender``
+            self.prov.handle_terminate(msg, sender=sent.user if sent is not None else None)
 
 
 # ---------------------------------------------------------------------- sensor

@@ -26,13 +26,16 @@ from epu.common.messages import (
     TerminateRequest,
 )
 from epu.common.runtime import Reject, RuntimeSettings, Service
+from epu.common.senders import SenderPolicy
 from epu.services.provisioner.cloud import LibcloudSite, NodeConversion, Site, to_cloud_nodes
 from epu.services.provisioner.discovery import Catalogues, domain_sites
 from epu.services.provisioner.drivers import make_driver
 from epu.services.provisioner.metrics import ProvisionerMetrics
 from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+from epu.services.provisioner.records import InstanceRecord
 from epu.services.provisioner.runner import CallObserver, RetryPolicy
-from epu.services.provisioner.store import InstanceRecord, Store
+from epu.services.provisioner.store import Store
+from epu.services.provisioner.terminations import DestroyObserver
 from epu.services.provisioner.userdata import UserdataRenderer, worker_contexts
 from libcloud.compute.base import NodeDriver
 
@@ -66,10 +69,13 @@ def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = 
                       drivers: dict[str, NodeDriver] | None = None, store: Store | None = None,
                       on_cloud_call: CallObserver | None = None, alert: Any = None,
                       new_id: Callable[[], str] | None = None,
-                      convert: dict[str, NodeConversion] | None = None) -> Provisioner:
+                      convert: dict[str, NodeConversion] | None = None,
+                      on_destroy: DestroyObserver | None = None) -> Provisioner:
     """``alert`` receives every ``ProvisionerAlert`` (the service publishes them); ``new_id`` makes
     the store id and a generated deployment identity at a store's first start (default: random;
-    a simulator passes a seeded one so a run replays exactly)."""
+    a simulator passes a seeded one so a run replays exactly); ``on_destroy`` is told every
+    destroy call (site, proof, outcome). The broker's sender rules (``user_prefix``) tell the
+    terminate gate who the operator is (``terminations.may_force``)."""
     pc = config.provisioner
     sites = build_sites(config, clock=clock, drivers=drivers, convert=convert)
     workers = worker_contexts(config)
@@ -85,8 +91,10 @@ def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = 
     )
     if new_id is not None:
         settings.new_id = new_id
+    senders = SenderPolicy(config.broker.user_prefix, config.broker.require_sender_user)
     return Provisioner(store or Store(pc.store_url), sites, publish, clock=clock, settings=settings,
-                       renderers=renderers, on_cloud_call=on_cloud_call, alert=alert)
+                       renderers=renderers, on_cloud_call=on_cloud_call, alert=alert, senders=senders,
+                       on_destroy=on_destroy)
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None,
@@ -110,7 +118,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         service.publish(message)
 
     prov = build_provisioner(config, publish, clock=clock, drivers=drivers, on_cloud_call=metrics.cloud_call,
-                             alert=alert)
+                             alert=alert, on_destroy=metrics.destroyed)
     metrics.watch_runners(prov.runners)
     service.provisioner = prov
     service.settings.extra_health["sites"] = prov.health
@@ -119,7 +127,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         if isinstance(message, LaunchRequest):
             prov.handle_launch(message)
         elif isinstance(message, TerminateRequest):
-            prov.handle_terminate(message)
+            prov.handle_terminate(message, sender=service.sender)  # the validated broker user
         else:  # the runtime filters by type; this guards a future topology change
             raise Reject(f"provisioner does not handle {envelope.type}")
 
