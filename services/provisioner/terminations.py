@@ -251,8 +251,10 @@ class Terminations:
         """``_judge_record`` for an instance this store has no record of (its store was replaced or
         restored, or another provisioner's on the same queue): its node looked for by launch id at
         every site. A booting node is recorded and destroyed; none anywhere closes the record; a
-        started one is left alone (the store that launched it tells the engine), as is an unknown
-        answer."""
+        started one is recorded ``started`` here and announced — the store that launched it may be
+        gone, and an engine that never hears ``started`` re-sends for ever while the VM runs
+        (``new-store``, issue 33) — so the engine takes it out the safe way and its ``removed``
+        terminate finds the record. An unknown answer does nothing (the sender re-sends)."""
         if self.store.get(instance_id) is not None:
             return  # recorded since (a launch arrived): the sender's re-send judges it
         found = self._find_launch(instance_id, domain, "its sender re-sends")
@@ -274,6 +276,14 @@ class Terminations:
             if t is not None:
                 self.emit(t)
                 self._carry_out(instance_id, name)
+        elif j.verdict == "refuse" and found is not None:
+            name, node = found
+            why = f"terminate refused: {j.why}; remove its node from the batch system first (found by launch id)"
+            _, t = self.store.record_found(instance_id, domain, "started", now, why, site=name, node_name=node.name,
+                                           cloud_id=node.cloud_id, ip=node.ip)
+            if t is not None:
+                self.emit(t)
+                log.warning(why, extra={"instance": instance_id, "site": name, "cloud_id": node.cloud_id})
 
     def refuse(self, rec: InstanceRecord, why: str) -> None:
         """Refuse a terminate of a live record: publish the record again with ``why`` (same
