@@ -9,6 +9,7 @@ drive the poll loop, reconciliation and the outbox sweep; reconciliation also ru
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,9 @@ from epu.services.provisioner.store import Store
 from epu.services.provisioner.terminations import DestroyObserver
 from epu.services.provisioner.userdata import UserdataRenderer, worker_contexts
 from libcloud.compute.base import NodeDriver
+from pydantic import ValidationError
+
+log = logging.getLogger("epu.provisioner")
 
 
 class ProvisionerService(Service):
@@ -146,21 +150,31 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     return service
 
 
-def event_of(r: InstanceRecord) -> InstanceEvent:
-    """A record's entry in a report."""
-    return InstanceEvent(instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
-                         node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
-                         error_kind=r.error_kind, at=r.updated_at)
+def event_of(r: InstanceRecord) -> InstanceEvent | None:
+    """A record's entry in a report: the record's latest event (``InstanceRecord.event``: a record
+    without a site names ``unknown``, a reopened one says so). ``None`` — logged, the entry left
+    out — for a record no valid event can be made of: one bad record costs its own entry, never
+    the report (the engine's safety net: issue 33, where one record without a site stopped every
+    report for the horizon)."""
+    try:
+        return r.event()
+    except ValidationError as exc:
+        log.error("a record cannot be reported: left out of the report",
+                  extra={"instance": r.instance_id, "domain": r.domain, "error": str(exc)[:500]})
+        return None
 
 
 def report_events(records: list[InstanceRecord], cutoff: float) -> dict[str, list[InstanceEvent]]:
     """A report's events per domain, in listing order: every record listed but an ended one older
-    than ``cutoff`` (a store may list more than the horizon asks for)."""
+    than ``cutoff`` (a store may list more than the horizon asks for) and one no entry can be made
+    of (``event_of``)."""
     by_domain: defaultdict[str, list[InstanceEvent]] = defaultdict(list)
     for r in records:
         if r.state in TERMINAL_INSTANCE_STATES and r.updated_at < cutoff:
             continue
-        by_domain[r.domain].append(event_of(r))
+        event = event_of(r)
+        if event is not None:
+            by_domain[r.domain].append(event)
     return by_domain
 
 
