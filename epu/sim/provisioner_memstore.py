@@ -527,10 +527,17 @@ class MemoryStore:
 
     def destroys(self, *, instance_id: str | None = None, cloud_id: str | None = None,
                  limit: int = 100) -> list[DestroyRecord]:
+        """The latest ``limit`` matches, read from the newest back (the simulator's invariant 2
+        asks for a node's last destroy at every destroy call)."""
+        rows: list[DestroyRecord] = []
         with self.db.lock:
-            rows = [d for d in self.db.destroys if (instance_id is None or d.instance_id == instance_id)
-                    and (cloud_id is None or d.cloud_id == cloud_id)]
-        return rows[-limit:] if limit > 0 else []
+            for d in reversed(self.db.destroys):
+                if len(rows) >= limit:
+                    break
+                if (instance_id is None or d.instance_id == instance_id) and (cloud_id is None or d.cloud_id == cloud_id):
+                    rows.append(d)
+        rows.reverse()
+        return rows
 
     # ------------------------------------------------------------------ identity
     def claim_identity(self, configured: str | None = None,
