@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from epu.common.retire import JUDGED_UNSTARTED, REQUESTED_PROOFS, Proof, RetireReason, legacy_proof
@@ -47,21 +48,38 @@ JobState = Literal["queued", "held", "blocked"]
 """State of a job that is not running. Only ``queued`` is demand; ``held`` (user/admin
 hold) and ``blocked`` (dependency, or can never run) are reported but not counted."""
 
-InstanceState = Literal[
-    "requested", "pending", "started", "joined", "draining", "terminating", "terminated", "failed"
-]
+class InstanceState(StrEnum):
+    """An instance's state, the one definition: the provisioner's state machine
+    (``services/provisioner/states.py``) moves records through them, the engine's view adds
+    ``joined`` and ``draining`` (it sees them in snapshots). A member is its string (``==``,
+    hash, format): on the wire it is that string, and code that holds plain strings (a store's
+    rows) compares with members as they are."""
+
+    REQUESTED = "requested"
+    PENDING = "pending"
+    STARTED = "started"
+    JOINED = "joined"
+    DRAINING = "draining"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
 #: The order instance states move in (rule 4: state only moves forward). ``failed`` is terminal.
 INSTANCE_STATE_ORDER: dict[str, int] = {
-    "requested": 0,
-    "pending": 1,
-    "started": 2,
-    "joined": 3,
-    "draining": 4,
-    "terminating": 5,
-    "terminated": 6,
-    "failed": 6,
+    InstanceState.REQUESTED: 0,
+    InstanceState.PENDING: 1,
+    InstanceState.STARTED: 2,
+    InstanceState.JOINED: 3,
+    InstanceState.DRAINING: 4,
+    InstanceState.TERMINATING: 5,
+    InstanceState.TERMINATED: 6,
+    InstanceState.FAILED: 6,
 }
-TERMINAL_INSTANCE_STATES = frozenset({"terminated", "failed"})
+TERMINAL_INSTANCE_STATES = frozenset({InstanceState.TERMINATED, InstanceState.FAILED})
+#: An instance state in a message: read from its wire string (bodies are otherwise strict: a
+#: strict enum field would take only a member, never the string a peer sends).
+InstanceStateField = Annotated[InstanceState, Field(strict=False)]
 
 NodeAction = Literal["add", "offline", "online", "remove"]
 ErrorKind = Literal["transient", "capacity", "permanent", "preempted"]
@@ -509,9 +527,9 @@ class InstanceEvent(Message):
     domain: Name
     site: Name
     """The cloud site it runs on."""
-    state: InstanceState
+    state: InstanceStateField
     """The state it moved to."""
-    previous: InstanceState | None = None
+    previous: InstanceStateField | None = None
     """The state it left. ``failed`` with a live ``state``: the provisioner reopened a launch it had
     closed failed because the cloud lists its node alive (its create took effect, the answer was
     lost): take the instance back as live — it may have joined the batch system by itself."""
@@ -544,6 +562,12 @@ class InstanceEvent(Message):
     interruption notice: EC2's two-minute warning). Sent with the instance's current state and
     ``seq`` (a notice is not a transition): the engine drains the node at once — for Slurm its
     jobs are requeued — instead of waiting for the preemption."""
+    reopened_seq: NonNegInt | None = None
+    """The ``seq`` at which the provisioner reopened this instance after ``failed`` (its node was
+    found alive), on every event and report entry from the reopening on. A consumer that holds the
+    instance ``failed`` with a ``seq`` below it holds the end the reopening undid: take the
+    instance back as live (as ``previous: failed`` says) — whichever of the reopen event and a
+    later event or report arrives first. Null: never reopened (or a sender older than this field)."""
 
     def routing_key(self) -> str:
         return f"instance.state.{self.domain}.{self.state}"
@@ -731,7 +755,7 @@ class InstanceStatus(Model):
 
     instance_id: Id
     site: Name
-    state: InstanceState
+    state: InstanceStateField
     """The engine's state: the provisioner's cloud states, plus joined and draining."""
     seq: NonNegInt = 0
     """The ``seq`` of the last instance event applied (a newer event supersedes this entry)."""

@@ -218,6 +218,11 @@ class Service:
         self._retrying: dict[str, Any] | None = None
         self.reconnect_count = 0
         self._unfinished: Future[Any] | None = None
+        self.sender: str | None = None
+        """The validated broker user (``user_id``, which RabbitMQ checks against the connection's
+        user) of the message whose handler runs now — set before the handler is called; ``None``
+        when it came without one (the in-memory transport). A handler whose effect depends on who
+        sent the message (the provisioner's forced terminate) reads it."""
         self._serving_since = 0.0
         self.on_start: list[Callable[[], None]] = []
         self.on_stop: list[Callable[[], None]] = []
@@ -689,6 +694,8 @@ class Service:
         if refused is not None:
             self.metrics.refused_senders.labels(queue_name).inc()
             return self.dead_letter(inbound, queue_name, f"{SENDER_NOT_ALLOWED}: {refused}", kept=kept)
+        user = inbound.delivery.properties.get("user_id")
+        self.sender = user if isinstance(user, str) and user else None
         attempts = 0
         delay = self.settings.retry_base_seconds
         while True:

@@ -294,6 +294,9 @@ class Bus:
         self.on_foreign: list[Callable[[Message, Sent, str], None]] = []
         """Called (message, how it was sent, queue) when a handler is about to act on a message its
         true sender was not allowed to send: invariant 10's hook."""
+        self.delivering: Sent | None = None
+        """How the message whose handler runs now was sent (its validated user: what the runtime
+        hands a handler as ``Service.sender``)."""
         self.around: list[Callable[[Message, Sent, Any], Callable[[], None] | None]] = []
         """Called (message, how it was sent, consuming process) before a handler runs; a callable
         it returns runs after the handler returned (invariant 10: what the handler did with it)."""
@@ -496,6 +499,7 @@ class Bus:
         self.stats.delivered += 1
         after = [a for fn in self.around if (a := fn(msg, sent, c.owner)) is not None] \
             if self.around and sent is not None else ()
+        self.delivering = sent
         try:
             c.handler(msg)
             for a in after:

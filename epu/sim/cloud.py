@@ -47,6 +47,10 @@ class CloudFaults:
     """A create fails with InsufficientInstanceCapacity (the engine fails over)."""
     lost_answer_rate: float = 0.0
     """A create succeeds but its answer is lost (504): the client token must save us."""
+    lost_answer_status: int = 504
+    """What a lost answer comes back as: 504 (a gateway timeout: the provisioner knows the create
+    may have taken effect) or 503 (a refusal that took effect all the same: with the errors after
+    it, a launch closed ``failed`` whose node lives, reopened when a listing shows it)."""
     errors_after_lost_answer: int = 0
     """After a lost create answer, this many following create calls fail with a 503 — the
     provisioner's retries run out and its launch closes ``failed`` while the node boots (and, on
@@ -318,6 +322,8 @@ class SimCloud:
         self._schedule_life(vm)
         if self._fault(f.lost_answer_rate):
             self._errors_left = f.errors_after_lost_answer
+            if f.lost_answer_status == 503:
+                raise BaseHTTPError(503, "ServiceUnavailable: simulated: the node was created all the same")
             raise BaseHTTPError(504, "GatewayTimeout: simulated: the node was created but the answer was lost")
         return vm
 

@@ -107,6 +107,31 @@ def crashes(kind: str, per_hour: float, down: tuple[float, float] = (5.0, 120.0)
     return fault
 
 
+def outbox_delays(per_hour: float, share: tuple[float, float] = (0.3, 1.0),
+                  length: tuple[float, float] = (120.0, 1200.0)) -> Fault:
+    """The provisioners' transitions are published late: for a while, a share of their
+    instance-event publishes get no confirm (a timeout under load, a publish refused by one full
+    queue), so each waits in the store's outbox for a sweep (``outbox_seconds`` later, and again
+    while confirms keep failing) — while the periodic ``instance.report`` goes out on time and
+    reaches the engine first: a report overtakes the event it summarizes (issue 33)."""
+
+    def fault(sim: Simulation) -> None:
+        rng = sim.world.rng("outbox/share")
+
+        def start() -> None:
+            value = rng.uniform(*share)
+            for p in sim.provisioners:
+                p.unconfirmed_share = value
+
+        def stop() -> None:
+            for p in sim.provisioners:
+                p.unconfirmed_share = 0.0
+
+        _episodes(sim, "outbox", per_hour, length, start, stop, first_after=300.0)
+
+    return fault
+
+
 def broker_outages(per_hour: float, length: tuple[float, float] = (10.0, 300.0)) -> Fault:
     """RabbitMQ down: every publish fails, nothing is delivered; the runtimes notice within
     seconds and reconnect when it is back."""

@@ -6,9 +6,11 @@ engines committed and sent. Each check runs where the thing it judges happens:
 
 1. **No running job killed** — at every destroy call: the VM's batch node has no running job,
    unless an operator terminated that instance with ``--force``.
-2. **No healthy instance destroyed** — at every destroy call by a provisioner: the VM was made
-   through that provisioner's own store (not another deployment's or another store's), and
-   that store's record for it asked for the end (terminating), failed, is a duplicate of the
+2. **No healthy instance destroyed** — at every destroy call by a provisioner: its store's
+   destroy ledger holds the node, with a proof, recorded before the call (the provisioner
+   destroys only with a proof, recorded: ``services/provisioner/terminations.py``); and the VM
+   was made through that provisioner's own store (not another deployment's or another store's),
+   and that store's record for it asked for the end (terminating), failed, is a duplicate of the
    launch, or does not exist. A record that is "terminated" although nobody asked for a
    terminate (presumed gone) does not count as asking.
 3. **Never twice, never over** — at every create: one live VM per launch id, live VMs per site
@@ -241,6 +243,10 @@ class Checker:
             self.fail(1, f"{caller} destroyed {vm.cloud_id} (launch {lid}) while it ran job(s) "
                          f"{', '.join(jobs[:5])}")
         prov = next((p for p in sim.provisioners if p.name == caller), None)
+        if prov is not None and prov.store is not None:
+            ledger = prov.store.destroys(cloud_id=vm.cloud_id, limit=1)
+            if not ledger or not ledger[-1].proof:
+                self.fail(2, f"{caller} destroyed {vm.cloud_id} (launch {lid}) without a proof recorded first")
         if prov is None or lid in self.terminate_requested:
             return  # asked for by an engine or an operator: not a sweep (invariant 1 still applies)
         made_in = self.store_of.get(vm.cloud_id, vm.created_by)

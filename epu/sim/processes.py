@@ -34,7 +34,14 @@ from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.exc import OperationalError
 
 from epu.common.config import EpuConfig
-from epu.common.messages import LaunchRequest, Message, NodeCommand, PolicyChange, TerminateRequest
+from epu.common.messages import (
+    InstanceEvent,
+    LaunchRequest,
+    Message,
+    NodeCommand,
+    PolicyChange,
+    TerminateRequest,
+)
 from epu.common.runtime import infrastructure
 from epu.services.decision.engine import Engine
 from epu.services.decision.snaporder import stale_on_arrival
@@ -477,6 +484,11 @@ class ProvisionerProc(Proc):
         self.api_latency = api_latency
         self.crash_after_create = False
         """Armed by a fault: die right after a create call returned, before the store knows."""
+        self.unconfirmed_share = 0.0
+        """Set by a fault (``faults.outbox_delays``): this share of its instance-event publishes get
+        no confirm (a timeout, as ``Publisher`` reports it): the transition stays in the store's
+        outbox and the next outbox sweep publishes it — while the anti-entropy report goes out on
+        time, and may overtake it."""
         self.queue = queue
         self.alerts: list[tuple[float, Message]] = []
         self._report_events = ReportEvents()
@@ -519,6 +531,16 @@ class ProvisionerProc(Proc):
         if any(site.discover for site in self.config.sites.values()):  # as the service: at start, then every so often
             self.later(0.0, self._discover, f"discover {self.name}")
             self.every(pc.discover_seconds, self._discover, f"discover {self.name}", phase=pc.discover_seconds)
+
+    def publish(self, msg: Message) -> None:
+        """``Proc.publish``, and an instance event whose confirm does not come (``unconfirmed_share``)
+        fails as the runtime's publisher fails it: the caller sees the error (the provisioner leaves
+        the transition to its outbox)."""
+        if (self.unconfirmed_share and isinstance(msg, InstanceEvent)
+                and self.world.rng(f"outbox/{self.name}").random() < self.unconfirmed_share):
+            self.world.note(f"{self.name}: no confirm for instance.state {msg.state}")
+            raise ConnectionError("simulated: publish confirm timed out")
+        super().publish(msg)
 
     def _alert(self, message: Message) -> None:
         self.alerts.append((self.world.t, message))
@@ -585,7 +607,8 @@ class ProvisionerProc(Proc):
         if isinstance(msg, LaunchRequest):
             self.prov.handle_launch(msg)
         elif isinstance(msg, TerminateRequest):
-            self.prov.handle_terminate(msg)
+            sent = self.bus.delivering  # the broker's validated user, as the runtime's ``Service.sender``
+            self.prov.handle_terminate(msg, sender=sent.user if sent is not None else None)
 
 
 # ---------------------------------------------------------------------- sensor

@@ -30,8 +30,8 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 
 from epu.common.messages import LaunchRequest
-from epu.services.provisioner.states import check_transition
-from epu.services.provisioner.store import (
+from epu.services.provisioner.records import (
+    DestroyRecord,
     Identity,
     IdentityError,
     InstanceRecord,
@@ -43,6 +43,7 @@ from epu.services.provisioner.store import (
     ended_at,
     new_identity_value,
 )
+from epu.services.provisioner.states import check_transition
 
 _ENDED = ("terminated", "failed")
 _ROW_ORDER = operator.attrgetter("created_at", "instance_id")
@@ -114,6 +115,8 @@ class MemoryDatabase:
     meta: dict[str, str] = field(default_factory=dict)
     misses: dict[str, Miss] = field(default_factory=dict)
     sightings: dict[tuple[str, str], Sighting] = field(default_factory=dict)
+    destroys: list[DestroyRecord] = field(default_factory=list)
+    """The destroy ledger (``prov_destroys``), in row order."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     version: int = 0
     """Moves with every record stored (``MemoryStore._put``): what a read kept may be reused
@@ -132,7 +135,8 @@ class MemoryDatabase:
                 launches={k: replace(v) for k, v in self.launches.items()}, instances=dict(self.instances),
                 live={k: dict(v) for k, v in self.live.items()}, ended=list(self.ended), transitions=[dict(t) for t in self.transitions],
                 unpublished=dict(self.unpublished), by_instance={k: list(v) for k, v in self.by_instance.items()},
-                meta=dict(self.meta), misses=dict(self.misses), sightings=dict(self.sightings))
+                meta=dict(self.meta), misses=dict(self.misses), sightings=dict(self.sightings),
+                destroys=list(self.destroys))
 
 
 class _Tx:
@@ -409,7 +413,8 @@ class MemoryStore:
 
     def advance(self, instance_id: str, new_state: str, now: float, *, reason: str = "",
                 error_kind: str | None = None, cloud_id: str | None = None,
-                ip: str | None = None, expect: InstanceRecord | None = None) -> Transition | None:
+                ip: str | None = None, expect: InstanceRecord | None = None,
+                proof: str | None = None) -> Transition | None:
         with self._tx() as write:
             rec = self.db.instances.get(instance_id)
             if rec is None:
@@ -420,7 +425,8 @@ class MemoryStore:
             presumed = None if new_state == "terminating" else rec.presumed_gone_at
             new = _evolve(rec, state=new_state, seq=rec.seq + 1, updated_at=now, reason=reason,
                           error_kind=error_kind, presumed_gone_at=presumed, ended_at=ended_at(rec, new_state, now),
-                          cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip)
+                          cloud_id=rec.cloud_id if cloud_id is None else cloud_id, ip=rec.ip if ip is None else ip,
+                          end_proof=rec.end_proof if proof is None else proof)
             self._put(new)
             tid = self._transition(new, rec.state, now, reason, presumed is not None)
         return Transition(tid, new, rec.state, now)
@@ -448,7 +454,8 @@ class MemoryStore:
                 return None
             write()
             new = _evolve(rec, state=state, seq=rec.seq + 1, updated_at=now, reason=reason, error_kind=None,
-                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip, ended_at=None)
+                          presumed_gone_at=None, cloud_id=cloud_id, ip=rec.ip if ip is None else ip, ended_at=None,
+                          reopened_seq=rec.seq + 1)
             self._put(new)
             tid = self._transition(new, "failed", now, reason, False)
         return Transition(tid, new, "failed", now)
@@ -499,7 +506,7 @@ class MemoryStore:
 
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
-                     ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
+                     ip: str | None = None, proof: str | None = None) -> tuple[InstanceRecord, Transition | None]:
         with self._tx() as write:
             write()
             existing = self.db.instances.get(instance_id)
@@ -507,12 +514,33 @@ class MemoryStore:
                 raise _Rollback
             rec = InstanceRecord(instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
                                  state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
-                                 created_at=now, updated_at=now, ended_at=now if state in _ENDED else None)
+                                 created_at=now, updated_at=now, ended_at=now if state in _ENDED else None,
+                                 end_proof=proof)
             self._put(rec)
             tid = self._transition(rec, None, now, reason, None)
         if existing is not None:
             return existing, None
         return rec, Transition(tid, rec, None, now)
+
+    # ------------------------------------------------------------------ destroys
+    def record_destroy(self, d: DestroyRecord) -> None:
+        with self._tx() as write:
+            write()
+            self.db.destroys.append(d)
+
+    def destroys(self, *, instance_id: str | None = None, cloud_id: str | None = None,
+                 limit: int = 100) -> list[DestroyRecord]:
+        """The latest ``limit`` matches, read from the newest back (the simulator's invariant 2
+        asks for a node's last destroy at every destroy call)."""
+        rows: list[DestroyRecord] = []
+        with self.db.lock:
+            for d in reversed(self.db.destroys):
+                if len(rows) >= limit:
+                    break
+                if (instance_id is None or d.instance_id == instance_id) and (cloud_id is None or d.cloud_id == cloud_id):
+                    rows.append(d)
+        rows.reverse()
+        return rows
 
     # ------------------------------------------------------------------ identity
     def claim_identity(self, configured: str | None = None,

@@ -27,14 +27,15 @@ import operator
 
 from epu.common.messages import TERMINAL_INSTANCE_STATES, InstanceEvent
 from epu.services.provisioner.app import event_of
-from epu.services.provisioner.store import InstanceRecord
+from epu.services.provisioner.records import InstanceRecord
 
 #: The memo is pruned of ended records once it holds more than this many entries, or twice as
 #: many as after the last pruning (ended records are the only ones that leave the reports).
 MIN_PRUNE = 1024
 
-_Made = tuple[InstanceRecord, InstanceEvent, str, float | None]
-"""A record, its event, its domain, and its ``updated_at`` if it is ended (else ``None``)."""
+_Made = tuple[InstanceRecord, InstanceEvent | None, str, float | None]
+"""A record, its event (``None``: none can be made of it, ``event_of``), its domain, and its
+``updated_at`` if it is ended (else ``None``)."""
 
 
 class ReportEvents:
@@ -70,16 +71,16 @@ class ReportEvents:
                     hits[k] = self._make(r)
         made: list[_Made] = hits  # type: ignore[assignment]
         # ``report_events``' filter: an ended record older than ``cutoff`` is left out.
-        kept = [m for m in made if m[3] is None or not m[3] < cutoff]
+        kept = [m for m in made if (m[3] is None or not m[3] < cutoff) and m[1] is not None]
         ended_kept = [t for m in kept if (t := m[3]) is not None and t == t]  # a NaN is kept at any cutoff
         ended_out = [m[3] for m in made if m[3] is not None and m[3] < cutoff]
         domains = {m[2] for m in kept}
         by_domain: dict[str, list[InstanceEvent]] = {}
         if len(domains) == 1:
-            by_domain[domains.pop()] = [m[1] for m in kept]
+            by_domain[domains.pop()] = [m[1] for m in kept]  # type: ignore[misc]
         else:
             for m in kept:
-                by_domain.setdefault(m[2], []).append(m[1])
+                by_domain.setdefault(m[2], []).append(m[1])  # type: ignore[arg-type]
         self._last = (list(records), min(ended_kept, default=math.inf), max(ended_out, default=-math.inf),
                       by_domain)
         return {d: list(events) for d, events in by_domain.items()}

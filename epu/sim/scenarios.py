@@ -128,6 +128,25 @@ def lost_create_then_errors() -> Scenario:
 
 
 @scenario
+def report_overtakes_event() -> Scenario:
+    return Scenario("report-overtakes-event", "HTCondor: launches closed failed (a create answered 503 that took "
+                    "effect, then API errors) are reopened when their nodes are listed, while the provisioner's "
+                    "events wait in its outbox (no publish confirm) and its reports go out on time",
+                    hours=3.0, domain=DomainSpec(max_nodes=64, flavor="htcondor"),
+                    sites=[SiteSpec("cloud-a", quota=80, faults=CloudFaults(
+                        lost_answer_rate=0.15, lost_answer_status=503, errors_after_lost_answer=12,
+                        listing_lag_seconds=90.0))],
+                    # demand well under max_nodes: a failed launch's live node is replaced before it
+                    # is reopened (the engine cannot know it lives), which is no fault of this scenario's
+                    workload=Workload(arrivals_per_hour=60.0, burst_per_hour=1.0, burst_jobs=(5, 20)),
+                    timing=Timing(outbox_seconds=120.0),
+                    faults=[F.outbox_delays(3.0, share=(0.6, 1.0), length=(600.0, 1800.0))],
+                    stresses="issue 33 (high): a report that overtook the reopen event made the engine raise its "
+                             "failed row's seq, drop the reopen as stale and terminate the live node (plain) on "
+                             "every report")
+
+
+@scenario
 def name_collisions() -> Scenario:
     return Scenario("name-collisions", "a small launch-id space: generated node names collide (Slurm, whose add of "
                     "an existing name rewrites that node's address and identity)",

@@ -9,6 +9,7 @@ drive the poll loop, reconciliation and the outbox sweep; reconciliation also ru
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -26,15 +27,21 @@ from epu.common.messages import (
     TerminateRequest,
 )
 from epu.common.runtime import Reject, RuntimeSettings, Service
+from epu.common.senders import SenderPolicy
 from epu.services.provisioner.cloud import LibcloudSite, NodeConversion, Site, to_cloud_nodes
 from epu.services.provisioner.discovery import Catalogues, domain_sites
 from epu.services.provisioner.drivers import make_driver
 from epu.services.provisioner.metrics import ProvisionerMetrics
 from epu.services.provisioner.provisioner import Provisioner, ProvisionerSettings
+from epu.services.provisioner.records import InstanceRecord
 from epu.services.provisioner.runner import CallObserver, RetryPolicy
-from epu.services.provisioner.store import InstanceRecord, Store
+from epu.services.provisioner.store import Store
+from epu.services.provisioner.terminations import DestroyObserver
 from epu.services.provisioner.userdata import UserdataRenderer, worker_contexts
 from libcloud.compute.base import NodeDriver
+from pydantic import ValidationError
+
+log = logging.getLogger("epu.provisioner")
 
 
 class ProvisionerService(Service):
@@ -66,10 +73,13 @@ def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = 
                       drivers: dict[str, NodeDriver] | None = None, store: Store | None = None,
                       on_cloud_call: CallObserver | None = None, alert: Any = None,
                       new_id: Callable[[], str] | None = None,
-                      convert: dict[str, NodeConversion] | None = None) -> Provisioner:
+                      convert: dict[str, NodeConversion] | None = None,
+                      on_destroy: DestroyObserver | None = None) -> Provisioner:
     """``alert`` receives every ``ProvisionerAlert`` (the service publishes them); ``new_id`` makes
     the store id and a generated deployment identity at a store's first start (default: random;
-    a simulator passes a seeded one so a run replays exactly)."""
+    a simulator passes a seeded one so a run replays exactly); ``on_destroy`` is told every
+    destroy call (site, proof, outcome). The broker's sender rules (``user_prefix``) tell the
+    terminate gate who the operator is (``terminations.may_force``)."""
     pc = config.provisioner
     sites = build_sites(config, clock=clock, drivers=drivers, convert=convert)
     workers = worker_contexts(config)
@@ -85,8 +95,10 @@ def build_provisioner(config: EpuConfig, publish: Any, *, clock: Clock | None = 
     )
     if new_id is not None:
         settings.new_id = new_id
+    senders = SenderPolicy(config.broker.user_prefix, config.broker.require_sender_user)
     return Provisioner(store or Store(pc.store_url), sites, publish, clock=clock, settings=settings,
-                       renderers=renderers, on_cloud_call=on_cloud_call, alert=alert)
+                       renderers=renderers, on_cloud_call=on_cloud_call, alert=alert, senders=senders,
+                       on_destroy=on_destroy)
 
 
 def build_service(config: EpuConfig, *, clock: Clock | None = None,
@@ -111,7 +123,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         service.publish(message)
 
     prov = build_provisioner(config, publish, clock=clock, drivers=drivers, on_cloud_call=metrics.cloud_call,
-                             alert=alert)
+                             alert=alert, on_destroy=metrics.destroyed)
     metrics.watch_runners(prov.runners)
     service.provisioner = prov
     service.settings.extra_health["sites"] = prov.health
@@ -120,7 +132,7 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
         if isinstance(message, LaunchRequest):
             prov.handle_launch(message)
         elif isinstance(message, TerminateRequest):
-            prov.handle_terminate(message)
+            prov.handle_terminate(message, sender=service.sender)  # the validated broker user
         else:  # the runtime filters by type; this guards a future topology change
             raise Reject(f"provisioner does not handle {envelope.type}")
 
@@ -139,21 +151,31 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None,
     return service
 
 
-def event_of(r: InstanceRecord) -> InstanceEvent:
-    """A record's entry in a report."""
-    return InstanceEvent(instance_id=r.instance_id, domain=r.domain, site=r.site, state=r.state, seq=r.seq,
-                         node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id, cores=r.cores, reason=r.reason,
-                         error_kind=r.error_kind, at=r.updated_at)
+def event_of(r: InstanceRecord) -> InstanceEvent | None:
+    """A record's entry in a report: the record's latest event (``InstanceRecord.event``: a record
+    without a site names ``unknown``, a reopened one says so). ``None`` — logged, the entry left
+    out — for a record no valid event can be made of: one bad record costs its own entry, never
+    the report (the engine's safety net: issue 33, where one record without a site stopped every
+    report for the horizon)."""
+    try:
+        return r.event()
+    except ValidationError as exc:
+        log.error("a record cannot be reported: left out of the report",
+                  extra={"instance": r.instance_id, "domain": r.domain, "error": str(exc)[:500]})
+        return None
 
 
 def report_events(records: list[InstanceRecord], cutoff: float) -> dict[str, list[InstanceEvent]]:
     """A report's events per domain, in listing order: every record listed but an ended one older
-    than ``cutoff`` (a store may list more than the horizon asks for)."""
+    than ``cutoff`` (a store may list more than the horizon asks for) and one no entry can be made
+    of (``event_of``)."""
     by_domain: defaultdict[str, list[InstanceEvent]] = defaultdict(list)
     for r in records:
         if r.state in TERMINAL_INSTANCE_STATES and r.updated_at < cutoff:
             continue
-        by_domain[r.domain].append(event_of(r))
+        event = event_of(r)
+        if event is not None:
+            by_domain[r.domain].append(event)
     return by_domain
 
 

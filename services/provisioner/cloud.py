@@ -89,10 +89,25 @@ class LaunchSpec:
 
 
 class Site(Protocol):
-    """One cloud the provisioner launches on (see module docstring)."""
+    """One cloud the provisioner launches on (see module docstring): a declared port, as
+    cluster-autoscaler's ``CloudProvider`` is. Every implementation declares every member; the
+    provisioner never asks a site whether it has one (no ``getattr`` probe), so what it does with
+    a site is what this port says. A member marked *Implementation optional* may raise
+    ``NotImplementedError``; its caller says what it does then.
+
+    Only ``terminations`` calls ``terminate`` (the one door to destroy, with its proof)."""
 
     name: str
     config: SiteConfig
+    deployment: str | None
+    """The deployment the caller built the site for (``provisioner.deployment``), or ``None``:
+    the store's own, bound by ``bind``. Sites built for different deployments are refused."""
+
+    @property
+    def idempotent_create(self) -> bool:
+        """Does a repeated create with the same launch id return the same node (a client token)?
+        False: a create whose outcome is unknown (a timeout, a 5xx) is never retried blindly."""
+        ...
 
     def bind(self, deployment: str, store_id: str) -> None:
         """Tag launches with, and list the nodes of, this deployment and store (called once by
@@ -103,6 +118,17 @@ class Site(Protocol):
     def terminate(self, cloud_id: str) -> None: ...
     def nodes(self) -> list[CloudNode]: ...
     def find_launch(self, launch_id: str) -> CloudNode | None: ...
+
+    def sizes(self) -> list[NodeSize]:
+        """The provider's sizes (libcloud ``list_sizes()``), for a site that ``discover``s its
+        instance types. *Implementation optional*: a site that cannot list them raises
+        ``NotImplementedError`` (its catalogue is then its configuration's)."""
+        ...
+
+
+def launch_node(nodes: list[CloudNode], launch_id: str) -> CloudNode | None:
+    """The live node of a listing that carries ``launch_id``."""
+    return next((n for n in nodes if n.launch_id == launch_id and n.live), None)
 
 
 def client_token(launch_id: str) -> str:
@@ -368,10 +394,7 @@ class LibcloudSite:
         """The live node carrying ``launch_id``, whatever deployment tag it has. Only for a
         terminate the engine asked for by that launch id while this store does not know it (the
         store was replaced: its nodes carry the old store's identity)."""
-        for cn in self.convert(self.driver.list_nodes()):
-            if cn.launch_id == launch_id and cn.live:
-                return cn
-        return None
+        return launch_node(self.convert(self.driver.list_nodes()), launch_id)
 
     def nodes(self) -> list[CloudNode]:
         """This deployment's nodes (tagged with it); others' are none of our business."""

@@ -4,7 +4,9 @@ Why these: an operator of a cloud-bursting cluster asks how fast each cloud answ
 latency by call and outcome: a site turning slow or refusing shows here first), how long
 instances take to boot (requested → started, per site), how much work is queued on each
 site's threads, how many instances moved through which state, how often the cloud stopped
-listing a node (presumed gone) or listed it again, and which alerts the destroy paths raised.
+listing a node (presumed gone) or listed it again, which alerts the destroy paths raised, and
+every destroy call by the proof that allowed it (``terminations``: a sweep of orphans or a run of
+bookkeeping destroys shows here before anyone reads a log).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class ProvisionerMetrics:
                                 "by site and change", ["site", "change"], registry=registry)
         self.alerts = Counter("epu_provisioner_alerts_total", "provisioner.alert events raised, by site and kind",
                               ["site", "kind"], registry=registry)
+        self.destroys = Counter("epu_provisioner_destroys_total",
+                                "Destroy calls by site, the proof that allowed them (removed, forced, unstarted, "
+                                "bookkeeping, failed-launch, duplicate, orphan, closed-record) and outcome "
+                                "(destroyed, gone, failed)", ["site", "proof", "outcome"], registry=registry)
         self._requested_at: dict[str, float] = {}
 
     def known_sites(self, sites: Iterable[str]) -> None:
@@ -82,6 +88,10 @@ class ProvisionerMetrics:
 
     def alerted(self, alert: ProvisionerAlert) -> None:
         self.alerts.labels(alert.site, alert.kind).inc()
+
+    def destroyed(self, site: str, proof: str, outcome: str) -> None:
+        """A destroy call (``terminations.DestroyObserver``)."""
+        self.destroys.labels(site, proof, outcome).inc()
 
     def watch_runners(self, runners: Mapping[str, Any]) -> None:
         for name, runner in runners.items():

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from epu.common.messages import LaunchRequest
-    from epu.services.provisioner.store import (
+    from epu.services.provisioner.records import (
+        DestroyRecord,
         Identity,
         InstanceRecord,
         LaunchRecord,
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 
 class ProvisionerStore(Protocol):
     """Launches, instance records and their transitions (forward only, compare-and-set on each
-    record's ``seq``), the outbox of unpublished transitions, misses, sightings and the
-    deployment identity."""
+    record's ``seq``), the outbox of unpublished transitions, the destroy ledger, misses, sightings
+    and the deployment identity."""
 
     def close(self) -> None:
         ...
@@ -76,9 +77,10 @@ class ProvisionerStore(Protocol):
 
     def advance(self, instance_id: str, new_state: str, now: float, *, reason: str = "",
                 error_kind: str | None = None, cloud_id: str | None = None,
-                ip: str | None = None, expect: InstanceRecord | None = None) -> Transition | None:
+                ip: str | None = None, expect: InstanceRecord | None = None,
+                proof: str | None = None) -> Transition | None:
         """Move a record forward, or do nothing (None) when the move is not allowed or the
-        record is no longer ``expect``."""
+        record is no longer ``expect``. ``proof``: kept as the record's ``end_proof``."""
         ...
 
     def note_presence(self, instance_id: str, presumed_gone: bool, now: float, reason: str) -> Transition | None:
@@ -92,7 +94,8 @@ class ProvisionerStore(Protocol):
     def reopen(self, instance_id: str, state: str, now: float, reason: str, *, cloud_id: str,
                ip: str | None = None) -> Transition | None:
         """The one move backwards: a ``failed`` record whose node the cloud lists alive, reopened
-        in the state the cloud shows with the next ``seq`` (``None``: not ``failed`` any more)."""
+        in the state the cloud shows with the next ``seq``, kept as its ``reopened_seq``
+        (``None``: not ``failed`` any more)."""
         ...
 
     def set_cloud_fields(self, instance_id: str, *, cloud_id: str | None = None, ip: str | None = None,
@@ -105,8 +108,8 @@ class ProvisionerStore(Protocol):
 
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
-                     ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
-        """A record for an instance this store never launched (adopted)."""
+                     ip: str | None = None, proof: str | None = None) -> tuple[InstanceRecord, Transition | None]:
+        """A record for an instance this store never launched (adopted; ``proof``: its ``end_proof``)."""
         ...
 
     def lives(self, since: float, until: float) -> list[InstanceRecord]:
@@ -122,6 +125,16 @@ class ProvisionerStore(Protocol):
         ...
 
     def history(self, instance_id: str) -> list[dict[str, Any]]:
+        ...
+
+    # ---------------------------------------------------------------- the destroy ledger
+    def record_destroy(self, d: DestroyRecord) -> None:
+        """Keep one destroy call (``terminations``: written before the call is made)."""
+        ...
+
+    def destroys(self, *, instance_id: str | None = None, cloud_id: str | None = None,
+                 limit: int = 100) -> list[DestroyRecord]:
+        """The latest ``limit`` destroy calls (of one instance or one node), oldest first."""
         ...
 
     # ---------------------------------------------------------------- identity, misses, sightings

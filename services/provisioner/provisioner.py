@@ -19,6 +19,11 @@ second create for the same launch id is answered with the same node by the clien
 What the poll loop and reconciliation conclude from a listing — follow, presume gone,
 re-adopt, adopt, sweep (capped), re-drive — is decided by the pure functions of
 ``reconcile``; this shell lists, reads the store, and carries their plan out.
+
+The terminate path and every destroy live in ``terminations`` (the one door to a site's
+destroy, each call under a proof and recorded): ``handle_terminate`` delegates there, and the
+destroys this shell's own rules decide (a failed launch's node, a closed record's, a duplicate,
+an orphan) go through the same door.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -43,9 +48,9 @@ from epu.common.messages import (
     TerminateRequest,
 )
 from epu.common.retire import Proof
+from epu.common.senders import SenderPolicy
 from epu.services.provisioner import reconcile as core
-from epu.services.provisioner import unstarted
-from epu.services.provisioner.cloud import TAG_DOMAIN, CloudNode, LaunchSpec, Site, is_not_found
+from epu.services.provisioner.cloud import CloudNode, LaunchSpec, Site, launch_node
 from epu.services.provisioner.discovery import Catalogues
 from epu.services.provisioner.errors import (
     CloudError,
@@ -54,25 +59,21 @@ from epu.services.provisioner.errors import (
     is_throttled,
     may_have_taken_effect,
 )
+from epu.services.provisioner.inflight import InFlight
 from epu.services.provisioner.ports import ProvisionerStore
-from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
-from epu.services.provisioner.store import (
+from epu.services.provisioner.records import (
     InstanceRecord,
     Miss,
     Sighting,
     Transition,
     new_identity_value,
 )
+from epu.services.provisioner.runner import CallObserver, RetryPolicy, SiteRunner
+from epu.services.provisioner.terminations import DestroyObserver, Terminations
 from epu.services.provisioner.userdata import UserdataError, UserdataRenderer
 
 log = logging.getLogger("epu.provisioner")
 
-
-class _Unanswered:
-    """A site could not be asked where a launch's node is: the answer is unknown, never "gone"."""
-
-
-_UNANSWERED = _Unanswered()
 
 #: Test hook: ``EPU_PROVISIONER_CRASH_AT=after_cloud_call`` SIGKILLs this process right after
 #: a create call returned and before the store knows (the window the design worries about).
@@ -141,7 +142,8 @@ class Provisioner:
                  clock: Clock | None = None, settings: ProvisionerSettings | None = None,
                  renderers: dict[str, UserdataRenderer] | None = None,
                  sleep: Callable[[float], None] | None = None, on_cloud_call: CallObserver | None = None,
-                 alert: Callable[[ProvisionerAlert], Any] | None = None) -> None:
+                 alert: Callable[[ProvisionerAlert], Any] | None = None, senders: SenderPolicy | None = None,
+                 on_destroy: DestroyObserver | None = None) -> None:
         self.store: ProvisionerStore = store
         self.sites = sites
         self._publish = publish
@@ -155,19 +157,33 @@ class Provisioner:
         self.alerts: deque[ProvisionerAlert] = deque(maxlen=200)
         """The latest alerts raised (also published through ``alert`` and logged)."""
         self.renderers = renderers or {}
-        self.runners = {
+        self.inflight = InFlight()
+        """Launch and terminate tasks queued or running here (shared with ``terminations``)."""
+        runners = {
             name: SiteRunner(name, site.config.rate_limit_per_second, site.config.max_in_flight,
                              self.settings.retry, sleep=sleep, on_call=on_cloud_call)
             for name, site in sites.items()
         }
+        self.terminations = Terminations(store, sites, runners, self.clock, self.emit, publish, self.inflight,
+                                         senders=senders, on_destroy=on_destroy)
+        """The terminate path and the one door to destroy."""
+        self._runners = runners
         self._noticed: set[str] = set()
         """Instances whose interruption notice was published (``_notice``)."""
         self.catalogues = Catalogues()
         """Instance types of the sites that ``discover`` sizes (``discover_all``)."""
-        self._lock = threading.Lock()
-        self._inflight: set[str] = set()
         self._publish_lock = threading.Lock()
         self._crash_at = os.environ.get(CRASH_ENV, "")
+
+    @property
+    def runners(self) -> dict[str, SiteRunner]:
+        """The sites' runners, by site name (the simulator replaces them with inline ones)."""
+        return self._runners
+
+    @runners.setter
+    def runners(self, runners: dict[str, SiteRunner]) -> None:
+        self._runners = runners
+        self.terminations.runners = runners
 
     # ------------------------------------------------------------------ events
     def emit(self, transition: Transition | None) -> None:
@@ -236,152 +252,26 @@ class Provisioner:
             self._schedule_launch(rec.instance_id, rec.site)  # a redelivery after a crash: re-drive it
         return rec
 
-    def handle_terminate(self, req: TerminateRequest) -> InstanceRecord | None:
-        """Store the terminate (``terminating``) and schedule the destroy. Returns when stored.
-
-        What ``force`` means here: nothing the provisioner does depends on it. Whether a node may
-        go is the sender's decision, made before the request is sent — the engine drains a node the
-        batch system has seen before it asks, and an operator's unforced terminate goes to the
-        engine to be drained; only a forced one is sent here directly. So every terminate that
-        reaches the provisioner is carried out, and ``force`` is kept in the instance's history
-        ("forced") so an operator override can be told from the engine's own decision.
-
-        The one condition: a terminate sent ``unless_started`` (the engine's, for an instance its
-        lagging view holds unstarted) is carried out only while the VM has not started
-        (``unstarted``); nothing is stored before that is known — the sender re-sends until it
-        hears ``terminating``, ``started`` or an end."""
-        now = self.clock.now()
-        rec = self.store.get(req.instance_id)
-        if req.unless_started and not req.force and (rec is None or (rec.state != "terminating" and not rec.terminal)):
-            self._handle_unstarted(req, rec)
-            return rec
-        if rec is None:
-            # launched through another store (this one replaced or restored): the engine asks by
-            # launch id, so the node carrying it is the one to end, wherever it is
-            rec, t = self.store.record_found(req.instance_id, req.domain, "terminating", now,
-                                             f"{req.reason or 'terminate requested'}: unknown to this store, "
-                                             "looking for its node by launch id")
-            self.emit(t)
-        if rec.terminal:
-            return rec
-        if not rec.site:
-            self._schedule_locate(rec.instance_id, rec.domain)
-            return rec
-        reason = req.reason or "terminate requested"
-        t = self.store.advance(rec.instance_id, "terminating", now,
-                               reason=f"{reason} (forced)" if req.force else reason)
-        self.emit(t)
-        if rec.site in self.sites:
-            self._schedule_terminate(rec.instance_id, rec.site)
-        return self.store.get(rec.instance_id) or rec
-
-    def _handle_unstarted(self, req: TerminateRequest, rec: InstanceRecord | None) -> None:
-        """A terminate sent ``unless_started`` of a live record not yet ``terminating``, or of an
-        instance this store has no record of: refuse at once when the record says it started,
-        else look at the cloud on the site's thread (``_terminate_unstarted``)."""
-        reason = req.reason or "terminate requested"
-        bookkeeping = req.effective_proof == Proof.BOOKKEEPING
-        if rec is None:
-            if self.sites:
-                self._schedule_claimed(f"terminate:{req.instance_id}", next(iter(self.sites)),
-                                       lambda: self._locate_unstarted(req.instance_id, req.domain, reason))
-            return
-        if bookkeeping and rec.site in self.sites:
-            self._schedule_claimed(f"terminate:{rec.instance_id}", rec.site,
-                                   lambda: self._terminate_unstarted(rec.instance_id, rec.site, reason, True))
-        elif rec.state not in unstarted.UNSTARTED:
-            self._refuse_started(rec, f"terminate refused: the instance is {rec.state}; remove its node from "
-                                      "the batch system first")
-        elif rec.site in self.sites:
-            self._schedule_claimed(f"terminate:{rec.instance_id}", rec.site,
-                                   lambda: self._terminate_unstarted(rec.instance_id, rec.site, reason))
-        else:  # another provisioner on this queue holds the site's credentials (and looks at it)
-            log.info("terminate (unless started) of an instance at a site this provisioner cannot list: left "
-                     "to its sender's re-send", extra={"instance": rec.instance_id, "site": rec.site})
+    def handle_terminate(self, req: TerminateRequest, sender: str | None = None) -> InstanceRecord | None:
+        """A terminate, by its proof: ``terminations.Terminations.handle`` (the one door to
+        destroy). Returns once what it decided is stored. ``sender``: the message's validated
+        broker user, ``None`` when there is none (the in-memory transport)."""
+        return self.terminations.handle(req, sender)
 
     # ------------------------------------------------------------------ scheduling
-    def _schedule_claimed(self, key: str, site: str, work: Callable[[], None]) -> None:
-        """Run ``work`` on ``site``'s threads unless work under ``key`` is queued or running."""
-        if not self._claim(key):
-            return
-
-        def task() -> None:
-            try:
-                work()
-            finally:
-                self._release(key)
-
-        self.runners[site].submit(task)
-
-    def _claim(self, key: str) -> bool:
-        with self._lock:
-            if key in self._inflight:
-                return False
-            self._inflight.add(key)
-            return True
-
-    def _release(self, key: str) -> None:
-        with self._lock:
-            self._inflight.discard(key)
-
     def _schedule_launch(self, instance_id: str, site: str) -> None:
-        key = f"launch:{instance_id}"
-        if not self._claim(key):
-            return
-
-        def task() -> None:
-            try:
-                self._do_launch(instance_id, site)
-            finally:
-                self._release(key)
-
-        self.runners[site].submit(task)
-
-    def _schedule_terminate(self, instance_id: str, site: str) -> None:
-        key = f"terminate:{instance_id}"
-        if not self._claim(key):
-            return
-
-        def task() -> None:
-            try:
-                self._do_terminate(instance_id, site)
-            finally:
-                self._release(key)
-
-        self.runners[site].submit(task)
-
-    def _schedule_locate(self, instance_id: str, domain: str) -> None:
-        key = f"terminate:{instance_id}"
-        if not self.sites or not self._claim(key):
-            return
-
-        def task() -> None:
-            try:
-                self._do_locate(instance_id, domain)
-            finally:
-                self._release(key)
-
-        self.runners[next(iter(self.sites))].submit(task)
+        self.inflight.run(f"launch:{instance_id}", self.runners[site], lambda: self._do_launch(instance_id, site))
 
     def redrive_unplaced(self) -> int:
-        """Terminates of instances unknown here whose node was never looked for (a crash, a listing
-        that failed): look again. Called on start and with every reconciliation."""
-        todo = [r for r in self.store.list(states=("terminating",)) if not r.site]
-        for r in todo:
-            self._schedule_locate(r.instance_id, r.domain)
-        return len(todo)
+        """Terminates of instances unknown here whose node was never looked for: look again."""
+        return self.terminations.redrive_unplaced()
 
     def busy(self) -> bool:
-        with self._lock:
-            return bool(self._inflight)
+        return self.inflight.busy()
 
     # ------------------------------------------------------------------ cloud work
     def _find_by_launch_id(self, site: str, launch_id: str) -> CloudNode | None:
-        runner, s = self.runners[site], self.sites[site]
-        for node in runner.call(s.nodes, "list"):
-            if node.launch_id == launch_id and node.live:
-                return node
-        return None
+        return launch_node(self.runners[site].call(self.sites[site].nodes, "list"), launch_id)
 
     def _userdata(self, rec: InstanceRecord, attributes: dict[str, str]) -> str:
         renderer = self.renderers.get(rec.site)
@@ -413,7 +303,7 @@ class Provisioner:
             kind = launch_type(site_name, site.config, rec.instance_type)
             spec = LaunchSpec(launch_id=instance_id, node_name=rec.node_name, domain=rec.domain,
                               userdata=userdata, size=kind.size, image=kind.image)
-            idempotent = getattr(site, "idempotent_create", True)
+            idempotent = site.idempotent_create
             # attempts that may have made the node (their errors); an earlier attempt of this
             # launch always may have (it is re-driven only when its outcome was unknown)
             ambiguous: list[str] = ["an earlier attempt"] if launch.cloud_attempts > 0 else []
@@ -492,7 +382,8 @@ class Provisioner:
                           error_kind=None, expect=expect)
         if t is not None:
             if state == "failed":  # it holds a quota slot (and is billed) until destroyed
-                self._destroy_quietly(site_name, node.cloud_id, f"record {instance_id} failed: {reason}")
+                self.terminations.destroy(site_name, node.cloud_id, Proof.FAILED_LAUNCH,
+                                          f"record {instance_id} failed: {reason}", instance_id=instance_id)
             return
         rec = self.store.get(instance_id)
         if rec is None:
@@ -501,11 +392,12 @@ class Provisioner:
             self.store.set_cloud_fields(instance_id, cloud_id=node.cloud_id, ip=node.ip)
         # told to terminate (or given up) while the create was in flight: don't leave it running
         if rec.state == "terminating":
-            self._schedule_terminate(instance_id, site_name)
+            self.terminations.schedule(instance_id, site_name)
         elif rec.state == "failed" and rec.cloud_id in (None, node.cloud_id) and node.live:
             self._reopen(instance_id, node, "started" if node.state == "started" else "pending")
         elif rec.terminal and rec.cloud_id in (None, node.cloud_id):
-            self._destroy_quietly(site_name, node.cloud_id, f"record {instance_id} is {rec.state}")
+            self.terminations.destroy(site_name, node.cloud_id, Proof.CLOSED_RECORD,
+                                      f"record {instance_id} is {rec.state}", instance_id=instance_id)
 
     def _reopen(self, instance_id: str, node: CloudNode, state: str) -> bool:
         """Reopen a ``failed`` record whose node is alive (``reconcile.Reopen``) and announce it."""
@@ -518,148 +410,6 @@ class Provisioner:
         log.warning("failed launch found alive: reopened", extra={"instance": instance_id, "cloud_id": node.cloud_id,
                                                                   "state": state})
         return True
-
-    def _destroy_quietly(self, site_name: str, cloud_id: str, why: str) -> bool:
-        try:
-            self.runners[site_name].call(lambda: self.sites[site_name].terminate(cloud_id), "destroy")
-        except Exception as exc:
-            if not is_not_found(exc):
-                log.warning("sweep failed", extra={"site": site_name, "cloud_id": cloud_id, "error": describe(exc)})
-                return False
-        log.info("node swept", extra={"site": site_name, "cloud_id": cloud_id, "why": why})
-        return True
-
-    def _do_locate(self, instance_id: str, domain: str) -> None:
-        """Find the node of a terminate this store had no record of, at any site, by its launch id
-        (and domain): record where it is and destroy it; no node anywhere: terminated."""
-        rec = self.store.get(instance_id)
-        if rec is None or rec.terminal or rec.site:
-            return
-        found = self._find_launch(instance_id, domain, "reconciliation retries")
-        if isinstance(found, _Unanswered):
-            return
-        if found is not None:
-            name, node = found
-            self.store.set_cloud_fields(instance_id, cloud_id=node.cloud_id, ip=node.ip, site=name)
-            log.info("node of an unknown instance found by launch id", extra={
-                "site": name, "instance": instance_id, "cloud_id": node.cloud_id})
-            self._do_terminate(instance_id, name)
-            return
-        self._advance(instance_id, "terminated", reason="no node carries its launch id at any site")
-
-    def _find_launch(self, instance_id: str, domain: str, then: str) -> tuple[str, CloudNode] | None | _Unanswered:
-        """The site and node carrying ``instance_id``'s launch id (and no other domain's tag), by
-        asking every site; ``None``: no site lists one; ``_UNANSWERED``: a site could not be
-        asked (logged with ``then``, what happens instead) — unknown, never "gone"."""
-        for name, site in self.sites.items():
-            try:
-                node = self.runners[name].call(lambda site=site: site.find_launch(instance_id), "list")
-            except Exception as exc:
-                log.warning(f"cannot look for the node of a terminate; {then}",
-                            extra={"site": name, "instance": instance_id, "error": describe(exc)})
-                return _UNANSWERED
-            if node is not None and node.tags.get(TAG_DOMAIN) in (None, domain):
-                return name, node
-        return None
-
-    def _terminate_unstarted(self, instance_id: str, site_name: str, reason: str, bookkeeping: bool = False) -> None:
-        """Carry out a terminate sent ``unless_started``: list the site now and act on
-        ``unstarted.judge`` — destroy a node still booting, refuse a started one (recorded
-        ``started``, published), leave an unknown answer to the sender's re-send."""
-        rec, launch = self.store.get_with_launch(instance_id)
-        if rec is None:
-            return
-        node: CloudNode | None = None
-        listing = self._list(site_name, "terminate (unless started)") \
-            if rec.state in unstarted.UNSTARTED or bookkeeping else None
-        if listing is not None:
-            node = _node_of(listing[0], rec)
-        with self._lock:
-            in_flight = f"launch:{instance_id}" in self._inflight
-        may_exist = in_flight or rec.cloud_id is not None or (launch is not None and launch.cloud_attempts > 0)
-        j = (unstarted.judge_bookkeeping if bookkeeping else unstarted.judge)(
-            rec.state, node, listed=listing is not None, create_may_exist=may_exist, presumed_gone=rec.presumed_gone)
-        log.info("terminate (unless started)", extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
-        if j.verdict == "close" and bookkeeping and rec.state not in unstarted.UNSTARTED:
-            self._advance(instance_id, "terminated", reason=f"{reason} ({j.why})", expect=rec)
-        elif j.verdict in ("destroy", "close"):
-            cloud_id = node.cloud_id if node is not None else None
-            t = self._advance(instance_id, "terminating", reason=f"{reason} ({j.why})", cloud_id=cloud_id, expect=rec)
-            if t is not None:
-                self._do_terminate(instance_id, site_name)
-        elif j.verdict == "refuse":
-            why = f"terminate refused: {j.why}; remove its node from the batch system first"
-            if node is not None and rec.state in unstarted.UNSTARTED:
-                t = self._advance(instance_id, "started", reason=why, cloud_id=node.cloud_id, ip=node.ip, expect=rec)
-                if t is None:  # moved meanwhile (a poll): the sender's re-send judges again
-                    return
-                log.warning(why, extra={"instance": instance_id, "site": site_name})
-            else:
-                self._refuse_started(rec, why)
-        elif j.verdict == "accepted":
-            self._do_terminate(instance_id, site_name)
-
-    def _locate_unstarted(self, instance_id: str, domain: str, reason: str) -> None:
-        """``_terminate_unstarted`` for an instance this store has no record of: its node looked
-        for by launch id at every site (as ``_do_locate``). A booting node is recorded and
-        destroyed, none anywhere closes the record as before; a started one is left alone (the
-        store that launched it tells the engine it started), as is an unknown answer."""
-        if self.store.get(instance_id) is not None:
-            return  # recorded since (a launch arrived): the sender's re-send judges it
-        found = self._find_launch(instance_id, domain, "its sender re-sends (unless started)")
-        if isinstance(found, _Unanswered):
-            return
-        j = unstarted.judge(None, found[1] if found else None, listed=True, create_may_exist=False)
-        log.info("terminate (unless started) of an unknown instance",
-                 extra={"instance": instance_id, "verdict": j.verdict, "why": j.why})
-        if j.verdict == "close":
-            _, t = self.store.record_found(instance_id, domain, "terminated", self.clock.now(),
-                                           f"{reason}: unknown to this store; no node carries its launch id at any site")
-            self.emit(t)
-        elif j.verdict == "destroy" and found is not None:
-            name, node = found
-            _, t = self.store.record_found(instance_id, domain, "terminating", self.clock.now(),
-                                           f"{reason}: unknown to this store ({j.why})", site=name,
-                                           node_name=node.name, cloud_id=node.cloud_id, ip=node.ip)
-            if t is not None:
-                self.emit(t)
-                self._do_terminate(instance_id, name)
-
-    def _refuse_started(self, rec: InstanceRecord, why: str) -> None:
-        """Refuse a terminate sent ``unless_started`` of an instance recorded as started: publish
-        its record again with ``why`` (same ``seq``: a consumer that has it drops it; the engine,
-        whose view still holds it pending, learns it started and takes it out the safe way)."""
-        log.warning(why, extra={"instance": rec.instance_id, "state": rec.state})
-        try:
-            self._publish(Transition(0, replace(rec, reason=why), None, self.clock.now()).event())
-        except Exception as exc:  # the engine re-sends the terminate: refused again
-            log.warning("publish failed (terminate refused)", extra={"instance": rec.instance_id,
-                                                                     "error": describe(exc)})
-
-    def _do_terminate(self, instance_id: str, site_name: str) -> None:
-        rec = self.store.get(instance_id)
-        if rec is None or rec.terminal:
-            return
-        cloud_id = rec.cloud_id
-        try:
-            if cloud_id is None:
-                if f"launch:{instance_id}" in self._inflight:
-                    return  # the launch task will see "terminating" and finish the job
-                found = self._find_by_launch_id(site_name, instance_id)
-                if found is None:
-                    self._advance(instance_id, "terminated", reason="terminated before a node existed")
-                    return
-                cloud_id = found.cloud_id
-                self.store.set_cloud_fields(instance_id, cloud_id=cloud_id)
-            self.runners[site_name].call(lambda: self.sites[site_name].terminate(cloud_id), "destroy")
-        except Exception as exc:
-            if is_not_found(exc):
-                self._advance(instance_id, "terminated", reason=f"node {cloud_id} already gone")
-                return
-            log.warning("terminate failed; reconciliation will retry",
-                        extra={"site": site_name, "instance": instance_id, "error": describe(exc)})
-            return
-        # the poll confirms "terminated" when the cloud lists the node so (or no longer lists it)
 
     # ------------------------------------------------------------------ observation
     def rules(self, resume_after: float | None = None) -> core.Rules:
@@ -683,8 +433,7 @@ class Provisioner:
     def _world(self, site_name: str, nodes: list[CloudNode], listed_at: float, *,
                sightings: bool) -> core.World:
         """The store's side, read after the listing (so a record that changed since is seen as such)."""
-        with self._lock:
-            busy = frozenset(self._inflight)
+        busy = self.inflight.snapshot()
         launch_ids = [n.launch_id for n in nodes if n.launch_id] if sightings else []
         return core.World(
             site=site_name, nodes=tuple(nodes), listed_at=listed_at, now=self.clock.now(),
@@ -773,11 +522,12 @@ class Provisioner:
                     report.adopted.append(a.instance_id)
                     report.transitions += 1
             elif isinstance(a, core.Destroy):
-                if a.kind == "orphan" and self.store.launch_ids([a.launch_id]):
+                if a.proof is Proof.ORPHAN and self.store.launch_ids([a.launch_id]):
                     continue  # its launch arrived since the listing: no longer an orphan
-                if self._destroy_quietly(site_name, a.cloud_id, a.why):
+                if self.terminations.destroy(site_name, a.cloud_id, a.proof, a.why,
+                                             instance_id=a.launch_id) != "failed":
                     report.swept.append(a.cloud_id)
-                    if a.kind == "orphan":
+                    if a.proof is Proof.ORPHAN:
                         forget.append(a.cloud_id)
             elif isinstance(a, core.Sight):
                 put_sightings.append(a.sighting)
@@ -787,7 +537,7 @@ class Provisioner:
                 self._schedule_launch(a.instance_id, site_name)
                 report.resumed.append(a.instance_id)
             elif isinstance(a, core.ResumeTerminate):
-                self._schedule_terminate(a.instance_id, site_name)
+                self.terminations.schedule(a.instance_id, site_name)
                 report.resumed.append(a.instance_id)
             elif isinstance(a, core.Alert):
                 self._raise_alert(site_name, a)
@@ -843,11 +593,16 @@ class Provisioner:
     def discover_all(self) -> None:
         """List the sizes of every site that ``discover``s them, on its observer thread."""
         for name, site in self.sites.items():
-            sizes = getattr(site, "sizes", None)
-            if site.config.discover and sizes is not None:
-                runner = self.runners[name]
-                self.runners[name].observe("discover", lambda name=name, site=site, sizes=sizes, runner=runner:
-                                           self.catalogues.discover(name, site, lambda: runner.call(sizes, "list_sizes")))
+            if site.config.discover:
+                self.runners[name].observe("discover", lambda name=name, site=site: self._discover(name, site))
+
+    def _discover(self, name: str, site: Site) -> None:
+        runner = self.runners[name]
+        try:
+            self.catalogues.discover(name, site, lambda: runner.call(site.sizes, "list_sizes"))
+        except NotImplementedError:  # ``Site.sizes`` is optional: its catalogue is its configuration's
+            log.warning("site cannot list its sizes: its instance types are its configuration's",
+                        extra={"site": name})
 
     def reconcile_all(self) -> None:
         for name in self.sites:
@@ -870,17 +625,9 @@ class Provisioner:
             r.shutdown(wait=wait)
 
 
-def _node_of(nodes: list[CloudNode], rec: InstanceRecord) -> CloudNode | None:
-    """A record's node in a listing: by its cloud id, or (none recorded yet) the live node
-    carrying its launch id."""
-    if rec.cloud_id is not None:
-        return next((n for n in nodes if n.cloud_id == rec.cloud_id), None)
-    return next((n for n in nodes if n.launch_id == rec.instance_id and n.live), None)
-
-
 def _named_deployment(sites: dict[str, Site]) -> str | None:
     """The deployment the caller built the sites for, if it named one (all must agree)."""
-    named = {d for s in sites.values() if (d := getattr(s, "deployment", None))}
+    named = {d for s in sites.values() if (d := s.deployment)}
     if len(named) > 1:
         raise ValueError(f"sites were built for different deployments: {sorted(named)}")
     return named.pop() if named else None

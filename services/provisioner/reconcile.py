@@ -50,9 +50,10 @@ from functools import lru_cache
 from itertools import repeat
 
 from epu.common.messages import PREEMPTED_REASON
+from epu.common.retire import Proof
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_STORE, CloudNode
+from epu.services.provisioner.records import InstanceRecord, Miss, Sighting
 from epu.services.provisioner.states import TERMINAL_INSTANCE_STATES, check_transition
-from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
 
 # --------------------------------------------------------------------------- inputs
 
@@ -191,10 +192,14 @@ class CloseGone:
 
 @dataclass(frozen=True)
 class Destroy:
+    """Destroy a node by the provisioner's own rule (carried out through ``terminations``)."""
+
     cloud_id: str
     launch_id: str
-    kind: str
-    """``closed`` (node of a failed/terminated record), ``duplicate`` or ``orphan``."""
+    proof: Proof
+    """The rule that makes it safe: ``failed-launch`` (the node of a record closed failed on the
+    cloud's word — it holds a quota slot), ``closed-record`` (the node of a record that ended
+    before it was seen), ``duplicate`` (a second node of a tracked launch) or ``orphan``."""
     why: str
 
 
@@ -349,7 +354,7 @@ def _present(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, node: 
         if target == "failed":
             # the cloud says so itself; a failed node still counts against the quota and is billed
             # until it is destroyed, so it goes now, not at the next reconciliation
-            plan.actions.append(Destroy(node.cloud_id, rec.instance_id, "closed",
+            plan.actions.append(Destroy(node.cloud_id, rec.instance_id, Proof.FAILED_LAUNCH,
                                         f"record {rec.instance_id} failed: node {node.native_state}"))
     elif node.ip and node.ip != rec.ip:
         plan.actions.append(NoteIp(rec.instance_id, node.ip))
@@ -405,7 +410,7 @@ def _absent(plan: Plan, world: World, rules: Rules, rec: InstanceRecord, shown: 
         span = world.listed_at - miss.first_at
         plan.actions.append(Follow(rec.instance_id, "failed", f"node in state {shown}: not listed running in "
                                    f"{miss.count} consecutive listings over {span:.0f} s, boot failed", "transient"))
-        plan.actions.append(Destroy(rec.cloud_id or "", rec.instance_id, "closed",
+        plan.actions.append(Destroy(rec.cloud_id or "", rec.instance_id, Proof.FAILED_LAUNCH,
                                     f"record {rec.instance_id} failed: node {shown} in {miss.count} listings"))
         plan.actions.append(ClearMiss(rec.instance_id))
         return
@@ -451,11 +456,11 @@ def reconcile(world: World, rules: Rules) -> Plan:
                        f"node {node.cloud_id} of launch {lid} is listed again after its record was closed as "
                        "vanished; left running: terminate it by hand if it is not wanted")
                 continue
-            closed.append(Destroy(node.cloud_id, lid, "closed", f"record {lid} is {rec.state}"))
+            closed.append(Destroy(node.cloud_id, lid, Proof.CLOSED_RECORD, f"record {lid} is {rec.state}"))
         elif node.live and rec.cloud_id != node.cloud_id:
             tracked = nodes.get(rec.cloud_id or "")
             if tracked is not None and tracked.live:  # never on the word of a listing that lacks the tracked one
-                closed.append(Destroy(node.cloud_id, lid, "duplicate",
+                closed.append(Destroy(node.cloud_id, lid, Proof.DUPLICATE,
                                       f"duplicate node for launch {lid} (tracked: {rec.cloud_id})"))
     _prune_sightings(plan, world, rules, nodes)
     _cap(plan, world, rules, closed, orphans)
@@ -512,7 +517,7 @@ def _unknown(plan: Plan, world: World, rules: Rules, node: CloudNode, lid: str, 
                   f"orphan node {node.cloud_id}: launch id {lid} is unknown to this store; it will be destroyed "
                   f"after {rules.orphan_grace_seconds:.0f} s unless its launch becomes known")
     if world.now - seen.first_seen >= rules.orphan_grace_seconds:
-        orphans.append(Destroy(node.cloud_id, lid, "orphan",
+        orphans.append(Destroy(node.cloud_id, lid, Proof.ORPHAN,
                                f"orphan: launch id {lid} unknown, first seen {world.now - seen.first_seen:.0f} s ago"))
     else:
         plan.waiting_orphans.append(node.cloud_id)

@@ -10,25 +10,31 @@ Who moves which state: the provisioner owns the cloud life cycle (requested, pen
 started, terminating, terminated, failed). ``joined`` and ``draining`` belong to the
 decision engine, which sees them in sensor snapshots; they are in the order so a record
 that an operator tool advanced there still never moves back.
+
+The states are ``common.messages.InstanceState`` (a ``StrEnum``, the one definition): a member is
+its string, so the records a store hands out (plain strings from SQL) are compared with members
+as they are, and nothing converts on the hot paths.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epu.common.messages import INSTANCE_STATE_ORDER, TERMINAL_INSTANCE_STATES
+from epu.common.messages import INSTANCE_STATE_ORDER, TERMINAL_INSTANCE_STATES, InstanceState
 from libcloud.compute.types import NodeState
 
+S = InstanceState
+
 #: States this service sets from cloud observations and commands.
-PROVISIONER_STATES = ("requested", "pending", "started", "terminating", "terminated", "failed")
+PROVISIONER_STATES = (S.REQUESTED, S.PENDING, S.STARTED, S.TERMINATING, S.TERMINATED, S.FAILED)
 
 #: libcloud's NodeState → our state. ``None`` means "tells us nothing new" (keep the record).
-NODE_STATE_MAP: dict[str, str | None] = {
-    NodeState.PENDING.value: "pending",
-    NodeState.STARTING.value: "pending",
+NODE_STATE_MAP: dict[str, InstanceState | None] = {
+    NodeState.PENDING.value: S.PENDING,
+    NodeState.STARTING.value: S.PENDING,
     NodeState.REBOOTING.value: None,
-    NodeState.RUNNING.value: "started",
-    NodeState.NORMAL.value: "started",
+    NodeState.RUNNING.value: S.STARTED,
+    NodeState.NORMAL.value: S.STARTED,
     NodeState.UPDATING.value: None,
     NodeState.RECONFIGURING.value: None,
     NodeState.MIGRATING.value: None,
@@ -36,13 +42,13 @@ NODE_STATE_MAP: dict[str, str | None] = {
     NodeState.STOPPED.value: None,
     NodeState.SUSPENDED.value: None,
     NodeState.PAUSED.value: None,
-    NodeState.TERMINATED.value: "terminated",
-    NodeState.ERROR.value: "failed",
+    NodeState.TERMINATED.value: S.TERMINATED,
+    NodeState.ERROR.value: S.FAILED,
     NodeState.UNKNOWN.value: None,
 }
 
 
-def map_node_state(state: object) -> str | None:
+def map_node_state(state: object) -> InstanceState | None:
     """Map a libcloud ``NodeState`` (enum or its string value) to an instance state."""
     value = state.value if isinstance(state, NodeState) else str(state)
     return NODE_STATE_MAP.get(value)

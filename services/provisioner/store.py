@@ -30,14 +30,25 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 from epu.common.db import create_schema, make_engine
-from epu.common.messages import InstanceEvent, LaunchRequest
+from epu.common.messages import LaunchRequest
+from epu.services.provisioner.records import (
+    DestroyRecord,
+    Identity,
+    IdentityError,
+    InstanceRecord,
+    LaunchRecord,
+    Miss,
+    Sighting,
+    Transition,
+    cloud_field_values,
+    ended_at,
+    new_identity_value,
+)
 from epu.services.provisioner.states import check_transition, is_terminal
 from sqlalchemy import (
     Boolean,
@@ -97,6 +108,8 @@ instances = Table(
     Column("instance_type", String(64)),
     Column("price_per_hour", Float),
     Column("ended_at", Float),
+    Column("reopened_seq", Integer),
+    Column("end_proof", String(16)),
 )
 
 transitions = Table(
@@ -120,6 +133,17 @@ meta = Table(
     Column("value", Text, nullable=False),
 )
 
+destroys = Table(
+    "prov_destroys", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("site", String(64), nullable=False),
+    Column("cloud_id", String(256), nullable=False, index=True),
+    Column("instance_id", String(128), nullable=False, default="", index=True),
+    Column("proof", String(16), nullable=False),
+    Column("why", Text, nullable=False, default=""),
+)
+
 misses = Table(
     "prov_misses", metadata,
     Column("instance_id", String(128), primary_key=True),
@@ -140,7 +164,8 @@ sightings = Table(
 )
 
 #: Columns added after the first release: ``Store`` adds them to an older database (all nullable).
-LATER_COLUMNS = {"prov_instances": ("presumed_gone_at", "instance_type", "price_per_hour", "ended_at"),
+LATER_COLUMNS = {"prov_instances": ("presumed_gone_at", "instance_type", "price_per_hour", "ended_at", "reopened_seq",
+                                   "end_proof"),
                  "prov_transitions": ("presumed_gone",)}
 
 
@@ -163,123 +188,9 @@ _UPD_ADVANCE = (update(instances)
                         reason=bindparam("new_reason"), error_kind=bindparam("new_kind"),
                         presumed_gone_at=bindparam("new_presumed", type_=Float),
                         ended_at=func.coalesce(instances.c.ended_at, bindparam("new_ended", type_=Float)),
+                        end_proof=func.coalesce(bindparam("new_proof", type_=String), instances.c.end_proof),
                         cloud_id=func.coalesce(bindparam("new_cloud_id", type_=String), instances.c.cloud_id),
                         ip=func.coalesce(bindparam("new_ip", type_=String), instances.c.ip)))
-
-
-@dataclass(frozen=True)
-class InstanceRecord:
-    instance_id: str
-    domain: str
-    site: str
-    node_name: str
-    cores: int
-    state: str
-    seq: int
-    cloud_id: str | None
-    ip: str | None
-    reason: str
-    error_kind: str | None
-    created_at: float
-    updated_at: float
-    presumed_gone_at: float | None = None
-    """Set while the cloud has stopped listing the node (see ``reconcile``): a presumption,
-    never a reason to destroy or close the record."""
-    instance_type: str = ""
-    """The catalogue type it was launched as ("" = the site's single type; NULL in rows written
-    before the column existed)."""
-    price_per_hour: float | None = None
-    """What one hour of it costs, as the provisioner's catalogue priced its type when the launch
-    was recorded (None: unpriced, adopted, or recorded before the column existed). Kept with the
-    record so a bill for last month does not change when the catalogue does (``epu cost``)."""
-    ended_at: float | None = None
-    """When it became ``terminated`` or ``failed`` (None: live, or reopened): with ``created_at``,
-    the span it is billed for (``lives``)."""
-
-    @property
-    def terminal(self) -> bool:
-        return is_terminal(self.state)
-
-    @property
-    def presumed_gone(self) -> bool:
-        return self.presumed_gone_at is not None
-
-
-@dataclass(frozen=True)
-class LaunchRecord:
-    launch_id: str
-    domain: str
-    site: str
-    node_name: str
-    cores: int
-    attributes: dict[str, str]
-    requested_at: float
-    cloud_attempts: int
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One stored state change, and the event that announces it."""
-
-    id: int
-    record: InstanceRecord
-    previous: str | None
-    at: float
-
-    def event(self) -> InstanceEvent:
-        r = self.record
-        return InstanceEvent(
-            instance_id=r.instance_id, domain=r.domain, site=r.site or "unknown", state=r.state,  # type: ignore[arg-type]
-            previous=self.previous, seq=r.seq, node_name=r.node_name, ip=r.ip, cloud_id=r.cloud_id,  # type: ignore[arg-type]
-            cores=r.cores, reason=r.reason, error_kind=r.error_kind, at=self.at,  # type: ignore[arg-type]
-            presumed_gone=r.presumed_gone, instance_type=r.instance_type,
-        )
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who this store's instances belong to: the ``epu-deployment`` and ``epu-store`` tags."""
-
-    deployment: str
-    store_id: str
-
-
-class IdentityError(ValueError):
-    """The configured deployment disagrees with the store's (the message names the key)."""
-
-
-@dataclass(frozen=True)
-class Miss:
-    """One record's run of consecutive listings that did not show its node (poll and
-    reconciliation share it)."""
-
-    instance_id: str
-    site: str
-    count: int
-    first_at: float
-    """When the first listing of the run was taken."""
-    last_at: float
-    """When the latest listing of the run was taken (an older listing arriving late is not another miss)."""
-
-
-@dataclass(frozen=True)
-class Sighting:
-    """A listed node this store has no live launch for, and when the store first saw it.
-
-    ``kind``: ``orphan`` (ours, launch unknown: swept after the grace), ``foreign`` (our
-    deployment but another store: never touched) or ``reappeared`` (a node of a record closed
-    on absence: never touched)."""
-
-    site: str
-    cloud_id: str
-    launch_id: str
-    kind: str
-    first_seen: float
-    last_seen: float
-
-
-def new_identity_value() -> str:
-    return uuid.uuid4().hex
 
 
 def _instance(row: Any) -> InstanceRecord:
@@ -446,10 +357,12 @@ class Store:
 
     def advance(self, instance_id: str, new_state: str, now: float, *, reason: str = "",
                 error_kind: str | None = None, cloud_id: str | None = None,
-                ip: str | None = None, expect: InstanceRecord | None = None) -> Transition | None:
+                ip: str | None = None, expect: InstanceRecord | None = None,
+                proof: str | None = None) -> Transition | None:
         """Move a record forward, or do nothing (returns ``None``) when the move is not allowed.
 
-        ``cloud_id``/``ip`` are stored with the transition when given. ``expect`` is the record
+        ``cloud_id``/``ip`` are stored with the transition when given, ``proof`` as the record's
+        ``end_proof`` (the terminate that moved it to ``terminating``). ``expect`` is the record
         as the caller last read it: tried first (saves a read), re-read if it is stale."""
         with self._tx() as conn:
             for _ in range(20):
@@ -472,10 +385,12 @@ class Store:
                     values["cloud_id"] = cloud_id
                 if ip is not None:
                     values["ip"] = ip
+                if proof is not None:
+                    values["end_proof"] = proof
                 res = conn.execute(_UPD_ADVANCE, {
                     "iid": instance_id, "old_seq": rec.seq, "new_state": new_state, "new_seq": rec.seq + 1,
                     "at": now, "new_reason": reason, "new_kind": error_kind, "new_cloud_id": cloud_id,
-                    "new_ip": ip, "new_presumed": presumed, "new_ended": ended})
+                    "new_ip": ip, "new_presumed": presumed, "new_ended": ended, "new_proof": proof})
                 if res.rowcount != 1:
                     continue  # someone else moved it: re-read and re-check
                 tid = conn.execute(_INS_TRANSITION, dict(
@@ -534,7 +449,8 @@ class Store:
                 # live again, and it was all along (its node ran): billed from its launch, unbroken
                 values: dict[str, Any] = {"state": state, "seq": rec.seq + 1, "updated_at": now, "reason": reason,
                                           "error_kind": None, "presumed_gone_at": None, "cloud_id": cloud_id,
-                                          "ip": ip if ip is not None else rec.ip, "ended_at": None}
+                                          "ip": ip if ip is not None else rec.ip, "ended_at": None,
+                                          "reopened_seq": rec.seq + 1}
                 res = conn.execute(update(instances).where(
                     instances.c.instance_id == instance_id, instances.c.seq == rec.seq,
                     instances.c.state == "failed").values(**values))
@@ -574,18 +490,20 @@ class Store:
 
     def record_found(self, instance_id: str, domain: str, state: str, now: float, reason: str, *,
                      site: str = "", node_name: str = "", cloud_id: str | None = None,
-                     ip: str | None = None) -> tuple[InstanceRecord, Transition | None]:
+                     ip: str | None = None, proof: str | None = None) -> tuple[InstanceRecord, Transition | None]:
         """A record for an instance this store never launched (no launch row): one the engine
-        asks to terminate (``terminating``, its node still to be found), or a node carrying this
-        store's tags whose launch the store lost (a restored backup, a failover that dropped the
-        last commits) — adopted in the state the cloud shows. Returns ``(existing, None)`` when
-        the id is already recorded (a later launch request for it finds this record too)."""
+        asks to terminate (``terminating`` with the terminate's ``proof``, its node still to be
+        found; ``started`` when its node runs and the terminate may not end it), or a node
+        carrying this store's tags whose launch the store lost (a restored backup, a failover that
+        dropped the last commits) — adopted in the state the cloud shows. Returns
+        ``(existing, None)`` when the id is already recorded (a later launch request for it finds
+        this record too)."""
         try:
             with self._tx() as conn:
                 conn.execute(insert(instances).values(
                     instance_id=instance_id, domain=domain, site=site, node_name=node_name, cores=0,
                     state=state, seq=1, cloud_id=cloud_id, ip=ip, reason=reason, error_kind=None,
-                    created_at=now, updated_at=now, ended_at=now if is_terminal(state) else None))
+                    created_at=now, updated_at=now, ended_at=now if is_terminal(state) else None, end_proof=proof))
                 tid = conn.execute(insert(transitions).values(
                     instance_id=instance_id, seq=1, from_state=None, to_state=state, at=now,
                     reason=reason, error_kind=None, published=False)).inserted_primary_key[0]
@@ -596,6 +514,26 @@ class Store:
         rec = self.get(instance_id)
         assert rec is not None
         return rec, Transition(tid, rec, None, now)
+
+    # ------------------------------------------------------------------ destroys
+    def record_destroy(self, d: DestroyRecord) -> None:
+        """Keep one destroy call in the ledger (before it is made: a store that cannot record
+        it refuses the destroy with its error)."""
+        with self._tx() as conn:
+            conn.execute(insert(destroys).values(at=d.at, site=d.site, cloud_id=d.cloud_id,
+                                                 instance_id=d.instance_id, proof=d.proof, why=d.why))
+
+    def destroys(self, *, instance_id: str | None = None, cloud_id: str | None = None,
+                 limit: int = 100) -> list[DestroyRecord]:
+        """The latest destroy calls (of one instance or one node), oldest first."""
+        q = select(destroys)
+        if instance_id is not None:
+            q = q.where(destroys.c.instance_id == instance_id)
+        if cloud_id is not None:
+            q = q.where(destroys.c.cloud_id == cloud_id)
+        with self._read() as conn:
+            rows = conn.execute(q.order_by(destroys.c.id.desc()).limit(limit)).all()
+        return [DestroyRecord(r.at, r.site, r.cloud_id, r.instance_id, r.proof, r.why) for r in reversed(rows)]
 
     # ------------------------------------------------------------------ identity
     def claim_identity(self, configured: str | None = None,
@@ -759,13 +697,6 @@ class Store:
         return {r[0]: int(r[1]) for r in rows}
 
 
-def ended_at(rec: InstanceRecord, new_state: str, now: float) -> float | None:
-    """A record's ``ended_at`` once it moves to ``new_state`` at ``now`` (set once, at its end)."""
-    if rec.ended_at is not None:
-        return rec.ended_at
-    return now if is_terminal(new_state) else None
-
-
 def add_later_columns(engine: Engine) -> list[str]:
     """Bring an older database up to this schema: add the nullable columns of ``LATER_COLUMNS``
     that it lacks (``create_all`` makes missing tables, never missing columns).
@@ -821,12 +752,6 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def cloud_field_values(*, cloud_id: str | None, ip: str | None, site: str | None,
-                       now: float | None) -> dict[str, Any]:
-    """The columns ``set_cloud_fields`` writes, one definition for every store: only what the
-    cloud told us, and ``updated_at`` only when something is written."""
-    values: dict[str, Any] = {k: v for k, v in (("cloud_id", cloud_id), ("ip", ip), ("site", site))
-                              if v is not None}
-    if values and now is not None:
-        values["updated_at"] = now
-    return values
+__all__ = ["LATER_COLUMNS", "DestroyRecord", "Identity", "IdentityError", "InstanceRecord", "LaunchRecord", "Miss",
+           "Sighting", "Store", "Transition", "add_later_columns", "cloud_field_values", "metadata",
+           "new_identity_value"]

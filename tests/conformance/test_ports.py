@@ -7,6 +7,9 @@
 * No module of ``services/`` asks a store or a lease keeper whether it has a method
   (``getattr``/``hasattr`` on ``store``/``leases``): an optional branch only one implementation
   takes is code the simulator runs and production does not, or the reverse.
+* The provisioner's cloud port (``cloud.Site``) likewise: the libcloud adapter declares every
+  member, and the provisioner never probes a site (issue 33: ``idempotent_create``, ``sizes`` and
+  ``deployment`` were ``getattr`` probes).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 from epu.services.decision.lease import Leases
 from epu.services.decision.ports import DecisionLeases, DecisionStore
 from epu.services.decision.store import Store as SqlDecisionStore
+from epu.services.provisioner.cloud import LibcloudSite, Site
 from epu.services.provisioner.ports import ProvisionerStore
 from epu.services.provisioner.store import Store as SqlProvisionerStore
 
@@ -33,6 +37,7 @@ IMPLEMENTATIONS = [
     (DecisionStore, SqlDecisionStore), (DecisionStore, MemoryDecisionStore),
     (DecisionLeases, Leases), (DecisionLeases, MemoryLeases),
     (ProvisionerStore, SqlProvisionerStore), (ProvisionerStore, MemoryProvisionerStore),
+    (Site, LibcloudSite),
 ]
 
 
@@ -63,7 +68,8 @@ def test_the_ports_name_every_method_the_engine_and_the_provisioner_call() -> No
     decision = {"store": DecisionStore, "leases": DecisionLeases}
     calls = {ROOT / f"services/decision/{name}.py": decision
              for name in ("engine", "health", "instance_events", "node_results", "control")}
-    calls[ROOT / "services/provisioner/provisioner.py"] = {"store": ProvisionerStore}
+    for name in ("provisioner", "terminations"):
+        calls[ROOT / f"services/provisioner/{name}.py"] = {"store": ProvisionerStore}
     unnamed = []
     for path, ports in calls.items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -105,3 +111,40 @@ def test_the_probe_finder_finds_a_probe() -> None:
     code = "def f(self, store):\n    a = getattr(self.store, 'x', None)\n    b = hasattr(store, 'y')\n    c = getattr(self.leases, 'z', None)\n"
     assert probes(ast.parse(code)) == [2, 3, 4]
     assert probes(ast.parse("getattr(site, 'unchanged', None)")) == []
+
+
+def test_the_libcloud_site_declares_every_member_of_the_site_port(tmp_path: Path) -> None:
+    """Attributes and properties too (the provisioner reads ``deployment`` and ``idempotent_create``
+    of every site, unprobed)."""
+    from epu.common.config.provisioner import SiteConfig
+    from epu.services.provisioner.sim import SimulatedNodeDriver
+
+    site = LibcloudSite("sim", SiteConfig.model_validate({"driver": "epu-sim", "image": "i", "size": "s"}),
+                        SimulatedNodeDriver(path=str(tmp_path / "cloud.db")))
+    declared = set(Site.__annotations__) | {n for n, v in vars(Site).items() if isinstance(v, property)}
+    assert declared >= {"name", "config", "deployment", "idempotent_create"}
+    assert [m for m in sorted(declared) if not hasattr(site, m)] == []
+
+
+def site_probes(tree: ast.AST) -> list[int]:
+    """Lines of ``getattr``/``hasattr`` calls whose object is a site (``site``, ``s``, ``*_site``, ``sites[...]``)."""
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args):
+            target = node.args[0]
+            if isinstance(target, ast.Subscript):
+                target = target.value
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            if name in ("site", "s", "sites") or name.endswith("_site"):
+                out.append(node.lineno)
+    return out
+
+
+def test_the_provisioner_never_probes_a_site() -> None:
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "services" / "provisioner").glob("*.py"))
+             for line in site_probes(ast.parse(p.read_text()))]
+    assert found == []
+    code = ("a = getattr(site, 'sizes', None)\nb = {d for s in x if (d := getattr(s, 'deployment', None))}\n"
+            "c = hasattr(self.sites['x'], 'y')\nd = getattr(driver, 'type', '')\n")
+    assert sorted(site_probes(ast.parse(code))) == [1, 2, 3]

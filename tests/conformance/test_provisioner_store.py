@@ -7,6 +7,7 @@ import threading
 import pytest
 from epu.common.db import make_engine
 from epu.common.messages import LaunchRequest
+from epu.services.provisioner.records import DestroyRecord
 from epu.services.provisioner.store import IdentityError, Miss, Sighting, Store
 
 from epu.sim.provisioner_memstore import MemoryStore
@@ -145,6 +146,49 @@ def test_a_failed_record_is_reopened_once_with_the_next_seq_and_the_outbox_says_
         other.close()
 
 
+def test_a_reopened_record_keeps_the_seq_of_its_reopening(store: Store) -> None:
+    """Issue 33: every event and report entry from the reopening on says so (``reopened_seq``);
+    the outbox's copy of an older transition does not."""
+    store.record_launch(req(), 100.0)
+    store.advance("l1", "failed", 101.0, reason="transient: 503", error_kind="transient")
+    t = store.reopen("l1", "pending", 102.0, "reopened: listed pending", cloud_id="c-1")
+    assert t is not None and t.record.reopened_seq == 3 and t.event().reopened_seq == 3
+    assert store.get("l1").event().previous == "failed"  # a report entry: the reopening is its latest move
+    t = store.advance("l1", "started", 103.0, reason="node running")
+    assert t is not None and t.event().reopened_seq == 3 and t.event().previous == "pending"
+    rec = store.get("l1")
+    assert (rec.reopened_seq, rec.event().reopened_seq, rec.event().previous) == (3, 3, None)
+    events = {x.record.seq: x.event() for x in store.unpublished(1000.0)}
+    assert events[2].reopened_seq is None and events[3].reopened_seq == 3 and events[4].reopened_seq == 3
+
+
+def test_the_proof_of_a_terminate_and_the_destroy_ledger(store: Store) -> None:
+    """A record keeps the proof of the terminate that moved it to ``terminating``; every destroy
+    call is kept in the ledger, oldest first, by instance or node."""
+    store.record_launch(req(), 100.0)
+    store.advance("l1", "pending", 101.0, cloud_id="c-1")
+    store.advance("l1", "terminating", 102.0, reason="idle (proof: removed)", proof="removed")
+    assert store.get("l1").end_proof == "removed"
+    store.advance("l1", "terminated", 103.0)
+    assert store.get("l1").end_proof == "removed"
+    rec, _ = store.record_found("x9", "alpha", "terminating", 104.0, "unknown here", proof="forced")
+    assert rec.end_proof == "forced" and store.get("x9").end_proof == "forced"
+    assert store.destroys() == []
+    rows = [DestroyRecord(105.0, "sim", "c-1", "l1", "removed", "idle (proof: removed)"),
+            DestroyRecord(106.0, "sim", "c-7", "", "orphan", "orphan: launch id lost unknown"),
+            DestroyRecord(107.0, "sim", "c-1", "l1", "removed", "again")]
+    for d in rows:
+        store.record_destroy(d)
+    assert store.destroys() == rows
+    assert store.destroys(instance_id="l1") == [rows[0], rows[2]]
+    assert store.destroys(cloud_id="c-7") == [rows[1]]
+    assert store.destroys(limit=2) == rows[1:]
+    other = reopen(store)
+    assert other.destroys() == rows  # durable: another process on the store reads it
+    if other is not store:
+        other.close()
+
+
 def test_identity_is_made_once_shared_and_checked(store: Store) -> None:
     ids = iter(["aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb"])
     first = store.claim_identity(None, new_id=lambda: next(ids))
@@ -204,6 +248,8 @@ def test_an_older_database_is_brought_up_to_date(backend: str, request: pytest.F
         # change), live ones none; no record claims a price it was never given
         assert [(r.instance_id, r.ended_at, r.price_per_hour) for r in store.lives(0.0, 10.0)] == [
             ("old-1", 2.0, None), ("old-2", 1.9, None), ("old-3", None, None)]
+        # the columns of issue 33 arrive empty: never reopened, no proof kept
+        assert (store.get("old-2").reopened_seq, store.get("old-2").end_proof) == (None, None)
         # its instances were tagged by configuration: the store will not guess their deployment
         with pytest.raises(IdentityError) as exc:
             store.claim_identity()

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from epu.common.retire import Proof
 from epu.services.provisioner import reconcile as core
 from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_DOMAIN, TAG_LAUNCH, TAG_STORE, CloudNode
-from epu.services.provisioner.store import InstanceRecord, Miss, Sighting
+from epu.services.provisioner.records import InstanceRecord, Miss, Sighting
 
 T = 10_000.0
 RULES = core.Rules(deployment="dep", store_id="st", vanish_misses=3, vanish_min_seconds=60,
@@ -113,7 +114,7 @@ PRESENCE = [
      rec("a", "pending", "c1"), node("c1", "a", "failed"), miss("a", 2, T - 70, T - 30),
      [core.Follow("a", "failed", "node in state error: not listed running in 3 consecutive listings over 70 s, "
                   "boot failed", "transient"),
-      core.Destroy("c1", "a", "closed", "record a failed: node error in 3 listings"),
+      core.Destroy("c1", "a", Proof.FAILED_LAUNCH, "record a failed: node error in 3 listings"),
       core.ClearMiss("a")]),
     ("error again, but the run too short: still a miss", rec("a", "pending", "c1"), node("c1", "a", "failed"),
      miss("a", 2, T - 20, T - 10), [core.CountMiss(Miss("a", "s", 3, T - 20, T))]),
@@ -125,7 +126,7 @@ PRESENCE = [
     ("error the driver saw itself (a local process that exited): a fact, failed at once",
      rec("a", "started", "c1"), replace(node("c1", "a", "failed"), end_observed=True), None,
      [core.Follow("a", "failed", "node in state error", "transient", "10.0.0.1"),
-      core.Destroy("c1", "a", "closed", "record a failed: node error")]),
+      core.Destroy("c1", "a", Proof.FAILED_LAUNCH, "record a failed: node error")]),
     ("terminated by the cloud, never asked: one listing's word (a lagging replica), counted as a miss",
      rec("a", "started", "c1"), node("c1", "a", "terminated"), None, [core.CountMiss(Miss("a", "s", 1, T, T))]),
     ("terminated, seen by the driver itself", rec("a", "started", "c1"),

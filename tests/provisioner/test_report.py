@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import pytest
 from epu.common.clock import ManualClock
-from epu.common.messages import InstanceEvent, InstanceReport
+from epu.common.messages import InstanceEvent, InstanceReport, LaunchRequest, TerminateRequest
 from epu.services.provisioner.app import publish_reports
+from epu.services.provisioner.cloud import TAG_DEPLOYMENT, TAG_LAUNCH, TAG_STORE
 from epu.services.provisioner.store import InstanceRecord
 
 
@@ -108,3 +109,78 @@ def test_reports_from_a_filtering_store_are_the_events_of_its_records(seed: int)
         expected = _expected(store.last, clock.now() - horizon)
         assert {m.domain: m.instances for m in sender.sent} == expected
         assert [m.domain for m in sender.sent] == list(expected)
+
+
+# ---------------------------------------------------------------------- issue 33: the safety net never stops
+
+
+class _Publisher:
+    """What ``publish_reports`` needs of a service: a clock and ``publish``."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.sent: list[InstanceReport] = []
+
+    def publish(self, message: InstanceReport) -> None:
+        self.sent.append(message)
+
+
+def test_a_terminate_of_an_unknown_instance_does_not_stop_the_reports(make_provisioner, cloud, clock) -> None:
+    """Issue 33: a terminate of an instance id no store knows made a record with ``site=""``, and
+    every report tick raised a ValidationError building its entry — no report at all, for any
+    domain, for ``report_horizon_seconds``. Now the entry names the site ``unknown`` (as the
+    record's events do) and the live instance beside it is reported."""
+    prov, _ = make_provisioner({"sim": cloud})
+    prov.handle_launch(LaunchRequest(launch_id="launch-1", domain="alpha", site="sim", node_name="w-1"))
+    prov.handle_terminate(TerminateRequest(request_id="t-1", instance_id="ghost-1", domain="alpha",
+                                           reason="bookkeeping"))
+    assert prov.wait_idle()
+    assert prov.store.get("ghost-1").site == ""
+    out = _Publisher(clock)
+    assert publish_reports(out, prov.store, 3600.0) == 1  # type: ignore[arg-type]
+    entries = {e.instance_id: e for e in out.sent[0].instances}
+    assert entries["launch-1"].state == "pending"
+    assert (entries["ghost-1"].state, entries["ghost-1"].site) == ("terminated", "unknown")
+
+
+def test_a_record_no_entry_can_be_made_of_is_left_out_and_the_rest_reported(clock) -> None:
+    """Whatever a bad record holds, it costs its own entry only (logged), never the report."""
+    store = Records()
+    store.records = [InstanceRecord("good-1", "a", "s", "w1", 1, "started", 2, "c1", None, "", None, 1.0, 1.0),
+                     InstanceRecord("bad id", "a", "s", "w2", 1, "started", 2, "c2", None, "", None, 1.0, 1.0),
+                     InstanceRecord("good-2", "b", "s", "w3", 1, "pending", 2, "c3", None, "", None, 1.0, 1.0)]
+    out = _Publisher(ManualClock(10.0))
+    assert publish_reports(out, store, 300.0) == 2  # type: ignore[arg-type]
+    assert {m.domain: [e.instance_id for e in m.instances] for m in out.sent} == {"a": ["good-1"], "b": ["good-2"]}
+
+
+def test_a_reopened_record_is_reported_as_reopened(make_provisioner, cloud, clock) -> None:
+    """Issue 33 (high): a report that overtook the reopen event made the engine raise its
+    ``failed`` row's seq, drop the reopen as stale and terminate the live node on every report.
+    A report entry now says what the event said: ``previous: failed`` while the reopen is the
+    record's latest move, and ``reopened_seq`` — the seq of the reopening — on every entry and
+    event after it, so the engine tells a reopened record from a stale one."""
+    prov, events = make_provisioner({"sim": cloud})
+    cloud.inject("transient", 10)  # refused, every attempt: closed failed
+    prov.handle_launch(LaunchRequest(launch_id="x1", domain="alpha", site="sim", node_name="w-x1"))
+    assert prov.wait_idle() and prov.store.get("x1").state == "failed"
+    cloud._injected["create"].clear()
+    tags = {TAG_DEPLOYMENT: prov.identity.deployment, TAG_STORE: prov.identity.store_id, TAG_LAUNCH: "x1",
+            "epu-domain": "alpha"}
+    cloud.create_node("w-x1", cloud.list_sizes()[0], cloud.list_images()[0], ex_metadata=tags)  # it took effect
+    prov.reconcile("sim")  # listed pending: reopened
+    rec = prov.store.get("x1")
+    assert rec.state == "pending"
+    out = _Publisher(clock)
+    publish_reports(out, prov.store, 3600.0)  # type: ignore[arg-type]
+    entry = out.sent[-1].instances[0]
+    assert (entry.state, entry.previous, entry.seq, entry.reopened_seq) == ("pending", "failed", rec.seq, rec.seq)
+    reopened_at = rec.seq
+    clock.advance(60)
+    prov.poll("sim")  # booted: pending -> started, after the reopening
+    rec = prov.store.get("x1")
+    assert rec.state == "started" and rec.seq == reopened_at + 1
+    publish_reports(out, prov.store, 3600.0)  # type: ignore[arg-type]
+    entry = out.sent[-1].instances[0]
+    assert (entry.state, entry.previous, entry.reopened_seq) == ("started", None, reopened_at)
+    assert events.for_("x1")[-1].reopened_seq == reopened_at  # the live event says it too

@@ -295,13 +295,14 @@ def test_duplicated_and_foreign_nodes_in_a_listing(build, sqlite_url, cloud, clo
     assert report.swept == [] and report.adopted == [] and live(cloud) == {"x1", "s1"}
 
 
-def test_terminate_records_force(build, sqlite_url, cloud) -> None:
+def test_terminate_records_its_proof(build, sqlite_url, cloud) -> None:
     prov, events = build(cloud, sqlite_url)
     launch(prov, "x1", "x2")
     prov.handle_terminate(TerminateRequest(request_id="t1", instance_id="x1", domain="alpha", reason="idle"))
     prov.handle_terminate(TerminateRequest(request_id="t2", instance_id="x2", domain="alpha", reason="op", force=True))
     assert prov.wait_idle()
-    assert events.for_("x1")[-1].reason == "idle" and events.for_("x2")[-1].reason == "op (forced)"
+    assert events.for_("x1")[-1].reason == "idle (proof: removed)"
+    assert events.for_("x2")[-1].reason == "op (proof: forced)"
     assert live(cloud) == set()  # both carried out: the sender decided
 
 

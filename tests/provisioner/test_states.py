@@ -68,3 +68,28 @@ def test_a_throttled_call_was_not_processed_a_timeout_or_5xx_may_have_been() -> 
     assert not is_throttled(BaseHTTPError(503, "ServiceUnavailable"))
     assert not is_throttled(BaseHTTPError(504, "GatewayTimeout"))
     assert not is_throttled(TimeoutError("read timed out"))
+
+
+def test_states_are_one_enum_and_strings_on_the_wire() -> None:
+    """``InstanceState`` is a ``StrEnum``: the order's keys, the provisioner's states and the
+    libcloud mapping are its members; a message reads the wire's string into a member and writes
+    it back as that string (msgpack), and a state that is none of them is refused naming the key."""
+    import pytest
+    from epu.common.codec import packb, unpackb
+    from epu.common.messages import InstanceEvent, InstanceState
+    from epu.services.provisioner.states import PROVISIONER_STATES
+    from pydantic import ValidationError
+
+    assert list(INSTANCE_STATE_ORDER) == list(InstanceState)
+    assert all(isinstance(s, InstanceState) for s in PROVISIONER_STATES)
+    assert map_node_state(NodeState.RUNNING) is InstanceState.STARTED
+    evt = InstanceEvent.from_wire({"instance_id": "i-1", "domain": "alpha", "site": "s", "state": "started",
+                                   "previous": "pending", "at": 1.0})
+    assert evt.state is InstanceState.STARTED and evt.previous is InstanceState.PENDING and evt.state == "started"
+    wire = unpackb(packb(evt.to_wire()))
+    assert wire["state"] == "started" and type(wire["state"]) is str
+    assert InstanceEvent.from_wire(wire) == evt
+    with pytest.raises(ValidationError, match="state"):
+        InstanceEvent.from_wire({**wire, "state": "bogus"})
+    with pytest.raises(ValidationError, match="state"):
+        InstanceEvent.from_wire({**wire, "state": 2})  # not coerced from another type

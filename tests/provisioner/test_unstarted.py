@@ -139,7 +139,9 @@ def test_forced_and_plain_terminates_are_carried_out_as_before(make_provisioner,
     prov.handle_terminate(TerminateRequest(request_id="t-2", instance_id="launch-2", domain="alpha"))
     assert prov.wait_idle()
     assert live(cloud) == 0
-    assert prov.store.get("launch-1").reason.endswith("(forced)")
+    rec = prov.store.get("launch-1")
+    assert rec.reason.endswith("(proof: forced)") and rec.end_proof == "forced"
+    assert [(d.instance_id, d.proof) for d in prov.store.destroys()] == [("launch-1", "forced"), ("launch-2", "removed")]
 
 
 def test_an_instance_this_store_does_not_know_is_destroyed_only_while_booting(make_provisioner, cloud, clock) -> None:
@@ -155,9 +157,37 @@ def test_an_instance_this_store_does_not_know_is_destroyed_only_while_booting(ma
     prov.handle_terminate(unless_started(3))
     assert prov.wait_idle()
     assert {n.name for n in cloud.list_nodes() if n.state.value != "terminated"} == {"worker-1"}
-    assert prov.store.get("launch-1") is None  # left to the store that launched it
     assert events.states("launch-2") == ["terminating"]
     assert events.states("launch-3") == ["terminated"]
+
+
+def test_a_started_node_this_store_does_not_know_is_recorded_and_told_started(make_provisioner, cloud,
+                                                                             clock) -> None:
+    """Issue 33: ``new-store`` left orphan VMs (invariant 5) since 5c729a2. A store replaced by an
+    empty one is asked to terminate, ``unless_started``, an instance the engine still holds
+    pending; its node runs. The refusal was silent — "the store that launched it tells the engine"
+    — but that store is gone: the engine re-sent the terminate forever and the VM was never
+    ended. Now the node is recorded ``started`` here (found by its launch id) and announced, so
+    the engine takes it out the safe way, and the plain terminate that follows ends it."""
+    prov, events = make_provisioner({"sim": cloud})
+    size, image = cloud.list_sizes()[0], cloud.list_images()[0]
+    tags = {TAG_DEPLOYMENT: "epu-old", TAG_STORE: "old", "epu-domain": "alpha", TAG_LAUNCH: "launch-1"}
+    cloud.create_node("worker-1", size, image, ex_metadata=tags)
+    clock.advance(30)  # it runs
+    prov.handle_terminate(unless_started(1))
+    assert prov.wait_idle()
+    assert live(cloud) == 1
+    rec = prov.store.get("launch-1")
+    assert rec is not None and (rec.state, rec.site) == ("started", "sim") and rec.cloud_id is not None
+    assert events.states("launch-1") == ["started"]
+    assert events.for_("launch-1")[0].reason.startswith("terminate refused")
+    prov.handle_terminate(unless_started(1))  # a re-send that crossed the answer: refused again, told again
+    assert prov.wait_idle() and live(cloud) == 1 and events.states("launch-1") == ["started", "started"]
+    # the engine's safe way out: drained, removed, then a plain terminate
+    prov.handle_terminate(TerminateRequest(request_id="t-9", instance_id="launch-1", domain="alpha",
+                                           reason="removed from the batch system"))
+    assert prov.wait_idle() and live(cloud) == 0
+    assert events.states("launch-1")[-1] == "terminating"
 
 
 def test_an_unknown_instance_whose_lookup_failed_is_neither_destroyed_nor_closed(make_provisioner, cloud,

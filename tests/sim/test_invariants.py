@@ -41,6 +41,21 @@ def test_2_a_provisioner_destroying_a_known_live_node() -> None:
     assert 2 in run(setup)
 
 
+def test_2_a_destroy_without_a_proof_recorded() -> None:
+    """The one door to destroy records each call's proof before making it (issue 33); a
+    provisioner whose destroys leave no record breaks invariant 2 at its first destroy."""
+
+    def setup(sim: Simulation) -> None:
+        def strike() -> None:
+            store = sim.provisioners[0].store
+            if store is not None:
+                store.record_destroy = lambda _d: None  # type: ignore[method-assign]
+
+        at(sim, 600, strike)
+
+    assert 2 in run(setup)
+
+
 def test_3_two_vms_for_one_launch() -> None:
     def setup(sim: Simulation) -> None:
         def strike() -> None:

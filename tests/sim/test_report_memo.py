@@ -96,3 +96,19 @@ def test_the_memo_hands_out_the_event_while_the_record_is_the_same_object() -> N
     assert again is not first and again.state == "joined"
     assert memo([replace(changed)], 0.0) == memo([changed], 0.0)  # an equal new object: made again, equal
     assert memo.made == 3
+
+
+def test_a_record_no_entry_can_be_made_of_is_left_out_by_the_memo_as_by_the_service() -> None:
+    """Issue 33: the service leaves such a record out of its report (``event_of``); the memo too,
+    made or handed out again."""
+    from epu.services.provisioner.app import report_events
+
+    records = [InstanceRecord("ok-1", "a", "s", "w1", 1, "started", 2, "c1", None, "", None, 5.0, 5.0),
+               InstanceRecord("bad id", "a", "s", "w2", 1, "started", 2, "c2", None, "", None, 5.0, 5.0),
+               InstanceRecord("bad-2", "a", "s", "w3", 1, "bogus", 2, "c3", None, "", None, 5.0, 5.0),
+               InstanceRecord("ok-2", "a", "", "w4", 1, "terminated", 3, None, None, "", None, 5.0, 6.0)]
+    memo = ReportEvents()
+    expected = report_events(records, 0.0)
+    assert {d: [e.instance_id for e in es] for d, es in expected.items()} == {"a": ["ok-1", "ok-2"]}
+    assert memo(records, 0.0) == expected and memo(records, 0.0) == expected  # made, then handed out again
+    assert memo(records, 5.5) == report_events(records, 5.5)
