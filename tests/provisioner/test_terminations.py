@@ -75,9 +75,9 @@ def test_a_forced_terminate_is_carried_out_only_from_the_operator(make_provision
 
 def test_a_bookkeeping_terminate_never_destroys_a_started_vm(make_provisioner, cloud, clock: ManualClock) -> None:
     """Issue 33 (high): a bookkeeping terminate (the engine's record ended, this record is live)
-    is judged as one sent ``unless_started``: a record already started is refused at once, a
-    pending record whose node booted is refused and recorded ``started``, a node still booting
-    is destroyed — under the proof ``bookkeeping``."""
+    is judged by its node on a listing taken now: a started record whose node is listed running
+    is refused, a pending record whose node booted is refused and recorded ``started``, a node
+    still booting is destroyed — under the proof ``bookkeeping``."""
     prov, events = make_provisioner({"sim": cloud})
     prov.handle_launch(launch(1))
     assert prov.wait_idle()
@@ -91,7 +91,8 @@ def test_a_bookkeeping_terminate_never_destroys_a_started_vm(make_provisioner, c
     for i in (1, 2, 3):
         prov.handle_terminate(bookkeeping(i))
     assert prov.wait_idle()
-    assert events.for_("launch-1")[-1].reason.startswith("terminate refused: the instance is started")
+    assert events.for_("launch-1")[-1].reason.startswith("terminate refused: node ")
+    assert "is listed running: it runs" in events.for_("launch-1")[-1].reason
     assert prov.store.get("launch-1").state == "started"
     rec2 = prov.store.get("launch-2")
     assert rec2.state == "started" and rec2.reason.startswith("terminate refused")
@@ -156,3 +157,25 @@ def test_an_accepted_terminate_is_carried_out_later_under_its_own_proof(make_pro
     prov.reconcile("sim")
     assert prov.wait_idle() and live(cloud) == 0
     assert [d.proof for d in prov.store.destroys()] == ["forced", "forced"]
+
+
+def test_a_bookkeeping_terminate_closes_a_started_record_whose_node_is_presumed_gone(
+        make_provisioner, cloud, clock: ManualClock) -> None:
+    """Two stores on one queue (``two-provisioners``): another store destroyed the node; this one's
+    record stays ``started``, its node presumed gone by the polls (never closed on a presumption).
+    The engine, which saw the end, asks with a bookkeeping terminate: the record is closed without
+    a destroy call, the presumption kept (a node listed again is reported, never destroyed)."""
+    prov, events = make_provisioner({"sim": cloud})
+    prov.handle_launch(launch(1))
+    assert prov.wait_idle()
+    clock.advance(30)
+    prov.poll("sim")
+    rec = prov.store.get("launch-1")
+    assert rec.state == "started"
+    cloud.destroy_node(next(n for n in cloud.list_nodes() if n.id == rec.cloud_id))  # another store's destroy
+    prov.store.note_presence("launch-1", True, clock.now(), "presumed gone: not listed alive")
+    prov.handle_terminate(bookkeeping(1))
+    assert prov.wait_idle()
+    rec = prov.store.get("launch-1")
+    assert rec.state == "terminated" and rec.presumed_gone and "presumed gone" in rec.reason
+    assert prov.store.destroys() == []  # closed, not destroyed
