@@ -426,7 +426,7 @@ def dead_letters() -> Scenario:
                             F.crashes("decision", 0.5), F.command_failures(1.0)],
                     stresses="issue 33: a letter injected into the dead-letter exchange, requeued as the operator, "
                              "terminated another domain's instance (invariant 10: a requeued letter never gains "
-                             "authority)", seeds_in_ci=2)
+                             "authority)", seeds_in_ci=4)
 
 
 @scenario
@@ -575,7 +575,7 @@ def spend_cap_unpriced() -> Scenario:
                    faults=[F.crashes("decision", 1.0), F.crashes("provisioner", 1.0)],
                    stresses="issue 33 defect 4: a discovered type with no price under a cap is held, never "
                             "counted as 0 (invariant 8 prices what it checks: an unpriced launch under a cap "
-                            "is a violation)", seeds_in_ci=2)
+                            "is a violation)", seeds_in_ci=4)
 
 
 @scenario
@@ -792,6 +792,6 @@ def context_broker_reopen() -> Scenario:
                         listing_lag_seconds=90.0)), SiteSpec("cloud-b", quota=60, price=0.12)],
                     workload=Workload(arrivals_per_hour=30.0, burst_per_hour=1.0, burst_jobs=(10, 30)),
                     context=ContextFaults(adversary_per_hour=20.0, event_loss_rate=0.1, event_delay=(0.05, 60.0)),
-                    seeds_in_ci=3,
+                    seeds_in_ci=4,
                     stresses="issue 33 defect 5: the broker revoked a failed launch's credential for ever; the "
                              "reopened node (never destroyed) could never join and its peers never listed it")

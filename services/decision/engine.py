@@ -554,9 +554,11 @@ class Engine:
                 out[d] = math.inf  # not iterated until a snapshot (an input) comes
                 continue
             current = self.store.current_config(d)
-            if d in self.spend.held or (
+            if d in self.spend.held or (current is not None and current[1].mode == "observe") or (
                     current is not None and current[1].policy in DEMAND_SENSITIVE and latest.digest.jobs):
-                out[d] = now  # launches held by the spend cap are planned (ids drawn) each time
+                # launches held by the spend cap, and an observe mode's shadow plan, are planned
+                # (ids drawn) each time
+                out[d] = now
                 continue
             spans = self.params.durations(current[1].policy, current[1].params) if current else []
             times = [offering, latest.received_at + gap, latest.received_at + window]

@@ -48,6 +48,9 @@ def test_a_snapshot_with_new_demand_is_answered_without_waiting_for_the_tick(bro
             return service.metrics.registry.get_sample_value(
                 "epu_timer_runs_total", {"task": "iteration", "outcome": "ok"}) or 0.0
 
+        # the iteration that sent the last launches is counted once it returned (after it published)
+        wait_for(lambda: iterations() == service.engine.iterations, 10, interval=0.05,
+                 message="the last iteration counted")
         before = iterations()
         same = snapshot(queued=jobs(5), at=time.time())  # the same demand: nothing new to do
         pub.publish(same)

@@ -41,7 +41,9 @@ def test_no_ad_unknown_for_ever_sends_remove_for_ever_and_never_converges() -> N
     for seed in SEEDS:
         violations, removes, _sim = _run(seed, unknown_for_ever=True)
         assert [v for v in violations if v.invariant == 5], f"seed {seed}: the scenario did not catch it"
-        assert max(removes.values()) > 500, removes.most_common(3)
+        # asked for ever: every few minutes once the failed answers' backoff reached its maximum
+        # (services/decision/retries.py; every iteration, over 500 times, before it)
+        assert max(removes.values()) > 12, removes.most_common(3)
 
 
 def test_every_reclaimed_node_is_removed_within_a_bound() -> None:
