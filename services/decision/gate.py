@@ -284,7 +284,7 @@ class Gate:
         ``sent`` attribute."""
         mode = self.mode(domain)
         out = Sent()
-        ready: list[tuple[Message, Authority]] = []
+        ready: list[tuple[Message, Authority, str]] = []
         for msg in messages:
             iid = instance_of(msg)
             inst = (instances or {}).get(iid) if iid else None
@@ -303,27 +303,29 @@ class Gate:
                     "domain": domain, "kind": o.kind, "instance": iid, "rule": rule, "why": why,
                     "authority": auth.value})
                 continue
-            ready.append((msg, auth))
+            # an operator's action names the operator (their change put it in the instance's reason)
+            ready.append((msg, auth, inst.reason if auth == Authority.OPERATOR and inst is not None else ""))
         if not ready:
             return out
         try:
             if self.publish_many is not None and len(ready) > 1:
-                self.publish_many([m for m, _ in ready])
-                out.ids = [action_id(m) for m, _ in ready]
+                self.publish_many([m for m, _, _ in ready])
+                out.ids = [action_id(m) for m, _, _ in ready]
             else:
-                for m, _ in ready:
+                for m, _, _ in ready:
                     self.publish(m)
                     out.ids.append(action_id(m))
         except Exception as exc:
             exc.sent = list(out.ids)  # type: ignore[attr-defined]
             raise
         finally:
-            for m, auth in ready[:len(out.ids)]:
+            for m, auth, operator in ready[:len(out.ids)]:
                 kind = Outgoing(domain, m, auth, mode, None).kind
                 self.counts[(domain, kind, auth.value)] += 1
                 if isinstance(m, TerminateRequest) or auth != Authority.POLICY:
                     log.info("command sent", extra={"domain": domain, "kind": kind, "instance": instance_of(m),
-                                                    "authority": auth.value, "reason": getattr(m, "reason", "")})
+                                                    "authority": auth.value, "reason": getattr(m, "reason", ""),
+                                                    **({"operator": operator} if operator else {})})
         return out
 
 

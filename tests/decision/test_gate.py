@@ -206,7 +206,7 @@ def test_an_observe_shadow_record_is_published_when_the_plan_changes_not_every_i
     assert bus.of("instance.launch") == []
 
 
-def test_an_operators_retire_in_observe_mode_is_refused_with_the_reason() -> None:
+def test_an_operators_retire_in_observe_mode_is_refused_with_the_reason(caplog) -> None:
     e, bus, clock = make_engine(cfg=config(domains={"d": {"max_nodes": 10, "sites": ["s1"]}}))
     e.on_snapshot(snapshot(queued=jobs(1)))
     e.iterate()
@@ -220,6 +220,17 @@ def test_an_operators_retire_in_observe_mode_is_refused_with_the_reason() -> Non
     assert both.applied
     i = e.store.instance(launch.launch_id)
     assert i.retire == RetireReason.OPERATOR and i.reason == "retired by alice"
+    # the terminate that follows leaves on the operator's authority, naming the operator
+    bus.clear()
+    with caplog.at_level("INFO", logger="epu.decision"):
+        clock.advance(5)
+        e.on_snapshot(snapshot(at=clock.now()))
+        e.iterate()
+    (term,) = bus.of("instance.terminate")
+    assert (term.retire, term.proof) == (RetireReason.OPERATOR, Proof.UNSTARTED)
+    sent = [r for r in caplog.records if r.getMessage() == "command sent"]
+    assert [(r.authority, r.operator) for r in sent] == [("operator", "retired by alice")]
+    assert e.gate.counts[("d", "terminate", "operator")] == 1
 
 
 @pytest.mark.parametrize("authority", list(Authority))
