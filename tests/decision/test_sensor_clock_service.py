@@ -36,7 +36,12 @@ def test_a_head_node_ten_minutes_slow_is_acted_on_and_its_skew_shown(broker, tmp
         wait_for(lambda: len(read_queue(broker, PROVISIONER_QUEUE)) >= 3, 15, message="launches")
         delivered_within = time.time() - published  # skew = taken - received: -600 less the delivery time
         assert service.health()["domains"] == {"d": "active"}
-        skew = service.metrics.registry.get_sample_value("epu_decision_sensor_clock_skew_seconds", {"domain": "d"})
+        # the metrics are read after the iteration that published the launches: wait for them
+        def read_skew() -> float | None:
+            return service.metrics.registry.get_sample_value("epu_decision_sensor_clock_skew_seconds",
+                                                             {"domain": "d"})
+        wait_for(lambda: read_skew() is not None, 15, message="the skew gauge")
+        skew = read_skew()
         assert skew is not None and -600 - delivered_within <= skew <= -600 + 0.01
         stale = service.metrics.registry.get_sample_value("epu_decision_stale_snapshots_total", {"domain": "d"})
         assert not stale
