@@ -23,6 +23,8 @@ injected, and check the invariants at every step:
                                       9 context views are true (the context broker)
                                      10 no process acts on another's authority (a message
                                         its sender may not send)
+                                     11 observe mode never acts
+                                     12 bounded work (commands per instance, clean-up)
 
 One integer seed fixes a whole run: the same seed replays the same run bit for bit, and
 every violation prints the command that replays it.

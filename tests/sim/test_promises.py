@@ -4,6 +4,7 @@ a check nobody relies on)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from epu.sim.invariants import NAMES
@@ -53,3 +54,11 @@ def test_a_promise_without_an_invariant_fails() -> None:
     assert any("no invariant" in p for p in problems(text))
     text = DOC.read_text() + "| A new promise. | README | 99 | no-such-scenario |\n"
     assert {p.split(": ", 1)[1] for p in problems(text)} >= {"no invariant 99", "no scenario no-such-scenario"}
+
+
+def test_epu_sim_help_lists_every_invariant() -> None:
+    """The man-page help is where an operator first reads what the judge checks."""
+    from epu.sim.cli import DESCRIPTION
+
+    listed = {int(m) for m in re.findall(r"(?:^|\s{2,})(\d{1,2}) [a-z]", DESCRIPTION, re.M)}
+    assert listed == set(NAMES), sorted(set(NAMES) ^ listed)
