@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make run    — the embedded demo: all services in one process, simulated cluster and cloud"
-	@echo "make test   — the whole test suite (sets up venv, RabbitMQ, PostgreSQL, Slurm; ~21 min on 2 cores)"
+	@echo "make test   — the whole test suite (sets up venv, RabbitMQ, PostgreSQL, Slurm; ~31 min on 2 cores)"
 	@echo "make test-fast — the suites that need no RabbitMQ, PostgreSQL or Slurm (venv only)"
 	@echo "make lint   — ruff"
 	@echo "make bench  — benchmarks in bench/ (figures printed; see docs/performance.md)"
