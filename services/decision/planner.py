@@ -144,6 +144,34 @@ def _name_holder(holders: dict[str, list[str]], inst: Instance) -> str | None:
     return None
 
 
+NAME_DRAWS = 64
+"""Launch ids drawn at most for one generated name that no instance or node holds. With the ids'
+64 bits a second draw never happens in practice; the simulator's small id space (scenario
+name-collisions) needs a few. After that many the last draw stands, and the add refusal of a held
+name (``_name_holder``) is what keeps the two apart."""
+
+
+def names_taken(view: DomainView) -> set[str]:
+    """Node names (short) a new launch must not take: every instance not ended, every ended one
+    whose node was not removed yet, and every node the batch system shows. A name taken twice is
+    a node whose daemon the other instance's may overwrite when it registers by itself (Slurm)."""
+    return ({short_name(i.node_name) for i in view.instances if i.state not in ("terminated", "failed")}
+            | {short_name(i.node_name) for i in view.cleanup} | {short_name(n) for n in view.nodes})
+
+
+def draw_named(make_id: Callable[[], str], name_of: Callable[[str], str],
+               taken: set[str] | None) -> tuple[str, str]:
+    """A launch id whose generated node name is not ``taken`` (then taken by it)."""
+    for _ in range(NAME_DRAWS):
+        launch_id = make_id()
+        name = name_of(launch_id)
+        if taken is None or short_name(name) not in taken:
+            break
+    if taken is not None:
+        taken.add(short_name(name))
+    return launch_id, name
+
+
 def node_name_for(domain: str, launch_id: str) -> str:
     """``<domain>-<id>``: the domain shortened when the label would pass 63 characters (a domain
     name may have 63), never the id."""
@@ -213,9 +241,13 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
             if terminal and kind != "remove":
                 continue
             if kind == "offline" and ((inst.state not in ACTIVE_STATES and inst.state != "draining")
-                                      or inst.removed):
+                                      or inst.removed or (iid, "online") in in_flight):
                 continue
-            if kind == "online" and (inst.state != "draining" or inst.removed or (iid, "remove") in in_flight):
+            # opposite commands never travel together: the sensor may carry them out in either
+            # order (observe-switches, seed 83017: an online overtaken by the offline sent before
+            # it left a node drained in Slurm that the engine held joined, never scaled down)
+            if kind == "online" and (inst.state != "draining" or inst.removed or (iid, "remove") in in_flight
+                                     or (iid, "offline") in in_flight):
                 continue
             if kind == "remove" and (iid, "online") in in_flight:
                 continue
@@ -294,11 +326,12 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
         placed = place(len(launches), placement.order, placement.strategy, placement.infos,
                        {**placement.health, **out.sites}, placement.live, placement.unproven, now)
         out.notes += placed.why if placed.unplaced else []
+        taken = names_taken(view)
         for launch, site, name in zip(launches, placed.sites, names, strict=False):
             out.actions.append(launch_action(view.domain, site, launch.cores, launch.reason, now,
-                                             placement, out, make_id, name=name))
+                                             placement, out, make_id, name=name, taken=taken))
         if typed:
-            _plan_typed(view, typed, placement, out, used, make_id)
+            _plan_typed(view, typed, placement, out, used, make_id, taken)
         if placement.budget is not None and placement.budget.capped:
             _hold_over_budget(out, placement.budget)
     return out
@@ -321,7 +354,7 @@ def _hold_over_budget(out: Plan, budget: Budget) -> None:
 
 
 def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementInput, out: Plan,
-                used: set[str], make_id: Callable[[], str]) -> None:
+                used: set[str], make_id: Callable[[], str], taken: set[str]) -> None:
     """Launches of catalogue types: per group of equal offers, the domain's placement picks the
     sites among the offers' (``offers.place_line``: quotas of the site and of the type, backoff,
     probation); names come from the type's pool or pattern (``type_nodes``), else the domain's."""
@@ -354,9 +387,14 @@ def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementIn
             out.notes += [f"{kind}: {w}" for w in placed.why]
         for launch, (site, typ), name in zip(group, picks, names, strict=False):
             offer = next(o for o in offers if o.site == site and o.type == typ)
-            launch_id = make_id()
             if name is None and pattern:
-                name = pattern.format(domain=view.domain, type=typ, id=name_id(launch_id))
+                launch_id, name = draw_named(
+                    make_id, lambda lid, typ=typ, pat=pattern: pat.format(domain=view.domain, type=typ, id=name_id(lid)),
+                    taken)
+            elif name is None:
+                launch_id, name = draw_named(make_id, lambda lid: node_name_for(view.domain, lid), taken)
+            else:
+                launch_id = make_id()
             gang = ""
             if launch.gang:
                 key, _, size = launch.gang.rpartition(":")
@@ -388,11 +426,14 @@ def _resize_gangs(out: Plan) -> None:
 
 def launch_action(domain: str, site: str, cores: int, reason: str, now: float, placement: PlacementInput,
                   out: Plan, make_id: Callable[[], str] = new_id, *, name: str | None = None,
-                  instance_type: str = "", gang: str = "") -> Planned:
+                  instance_type: str = "", gang: str = "", taken: set[str] | None = None) -> Planned:
     """One launch, stored as a ``requested`` instance with the action. A catalogue type's cores
-    are the type's; the single-type launch keeps the site's ``cores`` when larger (as always)."""
-    launch_id = make_id()
-    name = name or node_name_for(domain, launch_id)
+    are the type's; the single-type launch keeps the site's ``cores`` when larger (as always).
+    ``taken``: node names held now (``names_taken``), which a generated name avoids."""
+    if name is None:
+        launch_id, name = draw_named(make_id, lambda lid: node_name_for(domain, lid), taken)
+    else:
+        launch_id = make_id()
     info = placement.infos.get(site)
     site_cores = cores if instance_type else max(cores, info.cores if info else cores)
     msg = launch_request(launch_id, domain, site, name, site_cores, instance_type)

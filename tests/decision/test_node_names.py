@@ -11,7 +11,7 @@ from epu.services.decision.actions import Decision, Node
 from epu.services.decision.placement import SiteInfo
 from epu.services.decision.planner import PlacementInput, node_name_for, plan
 
-from tests.decision.helpers import event, inst, jobs, make_engine, snapshot, view
+from tests.decision.helpers import event, inst, jobs, make_engine, node, snapshot, view
 
 PLACEMENT = PlacementInput(["s1"], "rank", {"s1": SiteInfo("s1")}, {}, {}, {})
 
@@ -80,3 +80,40 @@ def test_no_node_command_by_a_name_the_batch_system_shows_as_another_instances()
     # without a node of that name in the snapshot, the remove goes out as always (the batch system answers)
     out = plan(view(instances=[holder, newcomer]), Decision([Node("remove", "b", "stalled")]), PLACEMENT, set())
     assert [p.kind for p in out.actions] == ["remove"]
+
+
+
+def test_a_launch_never_takes_a_name_a_live_instance_or_a_node_holds() -> None:
+    """The name-collisions scenario, seed 83001: a launch took the name of a live instance whose
+    add waited; its own slurmd registered under it by itself and ran a job, and the engine, which
+    saw that name as the other's, took it for removed and ended it. A generated name now avoids
+    every name held (instances not ended, ended ones not removed, nodes in the snapshot)."""
+    from epu.services.decision.actions import Launch
+
+    def name(i: str) -> str:
+        return node_name_for("d", i)
+
+    held = replace(inst("a", "started", ip="10.0.0.1"), node_name=name("0000000000004001"))
+    shown = node(name("0000000000004003"), "free")
+    ids = iter(["0000000000004001aa", "0000000000004002bb", "0000000000004002cc", "0000000000004003dd",
+                "0000000000004004ee"])
+    out = plan(view(instances=[held], nodes=[shown]), Decision([Launch(1, "q"), Launch(1, "q")]), PLACEMENT,
+               set(), make_id=lambda: next(ids))
+    # 4001 held by a live instance; 4002 taken by the first launch; 4003 shown by the batch system
+    assert [p.message.node_name for p in out.actions if p.kind == "launch"] == \
+        [name("0000000000004002"), name("0000000000004004")]
+    assert [p.instance_id for p in out.actions if p.kind == "launch"] == ["0000000000004002bb", "0000000000004004ee"]
+
+
+def test_opposite_node_commands_never_travel_together() -> None:
+    """observe-switches, seed 83017: an online sent while the offline before it was unanswered was
+    carried out first; the node stayed drained in Slurm while the engine held it joined, and it
+    was never scaled down. Neither goes while the other is in flight."""
+    draining = replace(inst("a", "draining", ip="10.0.0.1"), drain_at=0.0)
+    joined = inst("b", "joined", ip="10.0.0.2")
+    v = view(instances=[draining, joined], nodes=[node("n-a", "offline"), node("n-b", "free")])
+    decision = Decision([Node("online", "a", "needed again"), Node("offline", "b", "idle")])
+    held = plan(v, decision, PLACEMENT, {("a", "offline"), ("b", "online")})
+    assert [p.kind for p in held.actions] == []
+    sent = plan(v, decision, PLACEMENT, set())
+    assert sorted((p.kind, p.instance_id) for p in sent.actions) == [("offline", "b"), ("online", "a")]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from epu.common.broker import Broker
-from epu.common.messages import SensorSnapshot
+from epu.common.messages import InstanceEvent, SensorSnapshot
 from epu.common.runtime import Service, run_in_thread
 from epu.common.testing import wait_for
 
@@ -151,8 +151,9 @@ class SnapshotWatch:
     def __init__(self, broker: Broker) -> None:
         self._lock = threading.Lock()
         self.snapshots: list[SensorSnapshot] = []
+        self.instances: dict[str, tuple[int, str]] = {}  # instance id -> (seq, state), the newest
         self._service = Service("e2e-watch", broker)
-        self._service.consume_queue(broker.topology.tap_queue("sensor.snapshot.#"), self._on)
+        self._service.consume_queue(broker.topology.tap_queue(["sensor.snapshot.#", "instance.state.#"]), self._on)
         self._thread = run_in_thread(self._service)
         if not self._service.wait_ready(15):
             raise RuntimeError("snapshot tap did not start")
@@ -161,6 +162,15 @@ class SnapshotWatch:
         if isinstance(msg, SensorSnapshot):
             with self._lock:
                 self.snapshots.append(msg)
+        elif isinstance(msg, InstanceEvent):
+            with self._lock:
+                if msg.seq >= self.instances.get(msg.instance_id, (-1, ""))[0]:
+                    self.instances[msg.instance_id] = (msg.seq, msg.state)
+
+    def live_instances(self) -> list[str]:
+        """Instances whose newest event is not an end (the recorder counts them as orphans)."""
+        with self._lock:
+            return sorted(i for i, (_, state) in self.instances.items() if state not in ("terminated", "failed"))
 
     def count(self) -> int:
         with self._lock:
@@ -176,6 +186,10 @@ class SnapshotWatch:
         """Wait for an empty-cluster snapshot (the ``after``-th or later: not the empty cluster
         before the jobs), then for one more: by then every tap, the recorder's too, had it."""
         wait_for(lambda: self.empty_cluster_seen(after), timeout, interval=0.1, message="the sensor reports an empty cluster")
+        # the batch system empties before the provisioner's last `terminated` events go out (a
+        # busy machine: seconds later); the recorder reads those events too
+        wait_for(lambda: not self.live_instances(), timeout, interval=0.1,
+                 message="every instance ended (terminated or failed)")
         n = self.count()
         wait_for(lambda: self.count() > n, 30, interval=0.1, message="one more snapshot")
 
