@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "epu.services.ctxbroker.cli",
     "epu.sim.cli",
     "epu.simulate.cli",
+    "epu.cli_slurm_conf",  # last: adds `conf` to the `epu slurm` group, whoever made it
 )
 
 DESCRIPTION = """\
