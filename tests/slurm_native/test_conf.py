@@ -25,7 +25,7 @@ from epu.slurm_conf import (
     power_saving,
     render,
 )
-from tests.slurm_native.conftest_data import CONFIG, write_config
+from tests.slurm_native.configs import CONFIG, write_config
 
 PROGRAMS = {"ResumeProgram": "/p/r", "SuspendProgram": "/p/s", "ResumeFailProgram": "/p/f"}
 
