@@ -60,7 +60,7 @@ def cmd_conf(args: argparse.Namespace) -> int:
         assert path is not None
         programs = write_programs(Path(args.programs_dir), sys.executable, str(Path(path).resolve()))
         text = render(config, domain, programs, power, source=str(path), partition=args.partition,
-                      first_port=args.ports)
+                      first_port=args.ports, node_addr=args.node_addr)
     except SlurmConfError as exc:
         print(f"epu slurm conf: {exc}", file=sys.stderr)
         return 2
@@ -124,5 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", help="the one partition's name when the domain maps none (default: the domain)")
     p.add_argument("--ports", type=int, metavar="FIRST", help="give each node its own slurmd Port, from FIRST up "
                                                               "(several slurmd on one host: the process site)")
+    p.add_argument("--node-addr", metavar="ADDR", help="every node's NodeAddr and NodeHostname (all nodes on one host: "
+                                                       "the process site, with --ports)")
     add_config_arg(p)
     p.set_defaults(func=cmd_conf)

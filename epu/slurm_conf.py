@@ -320,9 +320,11 @@ def write_programs(directory: Path, python: str, config_path: str) -> dict[str, 
 
 
 def render(config: Any, domain_name: str, programs: dict[str, str], power: PowerSaving, *,
-           source: str = "", partition: str | None = None, first_port: int | None = None) -> str:
+           source: str = "", partition: str | None = None, first_port: int | None = None,
+           node_addr: str | None = None) -> str:
     """The whole fragment (for ``Include`` in slurm.conf). ``first_port``: each node its own slurmd
-    port, counting up from it (several slurmd on one host: the process site, tests)."""
+    port, counting up from it (several slurmd on one host: the process site, tests); ``node_addr``:
+    every node's NodeAddr and NodeHostname (all on one host)."""
     if domain_name not in config.domains:
         raise SlurmConfError(f"domains.{domain_name}: no such domain (domains: "
                              f"{', '.join(sorted(config.domains)) or 'none'})")
@@ -343,10 +345,10 @@ def render(config: Any, domain_name: str, programs: dict[str, str], power: Power
               "# site that may serve it; Weight: cheaper types first)"]
     port = first_port
     for s in sets:
-        extra = ""
+        extra = f"NodeAddr={node_addr} NodeHostname={node_addr}" if node_addr else ""
         if port is not None:
             last = port + len(s.names) - 1
-            extra = f"Port={port}" if last == port else f"Port=[{port}-{last}]"
+            extra += (" " if extra else "") + (f"Port={port}" if last == port else f"Port=[{port}-{last}]")
             port = last + 1
         lines.append(s.node_line(extra))
     lines += [f"NodeSet={s.name} Nodes={s.hostlist}" for s in sets]
