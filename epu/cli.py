@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "epu.cli_record",
     "epu.cli_cost",
     "epu.cli_dead",
+    "epu.cli_slurm",
     "epu.services.sensor.cli",
     "epu.services.decision.cli",
     "epu.services.provisioner.cli",
