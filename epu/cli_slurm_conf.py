@@ -15,7 +15,7 @@ RAW = argparse.RawDescriptionHelpFormatter
 DESCRIPTION = """\
 Write the slurm.conf lines that put a domain behind Slurm's own power saving (native mode):
 one NodeName line per instance type of the domain's sites (CPUs, RealMemory, Gres, Features
-naming the type and its sites, Weight by price, State=CLOUD), a NodeSet per type, a
+naming the type and its sites (site_SITE), Weight by price, State=CLOUD), a NodeSet per type, a
 PartitionName per partition of [domains.D.partitions], and the power-saving parameters:
 ResumeProgram, SuspendProgram and ResumeFailProgram (three small programs written to
 --programs-dir that run `epu slurm resume|suspend|resume-fail -c CONFIG HOSTLIST`: Slurm runs
@@ -37,7 +37,14 @@ names the key)."""
 
 def cmd_conf(args: argparse.Namespace) -> int:
     from epu.common.cliargs import config_path, load_or_exit
-    from epu.slurm_conf import SlurmConfError, measured_boot_seconds, power_saving, render, write_programs
+    from epu.slurm_conf import (
+        SlurmConfError,
+        measured_boot_seconds,
+        native_warnings,
+        power_saving,
+        render,
+        write_programs,
+    )
 
     path = config_path(args.config)
     config = load_or_exit(path)
@@ -64,6 +71,8 @@ def cmd_conf(args: argparse.Namespace) -> int:
     except SlurmConfError as exc:
         print(f"epu slurm conf: {exc}", file=sys.stderr)
         return 2
+    for warning in native_warnings(config, domain, power):
+        print(f"epu slurm conf: warning: {warning}", file=sys.stderr)
     if args.out:
         out = Path(args.out)
         tmp = out.with_name(out.name + ".tmp")

@@ -16,8 +16,9 @@ What it writes, per domain:
   its placement and failover order); a type name two sites define with different shapes is one
   node set per site. Nodes are ``type_nodes.TYPE.names`` when the domain lists them, else
   ``DOMAIN-TYPE-[1-N]`` with N the most the domain may run of it (``max_nodes`` and the sites'
-  quotas). ``Features`` = the type's own features, ``type_TYPE`` and ``site_SITE`` per site that
-  may serve it; ``Weight`` ranks cheaper types first (Slurm fills the lowest weight first);
+  quotas). ``Features`` = the type's own features, the type's name (what the engine launches for
+  a resumed node: ``services/decision/slurm_native.type_of``) and ``site_SITE`` per site that may
+  serve it (one site named pins the node there; several leave it to placement); ``Weight`` ranks cheaper types first (Slurm fills the lowest weight first);
   ``State=CLOUD``.
 * a ``NodeSet`` per node set (named ``DOMAIN_TYPE``), and a ``PartitionName`` per partition of
   ``[domains.D.partitions]`` over the node sets of its types (or one partition over all of them).
@@ -191,7 +192,7 @@ def node_sets(config: Any, domain_name: str) -> list[NodeSet]:
                 raise SlurmConfError(f"domains.{domain_name}.type_nodes: node {n!r} is listed for {used[n]} and "
                                      f"{tname}")
             used[n] = tname
-        features = tuple(dict.fromkeys([*(_feature(f) for f in feats), f"type_{_feature(tname)}",
+        features = tuple(dict.fromkeys([*(_feature(f) for f in feats), _feature(tname),
                                         *(f"site_{_feature(s)}" for s in sites)]))
         set_name = f"{domain_name}_{sites[0]}_{tname}" if split else f"{domain_name}_{tname}"
         out.append(NodeSet(_feature(set_name).replace("-", "_"), tname, sites, names, cores, mem, gpus,
@@ -294,6 +295,23 @@ def power_saving(config: Any, domain_name: str, measured: dict[str, list[float]]
                        dns=dns, why=why)
 
 
+def native_warnings(config: Any, domain_name: str, power: PowerSaving) -> list[str]:
+    """What the engine's config must also say for native mode, where it does not yet."""
+    domain = config.domains[domain_name]
+    out = []
+    if getattr(domain, "native", "") != "slurm":
+        out.append(f'domains.{domain_name}.native: set it to "slurm" (else the engine ignores Slurm\'s calls and '
+                   "drives the cluster itself)")
+    horizon = getattr(domain, "native_resume_seconds", None)
+    if horizon is not None and abs(float(horizon) - power.resume_timeout) > 1:
+        out.append(f"domains.{domain_name}.native_resume_seconds: {horizon:g}; set it to ResumeTimeout "
+                   f"({power.resume_timeout})")
+    opts = getattr(getattr(config, "sensor", None), "options", None) or {}
+    if getattr(config.sensor, "domain", None) == domain_name and not opts.get("native"):
+        out.append("sensor.options.native: set it to true (a removed node stays schedulable; give-backs work)")
+    return out
+
+
 def program_text(python: str, config_path: str, verb: str) -> str:
     """A program Slurm can run (absolute path, the hostlist as its one argument): ``epu slurm VERB
     -c CONFIG HOSTLIST`` in this interpreter, without a shell."""
@@ -341,8 +359,8 @@ def render(config: Any, domain_name: str, programs: dict[str, str], power: Power
     lines += power.lines(programs)
     if any(s.gpus for s in sets):
         lines += ["GresTypes=gpu"]
-    lines += ["", "# --- nodes: one set per instance type (Features: the type's own, type_TYPE, site_SITE per",
-              "# site that may serve it; Weight: cheaper types first)"]
+    lines += ["", "# --- nodes: one set per instance type (Features: the type's own, the type's name, site_SITE",
+              "# per site that may serve it; Weight: cheaper types first)"]
     port = first_port
     for s in sets:
         extra = f"NodeAddr={node_addr} NodeHostname={node_addr}" if node_addr else ""

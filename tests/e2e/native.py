@@ -125,13 +125,9 @@ class NativeE2E(E2E):
         return {**os.environ, "PYTHONPATH": str(ROOT), **self.extra_env}
 
     def node_types(self) -> dict[str, str]:
-        """Node name → the instance type its features name (``type_TYPE``)."""
-        out = {}
-        for line in self.cluster.run("scontrol", "-o", "show", "node").stdout.splitlines():
-            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            feats = fields.get("AvailableFeatures", "").split(",")
-            out[fields.get("NodeName", "")] = next((f[5:] for f in feats if f.startswith("type_")), "")
-        return out
+        """Node name → the instance type of its node set (what ``epu slurm conf`` declared)."""
+        cfg = load_config(self.config)
+        return {n: s.type for s in node_sets(cfg, next(iter(cfg.domains))) for n in s.names}
 
 
 class NodeWatch:

@@ -38,9 +38,9 @@ def test_node_sets_per_type_across_sites_cheapest_first(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path))
     sets = {s.type: s for s in node_sets(config, "alpha")}
     assert sets["c2"].names == tuple(f"alpha-c2-{i}" for i in range(1, 7))  # max_nodes 6 < 4 + 4
-    assert sets["c2"].sites == ("east", "west") and sets["c2"].features == ("type_c2", "site_east", "site_west")
+    assert sets["c2"].sites == ("east", "west") and sets["c2"].features == ("c2", "site_east", "site_west")
     assert sets["m8"].names == tuple(f"alpha-m8-{i}" for i in range(1, 5))  # west's quota
-    assert sets["m8"].features == ("bigmem", "type_m8", "site_west")
+    assert sets["m8"].features == ("bigmem", "m8", "site_west")
     assert sets["g1"].names == ("alpha-g1-1", "alpha-g1-2")  # the type's quota
     assert [s.weight for s in (sets["c2"], sets["m8"], sets["g1"])] == [1, 2, 3]
 
@@ -54,9 +54,9 @@ def test_render_lines(tmp_path: Path) -> None:
         f"ResumeTimeout={int(240 + 300 + MARGIN_SECONDS)}", "SuspendTime=120", "SuspendTimeout=120",
         "ResumeRate=0", "SuspendRate=0", "TreeWidth=65533",
         "SlurmctldParameters=cloud_reg_addrs,idle_on_node_suspend", "PrivateData=cloud", "GresTypes=gpu",
-        "NodeName=alpha-c2-[1-6] CPUs=2 RealMemory=1000 Features=type_c2,site_east,site_west Weight=1 State=CLOUD",
-        "NodeName=alpha-m8-[1-4] CPUs=2 RealMemory=8000 Features=bigmem,type_m8,site_west Weight=2 State=CLOUD",
-        "NodeName=alpha-g1-[1-2] CPUs=4 RealMemory=4000 Gres=gpu:1 Features=gpu,type_g1,site_east Weight=3 "
+        "NodeName=alpha-c2-[1-6] CPUs=2 RealMemory=1000 Features=c2,site_east,site_west Weight=1 State=CLOUD",
+        "NodeName=alpha-m8-[1-4] CPUs=2 RealMemory=8000 Features=bigmem,m8,site_west Weight=2 State=CLOUD",
+        "NodeName=alpha-g1-[1-2] CPUs=4 RealMemory=4000 Gres=gpu:1 Features=gpu,g1,site_east Weight=3 "
         "State=CLOUD",
         "NodeSet=alpha_c2 Nodes=alpha-c2-[1-6]", "NodeSet=alpha_m8 Nodes=alpha-m8-[1-4]",
         "NodeSet=alpha_g1 Nodes=alpha-g1-[1-2]",
@@ -163,3 +163,16 @@ def test_cli_bad_config_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["slurm", "conf", "-c", str(path), "--programs-dir", str(tmp_path / "bin")]) == 2
     assert "sites.west.types.m8.memory_mb: required" in capsys.readouterr().err
     assert os.path.exists(tmp_path / "bin")  # written before the check; harmless
+
+
+def test_native_warnings_name_the_keys_left_to_set(tmp_path: Path) -> None:
+    from epu.slurm_conf import native_warnings
+
+    config = load_config(write_config(tmp_path, CONFIG + '\n[sensor]\ndomain = "alpha"\nbackend = "slurm"\n'))
+    power = power_saving(config, "alpha", {})
+    keys = [w.split(":")[0] for w in native_warnings(config, "alpha", power)]
+    assert keys == ["domains.alpha.native", "domains.alpha.native_resume_seconds", "sensor.options.native"]
+    done = CONFIG.replace('policy = "queue-demand"', f'policy = "queue-demand"\nnative = "slurm"\n'
+                                                     f"native_resume_seconds = {power.resume_timeout}")
+    done += '\n[sensor]\ndomain = "alpha"\nbackend = "slurm"\n[sensor.options]\nnative = true\n'
+    assert native_warnings(load_config(write_config(tmp_path, done)), "alpha", power) == []

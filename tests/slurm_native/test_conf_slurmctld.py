@@ -1,7 +1,7 @@
 """``epu slurm conf`` output accepted by the real slurmctld 22.05: a private slurmctld (free port,
 temp dir) whose slurm.conf has only the cluster's own lines and ``Include``s the fragment. Its
 CLOUD nodes are listed with their types' features, CPUs, memory and GPUs, powered down; its
-``show config`` has the power-saving parameters; power saving is on (a job for ``type_m8`` powers
+``show config`` has the power-saving parameters; power saving is on (a job for ``m8`` powers
 an m8 node up, and Slurm runs the written ResumeProgram with that node's name)."""
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def test_slurmctld_accepts_the_fragment_and_powers_its_nodes(tmp_path: Path) -> 
         for name, f in listed.items():
             assert {"IDLE", "CLOUD", "POWERED_DOWN"} <= set(f["State"].split("+")), (name, f["State"])
         c2, m8, g1 = listed["alpha-c2-1"], listed["alpha-m8-4"], listed["alpha-g1-2"]
-        assert (c2["AvailableFeatures"], c2["CPUTot"], c2["RealMemory"]) == ("type_c2,site_east,site_west", "2", "1000")
-        assert (m8["AvailableFeatures"], m8["RealMemory"]) == ("bigmem,type_m8,site_west", "8000")
-        assert (g1["AvailableFeatures"], g1["CPUTot"], g1["Gres"]) == ("gpu,type_g1,site_east", "4", "gpu:1")
+        assert (c2["AvailableFeatures"], c2["CPUTot"], c2["RealMemory"]) == ("c2,site_east,site_west", "2", "1000")
+        assert (m8["AvailableFeatures"], m8["RealMemory"]) == ("bigmem,m8,site_west", "8000")
+        assert (g1["AvailableFeatures"], g1["CPUTot"], g1["Gres"]) == ("gpu,g1,site_east", "4", "gpu:1")
         assert c2["Weight"] == "1" and g1["Weight"] == "3"
 
         conf = dict(re.findall(r"^(\w+)\s+= (.*)$", show(cluster, "show", "config"), re.M))
@@ -91,7 +91,7 @@ def test_slurmctld_accepts_the_fragment_and_powers_its_nodes(tmp_path: Path) -> 
         assert "PartitionName=cpu" in parts and "Nodes=alpha-m8-[1-4]" in parts
 
         # power saving is on: a bigmem job powers one m8 node up and Slurm runs ResumeProgram for it
-        job = cluster.sbatch("-p", "bigmem", "--constraint=type_m8", "--mem=6000", wrap="true")
+        job = cluster.sbatch("-p", "bigmem", "--constraint=m8", "--mem=6000", wrap="true")
         called = wait_until(lambda: calls.exists() and calls.read_text().split(), 30, "ResumeProgram called",
                             on_timeout=lambda: cluster.tail("slurmctld"))
         assert len(called) == 1 and re.fullmatch(r"alpha-m8-[1-4]", called[0]), called
