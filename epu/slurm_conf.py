@@ -307,8 +307,14 @@ def native_warnings(config: Any, domain_name: str, power: PowerSaving) -> list[s
         out.append(f"domains.{domain_name}.native_resume_seconds: {horizon:g}; set it to ResumeTimeout "
                    f"({power.resume_timeout})")
     opts = getattr(getattr(config, "sensor", None), "options", None) or {}
-    if getattr(config.sensor, "domain", None) == domain_name and not opts.get("native"):
-        out.append("sensor.options.native: set it to true (a removed node stays schedulable; give-backs work)")
+    if getattr(config.sensor, "domain", None) == domain_name:
+        if not opts.get("native"):
+            out.append("sensor.options.native: set it to true (a removed node stays schedulable; give-backs work)")
+        if not opts.get("include_powered_down") and not all(
+                t in domain.type_nodes and domain.type_nodes[t].names for t in {s.type for s in node_sets(config,
+                                                                                                          domain_name)}):
+            out.append("sensor.options.include_powered_down: set it to true (the engine types a resumed node by "
+                       "its features in the snapshot; a powered-down node is missing from it otherwise)")
     return out
 
 

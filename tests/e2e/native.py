@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,6 +138,8 @@ class NodeWatch:
         self.cluster = cluster
         self.interval = interval
         self.seen: dict[str, set[str]] = {}
+        self.first: dict[tuple[str, str], float] = {}
+        """(node, state token) → when it was first seen in that state (wall clock)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
 
@@ -147,8 +150,13 @@ class NodeWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                now = time.time()
                 for name, tokens in self.cluster.node_states().items():
                     self.seen.setdefault(name, set()).update(tokens)
+                    for token in tokens:
+                        self.first.setdefault((name, token), now)
+                    if not {"POWERING_UP", "POWERED_DOWN", "POWERING_DOWN"} & set(tokens):
+                        self.first.setdefault((name, "UP"), now)
             except Exception:  # a sample lost to a busy slurmctld is only a sample
                 pass
             self._stop.wait(self.interval)

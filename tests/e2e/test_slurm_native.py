@@ -97,7 +97,8 @@ def test_native_two_shapes_fail_over_and_suspend_to_zero(broker: Broker, tmp_pat
     assert not nodes.ever("DOWN"), f"a node went DOWN: {nodes.ever('DOWN')}"
     assert calls == 0, "every ResumeProgram/SuspendProgram call exited 0"
     for name, rec in records.items():
-        assert rec.get("JobState") == "COMPLETED" and rec.get("Restarts") == "0", (name, rec)
+        assert rec.get("JobState") == "COMPLETED" and rec.get("Restarts") == "0", \
+            (name, {k: rec.get(k) for k in ("JobState", "Restarts", "Reason", "NodeList", "BatchHost")})
 
     ran = {name: (logs / name).read_text() for name in jobs}
     on = {name: re.search(r"node=(\S+)", text).group(1) for name, text in ran.items()}  # type: ignore[union-attr]
@@ -125,7 +126,15 @@ def test_native_two_shapes_fail_over_and_suspend_to_zero(broker: Broker, tmp_pat
         assert life["node"] in on.values(), f"east was tried for a node Slurm resumed: {life}"
 
     first_start = min(float(re.search(r"start=(\S+)", t).group(1)) for t in ran.values())  # type: ignore[union-attr]
+    resumed = min(e["body"]["called_at"] for e in events if e["routing_key"].startswith("slurm.power")
+                  and e["body"]["action"] == "resume")
+    west_started = min(e["timestamp"] for e in events if e["routing_key"].startswith("instance.state")
+                       and e["body"]["site"] == "west" and e["body"]["state"] == "started")
+    node_up = min(t for (n, token), t in nodes.first.items() if token == "UP" and n in on.values())
     figure = {"submit_to_first_start_s": round(first_start - submitted, 1),
+              "submit_to_resume_call_s": round(resumed - submitted, 1),
+              "submit_to_instance_started_s": round(west_started - submitted, 1),
+              "submit_to_first_node_up_s": round(node_up - submitted, 1),
               "submit_to_all_done_s": round(done - submitted, 1),
               "submit_to_zero_s": round(zero - submitted, 1),
               "process_site_boot": "a slurmd started in a fresh time namespace 1 s after the launch "

@@ -171,8 +171,9 @@ def test_native_warnings_name_the_keys_left_to_set(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path, CONFIG + '\n[sensor]\ndomain = "alpha"\nbackend = "slurm"\n'))
     power = power_saving(config, "alpha", {})
     keys = [w.split(":")[0] for w in native_warnings(config, "alpha", power)]
-    assert keys == ["domains.alpha.native", "domains.alpha.native_resume_seconds", "sensor.options.native"]
+    assert keys == ["domains.alpha.native", "domains.alpha.native_resume_seconds", "sensor.options.native",
+                    "sensor.options.include_powered_down"]
     done = CONFIG.replace('policy = "queue-demand"', f'policy = "queue-demand"\nnative = "slurm"\n'
                                                      f"native_resume_seconds = {power.resume_timeout}")
-    done += '\n[sensor]\ndomain = "alpha"\nbackend = "slurm"\n[sensor.options]\nnative = true\n'
+    done += '\n[sensor]\ndomain = "alpha"\nbackend = "slurm"\n[sensor.options]\nnative = true\ninclude_powered_down = true\n'
     assert native_warnings(load_config(write_config(tmp_path, done)), "alpha", power) == []
