@@ -115,6 +115,9 @@ def test_native_two_shapes_fail_over_and_suspend_to_zero(broker: Broker, tmp_pat
             life["node"] = b.get("node_name") or life["node"]
             life["states"].append(b["state"])
             life["reasons"].append(b.get("reason", ""))
+    given_back = [e["body"] for e in events if e["routing_key"].startswith("node.result")
+                  and e["body"].get("action") == "give_back"]
+    assert not given_back, f"every node was servable (west has room): nothing given back: {given_back}"
     served = [life for life in lives.values() if life["site"] == "west"]
     tried = [life for life in lives.values() if life["site"] == "east"]
     assert tried and all(life["states"][-1] == "failed" for life in tried), f"east was tried and failed: {tried}"
