@@ -349,6 +349,8 @@ class Checker:
             return  # a re-send of one already counted (the same id)
         self._command_ids.add(cid)
         iid = getattr(msg, "launch_id", None) or getattr(msg, "instance_id", None) or ""
+        if not iid and isinstance(msg, NodeCommand):  # a give-back (native mode) is about a node, not an instance
+            iid = f"node:{msg.node}"
         now = self.world.t
         times = [t for t in self._commands.get(iid, ()) if now - t < 3600.0]
         times.append(now)
@@ -563,7 +565,9 @@ class Checker:
             if e_orphans:
                 self.fail(5, f"{len(e_orphans)} live VM(s) the engine does not track: {e_orphans[:3]}")
         obs = inner.snapshot()
-        stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving]
+        power = sim.batch.power  # native mode: a powered-down CLOUD node has no machine, by design
+        stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving
+                 and not (power is not None and power.powered_down(n.name))]
         if stale:
             self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
         self._cleanup_bounded()
