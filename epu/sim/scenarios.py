@@ -17,8 +17,8 @@ from epu.sim import faults as F
 from epu.sim.adversary import dead_letter_injection
 from epu.sim.bus import MessageFaults
 from epu.sim.cloud import CloudFaults
-from epu.sim.processes import StoreFaults
 from epu.sim.power import PowerSpec
+from epu.sim.processes import StoreFaults
 from epu.sim.scenario import DomainSpec, ProvisionerSpec, Scenario, SiteSpec, Timing, Workload
 
 if TYPE_CHECKING:
