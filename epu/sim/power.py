@@ -273,7 +273,11 @@ class SlurmPowerSaving:
             self.stats.given_back += 1
             self.world.note(f"slurm: {node} given back: {reason}")
             if n is not None and n.jobs:
-                self.batch.inner.evict_jobs(node, f"requeued: given back ({reason})")
+                running = [j for j in n.jobs if (job := self.batch.inner._running.get(j)) is not None
+                           and job.end_time != float("inf")]
+                # a job that runs (its clock started) dies with a power-down: that is a kill (invariant 1)
+                why = "evicted: given back while a job ran there" if running else f"requeued: given back ({reason})"
+                self.batch.inner.evict_jobs(node, why)
             self._power_down(node)
             return CommandOutcome(True, changed=True, output=f"node {node} POWER_DOWN_FORCE")
         if action == "remove":
