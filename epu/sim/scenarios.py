@@ -817,8 +817,8 @@ NATIVE_WORK = Workload(arrivals_per_hour=20.0, burst_per_hour=1.0, burst_jobs=(5
 @scenario
 def native_stockout() -> Scenario:
     return Scenario("native-stockout", "native mode: Slurm resumes nodes while the cheap site keeps running out "
-                    "of capacity; more nodes resumed than max_nodes",
-                    hours=3.0, domain=native_domain(),
+                    "of capacity; more nodes resumed than max_nodes and the spend cap (1.20/h) allow",
+                    hours=3.0, domain=native_domain(budget_per_hour=1.2),
                     sites=[SiteSpec("cloud-a", quota=40, price=0.05, faults=CloudFaults(capacity_error_rate=0.6)),
                            SiteSpec("cloud-b", quota=40, price=0.2)],
                     workload=NATIVE_WORK,
