@@ -478,7 +478,7 @@ class SlurmPower(Message):
     that domain's key, so only the head node of that cluster can ask for its nodes; the engine
     dedupes by ``batch_id`` (a call Slurm repeats, or a re-sent publish, is one batch). A resume
     is demand for exactly those nodes, a suspend the wish to end them (still only with the node's
-    removal proved), a resume_fail Slurm giving up on them (docs/slurm-native.md)."""
+    removal proved), a resume_fail Slurm giving up on them (docs/policies.md, "Native mode")."""
 
     TYPE: ClassVar[str] = "slurm.power"
     batch_id: Id

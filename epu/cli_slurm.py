@@ -24,7 +24,7 @@ ACTIONS = {"resume": "resume", "suspend": "suspend", "resume-fail": "resume_fail
 
 DESCRIPTION = """\
 Hand the nodes slurmctld's power saving names to the EPU decision engine of this cluster's
-domain, as one batch. Configure slurm.conf so (native mode, docs/slurm-native.md):
+domain, as one batch. Configure slurm.conf so (native mode, docs/policies.md "Native mode"):
 
   ResumeProgram=/usr/bin/epu slurm resume
   SuspendProgram=/usr/bin/epu slurm suspend
@@ -172,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("slurm", help="Slurm's power-saving programs in native mode (resume, suspend, resume-fail)",
                        description="Slurm native mode: slurmctld's power saving picks the nodes, EPU launches\n"
-                                   "and ends their instances (docs/slurm-native.md).",
+                                   "and ends their instances (docs/policies.md, \"Native mode\").",
                        epilog="Examples:\n  epu slurm resume 'cloud-c5-[001-004]'\n"
                               "  epu slurm suspend cloud-c5-001\n\n"
                               "Exit status: see each ACTION's --help; 2 when no ACTION is given.",
