@@ -368,6 +368,9 @@ def render(config: Any, domain_name: str, programs: dict[str, str], power: Power
     lines += ["", "# --- nodes: one set per instance type (Features: the type's own, the type's name, site_SITE",
               "# per site that may serve it; Weight: cheaper types first)"]
     port = first_port
+    total = sum(len(s.names) for s in sets)
+    if port is not None and port + total - 1 > 65535:
+        raise SlurmConfError(f"--ports: {total} nodes from {port} run past port 65535")
     for s in sets:
         extra = f"NodeAddr={node_addr} NodeHostname={node_addr}" if node_addr else ""
         if port is not None:

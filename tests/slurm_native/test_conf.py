@@ -72,6 +72,11 @@ def test_ports_count_up_across_sets_and_dns(tmp_path: Path) -> None:
     nodes = [line for line in lines_of(text) if line.startswith("NodeName=")]
     assert [n.split()[-1] for n in nodes] == ["Port=[7000-7005]", "Port=[7006-7009]", "Port=[7010-7011]"]
     assert "SlurmctldParameters=cloud_dns,idle_on_node_suspend" in text and "TreeWidth" not in text
+    one_host = render(config, "alpha", PROGRAMS, power_saving(config, "alpha", {}), first_port=7000,
+                      node_addr="127.0.0.1")
+    assert "NodeAddr=127.0.0.1 NodeHostname=127.0.0.1 Port=[7000-7005]" in one_host
+    with pytest.raises(SlurmConfError, match="--ports: 12 nodes from 65530"):
+        render(config, "alpha", PROGRAMS, power_saving(config, "alpha", {}), first_port=65530)
 
 
 def test_type_nodes_names_and_a_type_with_two_shapes(tmp_path: Path) -> None:
