@@ -116,6 +116,10 @@ class SlurmPowerSaving:
                 self.state[name] = UP_PENDING
                 self.to_resume.append(name)
                 waiting = True
+                vm = self.batch.serving.get(name)
+                if vm is not None and vm.terminated_at is None:  # its slurmd runs: it answers the power-up
+                    self.world.call_after(self.batch._rng.uniform(*self.batch.register_seconds),
+                                          lambda name=name, vm=vm: self.registered(name, vm), f"batch register {name}")
             elif st == UP_PENDING:
                 waiting = True
         if waiting:
@@ -281,8 +285,8 @@ class SlurmPowerSaving:
             self._power_down(node)
             return CommandOutcome(True, changed=True, output=f"node {node} POWER_DOWN_FORCE")
         if action == "remove":
-            if n is not None and n.jobs and st == UP and n.instance_id in (None, instance_id):
-                return CommandOutcome(False, error=f"node {node} still runs jobs {sorted(n.jobs)[:5]}")
+            if n is not None and n.jobs:  # as the real sensor: squeue -w lists CONFIGURING jobs too
+                return CommandOutcome(False, error=f"node {node} still has jobs {sorted(n.jobs)[:5]}")
             if st in (UP, UP_PENDING) and (n is None or not n.jobs):
                 self._power_down(node)
                 return CommandOutcome(True, changed=True, output=f"node {node} POWER_DOWN")

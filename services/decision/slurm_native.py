@@ -183,6 +183,14 @@ def wanted(view: DomainView, cfg: Any, req: DomainRequests) -> list[Wanted]:
         if now - at > horizon:
             del req.resumes[name]  # Slurm has given up on it by now
             continue
+        if view.available and view.snapshot_at > at:
+            node = view.nodes.get(name)
+            if node is None or not _tokens(node.native_state) & POWERING_UP:
+                # Slurm's own state, read after the call, says it no longer waits for this node
+                # (registered, powered down, given up): the call is spent — a launch now would be
+                # for nobody (a node preempted and powered down must not come back by an old call)
+                del req.resumes[name]
+                continue
         names[name] = "resumed by Slurm"
     if view.available:
         for node in view.nodes.values():

@@ -149,3 +149,16 @@ def test_a_suspend_removes_then_terminates_with_the_proof() -> None:
     e.iterate()
     (term,) = bus.of("instance.terminate")
     assert term.proof == "removed" and term.retire == "native"
+
+
+def test_a_call_is_spent_once_slurm_no_longer_waits_for_the_node() -> None:
+    """A snapshot read after the call that shows the node not powering up (powered down, so left
+    out of the snapshot) spends the call: no launch for a node nobody waits for (seed 920068)."""
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[]))
+    e.handle_input(power("resume", "gpu-3"))
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[]))  # read after the call: gpu-3 is powered down again
+    e.iterate()
+    assert bus.of("instance.launch") == [] and bus.of("node.command") == []
+    assert e.native.of("d").resumes == {}
