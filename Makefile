@@ -74,13 +74,14 @@ lint: $(STAMP)
 # Every benchmark with --json into bench/results/<name>.json, then docs/performance.md's tables
 # rewritten from them (bench/report.py). Arguments sized so the whole run stays under 10 minutes
 # on the 2-core project machine; `make bench BENCHES="sensor packing"` runs a subset.
-BENCHES ?= sensor packing decision decision_scale reaction reconcile provisioner provisioner_scale messaging sim simulate ctxbroker
+BENCHES ?= sensor packing decision decision_scale reaction slurm_native reconcile provisioner provisioner_scale messaging sim simulate ctxbroker
 BENCH_ARGS_sensor = --repeats 3
 BENCH_ARGS_packing = --repeat 5 --optimality 2000
 BENCH_ARGS_decision = --repeat 30 --store
 BENCH_SCRIPT_decision_scale = decision
 BENCH_ARGS_decision_scale = --scale-only
 BENCH_ARGS_reaction = --trials 200 --baseline-trials 10
+BENCH_ARGS_slurm_native = --repeat 200 --live 200 --nodes 3000 --batch 50 --sim-jobs 600
 BENCH_ARGS_reconcile = --nodes 50 500 --repeat 30
 BENCH_ARGS_provisioner = --launches 1000
 BENCH_ARGS_provisioner_scale = --nodes 1000 10000 --repeat 10

@@ -47,7 +47,12 @@ from epu.common.codec import CONTENT_TYPE, packb
 from epu.common.messages import Envelope, Message
 from epu.common.senders import SenderPolicy
 from epu.common.stall import CALL_TIMEOUT, bounded
-from epu.common.topology import COMMAND_TYPES, DEAD_LETTER_EXCHANGE, DEFAULT_TOPOLOGY, Topology
+from epu.common.topology import (
+    DEAD_LETTER_EXCHANGE,
+    DEFAULT_TOPOLOGY,
+    MANDATORY_TYPES,
+    Topology,
+)
 from kombu import Connection, Producer
 
 log = logging.getLogger("epu.broker")
@@ -393,7 +398,7 @@ class Publisher:
         if ttl is not None:
             props["expiration"] = str(max(1, int(ttl * 1000)))  # milliseconds, as AMQP says
         return Outgoing(packb(envelope.model_dump(mode="python")), topo.exchange_for(message).name,
-                        message.routing_key(), props, {}, mandatory=envelope.type in COMMAND_TYPES)
+                        message.routing_key(), props, {}, mandatory=envelope.type in MANDATORY_TYPES)
 
     def _count(self, envelopes: list[Envelope]) -> None:
         if self.metrics is not None:

@@ -43,6 +43,11 @@ EXAMPLES: dict[str, m.Message] = {
                                   address="10.0.0.17", cores=4, reason="instance started"),
     "node.result": m.NodeCommandResult(command_id="5b0c6f7e9d2a4c1b8e3f0a9d7c6b5a41", domain="alpha", action="add",
                                        node="alpha-3f2a9c1d", ok=True, output=""),
+    "slurm.power": m.SlurmPower(
+        batch_id="e4d2c0a8b6f44e1c9a7b5d3f1e0c2a4b", domain="alpha", action="resume",
+        nodes=["alpha-c5-001", "alpha-c5-002"], called_at=T0,
+        jobs=[m.SlurmResumeJob(job_id=140814, nodes_alloc=["alpha-c5-001", "alpha-c5-002"],
+                               nodes_resume=["alpha-c5-001", "alpha-c5-002"], features="c5", partition="cloud")]),
     "instance.launch": m.LaunchRequest(launch_id="3f2a9c1d0e8b4f6a9c7d5e3b1a2f4c6d", domain="alpha", site="ec2-east",
                                        node_name="alpha-3f2a9c1d", cores=4),
     "instance.terminate": m.TerminateRequest(request_id="8d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a",
@@ -170,7 +175,9 @@ def generate() -> str:
     out += ["### Message types", "", "| type | exchange | routing key | from → to |", "|---|---|---|---|"]
     flows = {
         "sensor.snapshot": "sensor → decision engine, taps", "node.command": "decision engine → one sensor",
-        "node.result": "sensor → decision engine, taps", "instance.launch": "decision engine → provisioners",
+        "node.result": "sensor → decision engine, taps",
+        "slurm.power": "epu slurm resume|suspend|resume-fail (as the sensor) → decision engine, taps",
+        "instance.launch": "decision engine → provisioners",
         "instance.terminate": "decision engine, operators → provisioners",
         "instance.state": "provisioner → decision engine, context broker, taps",
         "instance.report": "provisioner → decision engine (anti-entropy), taps",

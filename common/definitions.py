@@ -7,8 +7,8 @@ them from the one declaration means they cannot drift; a test compares the commi
 
 Least privilege, one user per service:
 
-* ``epu-sensor-DOMAIN`` reads only its command queue, writes only ``sensor.snapshot.DOMAIN``
-  and ``node.result.DOMAIN`` events (RabbitMQ topic permissions) and death notes for its queue.
+* ``epu-sensor-DOMAIN`` reads only its command queue, writes only ``sensor.snapshot.DOMAIN``,
+  ``node.result.DOMAIN`` and ``slurm.power.DOMAIN`` events (RabbitMQ topic permissions) and death notes for its queue.
 * ``epu-decision`` reads its input, control and per-domain snapshot queues; sends node commands, launches and
   terminations (``provisioner.launch``, ``provisioner.terminate``); writes decision records,
   domain statuses and policy outcomes, and death notes for the queues it reads.
@@ -127,7 +127,7 @@ def service_users(topology: Topology, domains: list[str], user_prefix: str = "")
         spec = t.sensor_spec(d)
         users.append(ServiceUser(
             f"{user_prefix}epu-sensor-{d}", "^$", _alt(ev, notes), _alt(q[spec.name]),
-            {t.n(EVENTS_EXCHANGE): rf"^(sensor\.snapshot|node\.result)\.{re.escape(d)}$",
+            {t.n(EVENTS_EXCHANGE): rf"^(sensor\.snapshot|node\.result|slurm\.power)\.{re.escape(d)}$",
              notes_ex: _alt(q[spec.name])}, {},
             f"sensor of domain {d}"))
     snapshots = [q[t.decision_snapshot_spec(d).name] for d in domains]

@@ -81,7 +81,7 @@ TERMINAL_INSTANCE_STATES = frozenset({InstanceState.TERMINATED, InstanceState.FA
 #: strict enum field would take only a member, never the string a peer sends).
 InstanceStateField = Annotated[InstanceState, Field(strict=False)]
 
-NodeAction = Literal["add", "offline", "online", "remove"]
+NodeAction = Literal["add", "offline", "online", "remove", "give_back"]
 ErrorKind = Literal["transient", "capacity", "permanent", "preempted"]
 """``preempted``: the cloud took a spot/preemptible node back (an instance event's ``terminated``)."""
 PREEMPTED_REASON = "preempted by the cloud"
@@ -396,7 +396,10 @@ class NodeCommand(Message):
     domain: Name
     """Whose sensor must act."""
     action: NodeAction
-    """add to the batch system, offline (drain), online (resume) or remove."""
+    """add to the batch system, offline (drain), online (resume) or remove; give_back (native
+    mode only): a node Slurm resumed that EPU cannot serve, powered down at once with ``reason``
+    so Slurm requeues its job (Slurm: ``State=POWER_DOWN_FORCE``; refused for a node that is not
+    powering up)."""
     node: Hostname
     """Host name (RFC 1123); anything else is refused before a command line."""
     instance_id: Id | None = None
@@ -437,6 +440,60 @@ class NodeCommandResult(Message):
 
     def routing_key(self) -> str:
         return f"node.result.{self.domain}"
+
+
+# --------------------------------------------------------------------------- Slurm power saving
+
+SlurmPowerAction = Literal["resume", "suspend", "resume_fail"]
+
+MAX_POWER_NODES = 100_000
+"""Most nodes one ``slurm.power`` may name (``common.hostlist.MAX_NAMES``)."""
+
+
+class SlurmResumeJob(Model):
+    """One job of slurmctld's ``SLURM_RESUME_FILE`` (Slurm ≥ 22.05, read as ParallelCluster ≥ 3.8
+    does): the nodes it was allocated and those of them this call resumes, with what it asked for.
+    Why carried: a job whose nodes cannot all be served is given back whole (all or nothing), not
+    left holding half its nodes until ResumeTimeout."""
+
+    job_id: Annotated[int, Field(ge=0)]
+    nodes_alloc: list[Hostname] = Field(default_factory=list, max_length=MAX_POWER_NODES)
+    """Every node the job was allocated (expanded from Slurm's hostlist)."""
+    nodes_resume: list[Hostname] = Field(default_factory=list, max_length=MAX_POWER_NODES)
+    """The job's nodes this call resumes (the rest are already up or powering up)."""
+    features: Annotated[str, StringConstraints(max_length=1024)] = ""
+    """The job's ``--constraint`` as Slurm wrote it."""
+    extra: Annotated[str, StringConstraints(max_length=1024)] = ""
+    """The job's ``--extra`` string."""
+    partition: Annotated[str, StringConstraints(max_length=256)] = ""
+    reservation: Annotated[str, StringConstraints(max_length=256)] = ""
+    oversubscribe: Annotated[str, StringConstraints(max_length=32)] = ""
+
+
+@register
+class SlurmPower(Message):
+    """slurmctld's power saving → decision engine: the nodes Slurm's ResumeProgram,
+    SuspendProgram or ResumeFailProgram was called for (``epu slurm resume|suspend|resume-fail``),
+    one message per call. Sent with the domain's sensor identity (``epu-sensor-<domain>``) on
+    that domain's key, so only the head node of that cluster can ask for its nodes; the engine
+    dedupes by ``batch_id`` (a call Slurm repeats, or a re-sent publish, is one batch). A resume
+    is demand for exactly those nodes, a suspend the wish to end them (still only with the node's
+    removal proved), a resume_fail Slurm giving up on them (docs/policies.md, "Native mode")."""
+
+    TYPE: ClassVar[str] = "slurm.power"
+    batch_id: Id
+    """One id per call: the engine acts on a batch once."""
+    domain: Name
+    action: SlurmPowerAction
+    nodes: list[Hostname] = Field(min_length=1, max_length=MAX_POWER_NODES)
+    """The node names of the call's hostlist, expanded, in Slurm's order."""
+    jobs: list[SlurmResumeJob] = Field(default_factory=list, max_length=MAX_POWER_NODES)
+    """For resume: the jobs of ``SLURM_RESUME_FILE`` (empty when slurmctld wrote none)."""
+    called_at: float = 0.0
+    """When the program was called, by the head node's clock (shown, never used to order)."""
+
+    def routing_key(self) -> str:
+        return f"slurm.power.{self.domain}"
 
 
 # --------------------------------------------------------------------------- provisioner

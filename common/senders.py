@@ -45,6 +45,7 @@ from epu.common.topology import Topology
 ALLOWED: dict[str, tuple[str, ...]] = {
     "sensor.snapshot": ("epu-sensor-{domain}",),
     "node.result": ("epu-sensor-{domain}",),
+    "slurm.power": ("epu-sensor-{domain}",),
     "instance.state": ("epu-provisioner",),
     "instance.report": ("epu-provisioner",),
     "provisioner.alert": ("epu-provisioner",),

@@ -62,6 +62,11 @@ CTXBROKER_QUEUE = "epu.ctxbroker.instances"
 #: Message types that are commands (go to ``epu.commands``); all others are events.
 COMMAND_TYPES = frozenset({"node.command", "instance.launch", "instance.terminate", "policy.change"})
 
+#: Message types published ``mandatory``: every command, and the requests Slurm's power saving
+#: hands the engine (``slurm.power``): an event no queue is bound to receive would be confirmed and
+#: dropped, and slurmctld would wait for nodes nobody asked for until ResumeTimeout.
+MANDATORY_TYPES = COMMAND_TYPES | {"slurm.power"}
+
 #: Headers of a dead letter the runtime itself writes: only on the in-memory transport, which has no
 #: broker to dead-letter (``Service.dead_letter``). A dead letter in RabbitMQ carrying them got them
 #: from its sender: ``epu dead`` never believes them.
@@ -223,9 +228,10 @@ class Topology:
     def decision_input_spec(self) -> QueueSpec:
         return QueueSpec(
             DECISION_INPUT_QUEUE, EVENTS_EXCHANGE,
-            ("node.result.*", "instance.state.#", "instance.report.*"),
+            ("node.result.*", "instance.state.#", "instance.report.*", "slurm.power.*"),
             single_active_consumer=True, obsolete_keys=("sensor.snapshot.*",),
-            purpose="what the decision engine must see in full: command results, instance states and reports",
+            purpose="what the decision engine must see in full: command results, instance states and reports, "
+                    "Slurm's power-saving calls",
         )
 
     def decision_snapshot_spec(self, domain: str) -> QueueSpec:

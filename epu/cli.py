@@ -19,12 +19,14 @@ COMMAND_MODULES = (
     "epu.cli_record",
     "epu.cli_cost",
     "epu.cli_dead",
+    "epu.cli_slurm",
     "epu.services.sensor.cli",
     "epu.services.decision.cli",
     "epu.services.provisioner.cli",
     "epu.services.ctxbroker.cli",
     "epu.sim.cli",
     "epu.simulate.cli",
+    "epu.cli_slurm_conf",  # last: adds `conf` to the `epu slurm` group, whoever made it
 )
 
 DESCRIPTION = """\

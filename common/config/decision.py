@@ -89,6 +89,15 @@ class DomainConfig(DomainCatalogue):
     mode: Literal["act", "observe"] = "act"
     """``observe`` (shadow mode): every iteration runs and its decision record lists what it would
     have done (``shadow``), but nothing is stored as intent or sent."""
+    native: Literal["", "slurm"] = ""
+    """``slurm``: Slurm-native mode (docs/policies.md, "Native mode"). Slurm's own power saving
+    picks the nodes (``epu slurm resume|suspend|resume-fail`` as its programs): a resumed node is
+    launched under its name, as the type its features (or ``type_nodes``) name; a resume EPU
+    cannot serve is given back to Slurm at once; Slurm's suspend ends a node only with its removal
+    proved. The policy's own launches and scale-down are off. "": EPU drives the cluster."""
+    native_resume_seconds: float = Field(1800.0, gt=0)
+    """Native mode: how long a resume call stays demand with no sign of it in Slurm's snapshots
+    (set it to slurm.conf's ResumeTimeout; later Slurm has given up on the node anyway)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> DomainConfig:

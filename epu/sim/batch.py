@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from epu.common.messages import NodeInfo
 from epu.services.sensor.backend import (
@@ -156,6 +157,8 @@ class SimBatchSystem:
         self._rng = world.rng("batch")
         self.command_context: str | None = None
         """The instance id of the node command being executed (set by the sensor process)."""
+        self.power: Any = None
+        """Slurm's power saving (``epu.sim.power.SlurmPowerSaving``) in native mode; None: off."""
         self.node_types: dict[str, dict] = {}
         """Provider size → what a node of that size offers beyond cores (memory_mb, gpus, features,
         partitions): a Slurm CLOUD slot declared per type."""
@@ -168,6 +171,13 @@ class SimBatchSystem:
     def vm_running(self, vm: VM) -> None:
         name = self.batch_name(vm.name)
         self.running_by_launch[vm.launch_id or vm.cloud_id] = vm
+        if self.power is not None and self.power.is_slot(name):
+            if name in self.serving and self.serving[name].terminated_at is None:
+                return  # the slot's machine is another live VM (one being retired)
+            self.serving[name] = vm
+            delay = self._rng.uniform(*self.register_seconds)
+            self.world.call_after(delay, lambda: self.power.registered(name, vm), f"batch register {name}")
+            return
         if self.flavor != "htcondor" and name in self.serving and self.serving[name].terminated_at is None:
             # two live machines of one name (a name collision): the first keeps the name until an
             # ``add`` for the second rewrites it (``_apply``)
@@ -202,6 +212,15 @@ class SimBatchSystem:
         if self.serving.get(name) is not vm:
             return
         del self.serving[name]
+        if self.power is not None and self.power.is_slot(name):
+            if cause == "preempt" and self.lost_node_seconds > 0:
+                for job in self.inner.freeze_node(name):
+                    self.preempted_jobs[job] = name
+                self.world.call_after(self.lost_node_seconds, lambda: self.power.machine_gone(
+                    name, f"VM {vm.cloud_id} {cause}: daemon timeout"), f"batch notices {name} lost")
+            else:
+                self.power.machine_gone(name, f"VM {vm.cloud_id} {cause}")
+            return
         if cause == "preempt" and self.lost_node_seconds > 0 and self.flavor != "htcondor":
             for job in self.inner.freeze_node(name):
                 self.preempted_jobs[job] = name
@@ -278,6 +297,8 @@ class SimBatchSystem:
             nodes = [n for n in obs.nodes if self._rng.random() >= f.missing_share]
             obs = Observation(jobs=obs.jobs, nodes=nodes, running_jobs=obs.running_jobs, shapes=obs.shapes,
                               finished_jobs=obs.finished_jobs)
+        if self.power is not None:
+            obs = self.power.decorate(obs)
         if not self.report_identity:
             obs = Observation(jobs=obs.jobs, nodes=[n.model_copy(update={"instance_id": None}) for n in obs.nodes],
                               running_jobs=obs.running_jobs, shapes=obs.shapes, finished_jobs=obs.finished_jobs)
@@ -308,6 +329,10 @@ class SimBatchSystem:
                instance_id: str | None) -> CommandOutcome:
         if self.flavor == "htcondor":
             return self._execute_condor(action, node, reason, force)
+        if self.power is not None and self.power.is_slot(node):
+            return self.power.execute(action, node, instance_id, reason)
+        if action == "give_back":
+            return CommandOutcome(False, error="give_back: no power saving in this batch system")
         if action == "add":
             # the node exists at once; it is up when its daemon (on a running VM) registers
             if not self.inner.add_node(node, cores or 1, instance_id=instance_id, up=False):

@@ -246,7 +246,8 @@ def route_key(type_: str, key: str, exchange: str | None = None) -> tuple[str, .
     if key.startswith("sensor.snapshot.") and key.count(".") == 2:
         return (snapshot_queue(key.rsplit(".", 1)[1]),)
     if (key.startswith("node.result.") and key.count(".") == 2) or key.startswith("instance.state.") \
-            or (key.startswith("instance.report.") and key.count(".") == 2):
+            or (key.startswith("instance.report.") and key.count(".") == 2) \
+            or (key.startswith("slurm.power.") and key.count(".") == 2):
         return ("decision.input",)
     return ()
 
@@ -256,7 +257,7 @@ def route(msg: Message) -> tuple[str, ...]:
     t = msg.TYPE
     if t == "sensor.snapshot":
         return (snapshot_queue(msg.domain),)  # type: ignore[attr-defined]
-    if t in ("instance.state", "instance.report", "node.result"):
+    if t in ("instance.state", "instance.report", "node.result", "slurm.power"):
         return ("decision.input",)
     if t in ("instance.launch", "instance.terminate"):
         return ("provisioner",)

@@ -326,6 +326,66 @@ def batch_outages(per_hour: float, length: tuple[float, float] = (30.0, 900.0)) 
     return fault
 
 
+def site_outages(site: str, per_hour: float, length: tuple[float, float] = (600.0, 2400.0)) -> Fault:
+    """A whole site's API fails (every call errors) for a while: native mode must fail over, and
+    give back what no site can serve, rather than leave Slurm's nodes to time out."""
+
+    def fault(sim: Simulation) -> None:
+        cloud = sim.clouds[site]
+        normal = cloud.faults.transient_error_rate
+
+        def flip(down: bool) -> None:
+            cloud.faults.transient_error_rate = 1.0 if down else normal
+            sim.world.note(f"site {site} {'down' if down else 'back'}")
+
+        _episodes(sim, f"site/{site}/down", per_hour, length, lambda: flip(True), lambda: flip(False))
+
+    return fault
+
+
+def slurm_program_faults(lost: float = 0.0, duplicated: float = 0.0) -> Fault:
+    """Slurm's power-saving programs: a share of calls lost (the program killed, the broker out of
+    reach from the head node), a share of resume calls made twice (native mode, ``epu.sim.power``)."""
+
+    def fault(sim: Simulation) -> None:
+        assert sim.batch.power is not None, "slurm_program_faults needs a native-mode scenario"
+        sim.batch.power.faults.lost_calls = lost
+        sim.batch.power.faults.duplicate_calls = duplicated
+
+        def off() -> None:
+            sim.batch.power.faults.lost_calls = 0.0
+            sim.batch.power.faults.duplicate_calls = 0.0
+
+        sim.world.at(sim.fault_end, off, "slurm program faults stop")
+
+    return fault
+
+
+def slurmctld_restarts(per_hour: float, down: tuple[float, float] = (20.0, 300.0)) -> Fault:
+    """slurmctld restarts while nodes power up (native mode): down for a while (snapshots
+    unavailable, commands fail), then it resumes again every node still powering up."""
+
+    def fault(sim: Simulation) -> None:
+        assert sim.batch.power is not None, "slurmctld_restarts needs a native-mode scenario"
+        rng = sim.world.rng("slurmctld/restart")
+        t = sim.world.start + 600.0
+        while per_hour > 0:
+            t += rng.expovariate(per_hour / 3600.0)
+            if t >= sim.fault_end:
+                break
+            length = rng.uniform(*down)
+
+            def restart(length: float = length) -> None:
+                sim.batch.power.restart(length)
+                sim.pipeline_changed()
+                sim.world.call_after(length, sim.pipeline_changed, "slurmctld back: pipeline")
+
+            sim.world.at(t, restart, "fault slurmctld restart")
+            t += length
+
+    return fault
+
+
 def nodes_missing(per_hour: float, share: tuple[float, float] = (0.2, 1.0),
                   length: tuple[float, float] = (30.0, 400.0)) -> Fault:
     """Nodes vanish from snapshots while they keep running jobs (an HTCondor collector

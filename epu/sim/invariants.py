@@ -18,7 +18,8 @@ engines committed and sent. Each check runs where the thing it judges happens:
    domain's active instances (world truth: not being retired, not over) within max_nodes.
 4. **One brain** — at every commit and command an engine sends: that engine is the one the
    broker currently delivers the domain's input to (the single active consumer).
-5. **Convergence** — at the end of the quiet phase: no satisfiable job queued; live VMs down to
+5. **Convergence** — at the end of the quiet phase: no satisfiable job queued; in native mode no Slurm
+   node still powering up (each was served or given back); live VMs down to
    what the policy keeps at rest; every provisioner store equals the cloud (no orphan, no
    ghost) and so does the engine's instance table; no batch node without a live VM; every ended
    instance has left the engine's cleanup (its batch node's removal answered: issue 33 — an
@@ -349,6 +350,8 @@ class Checker:
             return  # a re-send of one already counted (the same id)
         self._command_ids.add(cid)
         iid = getattr(msg, "launch_id", None) or getattr(msg, "instance_id", None) or ""
+        if not iid and isinstance(msg, NodeCommand):  # a give-back (native mode) is about a node, not an instance
+            iid = f"node:{msg.node}"
         now = self.world.t
         times = [t for t in self._commands.get(iid, ()) if now - t < 3600.0]
         times.append(now)
@@ -563,7 +566,14 @@ class Checker:
             if e_orphans:
                 self.fail(5, f"{len(e_orphans)} live VM(s) the engine does not track: {e_orphans[:3]}")
         obs = inner.snapshot()
-        stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving]
+        power = sim.batch.power  # native mode: a powered-down CLOUD node has no machine, by design
+        if power is not None:  # native mode: every node Slurm powered up was served or given back
+            stuck_up = sorted(n for n, st in power.state.items() if st == "up_pending")
+            if stuck_up:
+                self.fail(5, f"{len(stuck_up)} Slurm node(s) still powering up at the end (never served nor "
+                             f"given back): {stuck_up[:3]}")
+        stale = [n.name for n in obs.nodes if n.name not in sim.batch.serving
+                 and not (power is not None and power.powered_down(n.name))]
         if stale:
             self.fail(5, f"{len(stale)} batch node(s) left without a live VM: {stale[:3]}")
         self._cleanup_bounded()

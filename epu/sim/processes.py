@@ -701,4 +701,25 @@ class OperatorProc(Proc):
         return True
 
 
-__all__ = ["EngineProc", "OperatorProc", "PolicyChange", "Proc", "ProvisionerProc", "SensorProc", "StoreFaults"]
+class SlurmProgramsProc(Proc):
+    """slurmctld's ResumeProgram/SuspendProgram/ResumeFailProgram: ``epu slurm ACTION HOSTLIST``
+    on the head node, run per call with the sensor's broker user (its config) — not the sensor
+    process: it runs while the sensor is down, and fails while the broker is unreachable."""
+
+    kind = "slurm-programs"
+
+    def __init__(self, world: World, bus: Bus, domain: str) -> None:
+        super().__init__(world, bus, f"slurm-programs-{domain}")
+        self.identity = f"epu-sensor-{domain}"
+        self.alive = True
+
+    def send(self, msg: Message) -> bool:
+        try:
+            self.publish(msg)
+        except ConnectionError:
+            return False  # the program exits 1; slurmctld logs it
+        return True
+
+
+__all__ = ["EngineProc", "OperatorProc", "PolicyChange", "Proc", "ProvisionerProc", "SensorProc", "SlurmProgramsProc",
+           "StoreFaults"]

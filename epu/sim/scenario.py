@@ -85,6 +85,9 @@ class DomainSpec:
     """The domain's spend cap ([domains.NAME] budget_per_hour)."""
     mode: str = "act"
     """``act`` or ``observe`` (shadow mode)."""
+    power: Any = None
+    """Slurm-native mode (``epu.sim.power.PowerSpec``): Slurm's power saving picks the nodes and
+    calls ``epu slurm resume|suspend|resume-fail``; the domain runs ``native = "slurm"``. None: off."""
 
 
 @dataclass

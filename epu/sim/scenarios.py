@@ -17,6 +17,7 @@ from epu.sim import faults as F
 from epu.sim.adversary import dead_letter_injection
 from epu.sim.bus import MessageFaults
 from epu.sim.cloud import CloudFaults
+from epu.sim.power import PowerSpec
 from epu.sim.processes import StoreFaults
 from epu.sim.scenario import DomainSpec, ProvisionerSpec, Scenario, SiteSpec, Timing, Workload
 
@@ -795,3 +796,79 @@ def context_broker_reopen() -> Scenario:
                     seeds_in_ci=4,
                     stresses="issue 33 defect 5: the broker revoked a failed launch's credential for ever; the "
                              "reopened node (never destroyed) could never join and its peers never listed it")
+
+
+# ---------------------------------------------------------------------- Slurm-native mode (issue 35)
+
+NATIVE_SLOTS = [f"cloud{i:02d}" for i in range(1, 17)]
+"""slurm.conf's CLOUD nodes of the native scenarios: more than max_nodes (Slurm may resume more
+nodes than EPU may run: the rest is given back)."""
+
+
+def native_domain(max_nodes: int = 12, **kw: object) -> DomainSpec:
+    return DomainSpec(max_nodes=max_nodes, power=PowerSpec(slots=list(NATIVE_SLOTS), resume_timeout=900.0,
+                                                            suspend_time=300.0, suspend_timeout=60.0), **kw)  # type: ignore[arg-type]
+
+
+NATIVE_WORK = Workload(arrivals_per_hour=20.0, burst_per_hour=1.0, burst_jobs=(5, 20), nodes=(1, 1, 1, 2),
+                       duration=(120.0, 1200.0))
+
+
+@scenario
+def native_stockout() -> Scenario:
+    return Scenario("native-stockout", "native mode: Slurm resumes nodes while the cheap site keeps running out "
+                    "of capacity; more nodes resumed than max_nodes and the spend cap (1.20/h) allow",
+                    hours=3.0, domain=native_domain(budget_per_hour=1.2),
+                    sites=[SiteSpec("cloud-a", quota=40, price=0.05, faults=CloudFaults(capacity_error_rate=0.6)),
+                           SiteSpec("cloud-b", quota=40, price=0.2)],
+                    workload=NATIVE_WORK,
+                    stresses="issue 35: a stockout taken as a node fault (nodes stuck POWERING_UP until ResumeTimeout); "
+                             "a resume over max_nodes left to time out instead of given back", seeds_in_ci=4)
+
+
+@scenario
+def native_site_down() -> Scenario:
+    return Scenario("native-site-down", "native mode: the first site's API is down for long stretches; the second "
+                    "fails now and then",
+                    hours=3.0, domain=native_domain(),
+                    sites=[SiteSpec("cloud-a", quota=40, price=0.05),
+                           SiteSpec("cloud-b", quota=40, price=0.2, faults=CloudFaults(transient_error_rate=0.1))],
+                    workload=NATIVE_WORK, faults=[F.site_outages("cloud-a", 0.6)],
+                    stresses="issue 35: resumes failed over to the next site; what no site serves given back to "
+                             "Slurm at once, no node left DOWN by our fault", seeds_in_ci=4)
+
+
+@scenario
+def native_lost_resume() -> Scenario:
+    return Scenario("native-lost-resume", "native mode: a third of Slurm's program calls never arrive, a fifth of "
+                    "resumes arrive twice; broker outages and slow boots",
+                    hours=3.0, domain=native_domain(),
+                    sites=[SiteSpec("cloud-a", quota=40, faults=CloudFaults(slow_boot_rate=0.1, never_boot_rate=0.05))],
+                    workload=NATIVE_WORK,
+                    faults=[F.slurm_program_faults(lost=0.33, duplicated=0.2), F.broker_outages(0.3, (10.0, 120.0))],
+                    stresses="issue 35: a lost ResumeProgram call found in Slurm's snapshot (POWERING_UP, no "
+                             "instance); a duplicated one is one batch; a node that never boots replaced under "
+                             "its name", seeds_in_ci=4)
+
+
+@scenario
+def native_slurmctld_restart() -> Scenario:
+    return Scenario("native-slurmctld-restart", "native mode: slurmctld restarts while nodes power up and calls "
+                    "them again; engine and sensor crashes",
+                    hours=3.0, domain=native_domain(),
+                    sites=list(TWO_SITES), workload=NATIVE_WORK,
+                    faults=[F.slurmctld_restarts(0.8), F.crashes("decision", 0.3), F.crashes("sensor", 0.3)],
+                    stresses="issue 35: a slurmctld restart mid-resume calls ResumeProgram again for nodes already "
+                             "launched: never a second instance for one node", seeds_in_ci=4)
+
+
+@scenario
+def native_spot_loss() -> Scenario:
+    return Scenario("native-spot-loss", "native mode on spot instances the cloud keeps preempting under running "
+                    "jobs",
+                    hours=3.0, domain=native_domain(max_nodes=12, allow_spot=True),
+                    sites=[SiteSpec("cloud-a", quota=30, types={"c4-spot": dict(SPOT_TYPES["c4-spot"])},
+                                    faults=CloudFaults(preempt_rate_per_hour=0.5))],
+                    workload=NATIVE_WORK, setup=None,
+                    stresses="issue 35: a preempted node's jobs requeued, its slot powered down and resumed again "
+                             "by Slurm; never counted as our kill", seeds_in_ci=4)

@@ -30,12 +30,14 @@ from epu.sim.cloud import SimCloud
 from epu.sim.decision_memstore import MemoryDecisionDatabase
 from epu.sim.invariants import Checker, Violation, max_cores
 from epu.sim.lazy import SimLazyEngineProc
+from epu.sim.power import SlurmPowerSaving
 from epu.sim.processes import (
     EngineProc,
     OperatorProc,
     Proc,
     ProvisionerProc,
     SensorProc,
+    SlurmProgramsProc,
     StoreFaults,
     release_store,
 )
@@ -161,6 +163,11 @@ class Simulation:
         (backups, restores)."""
         self.provisioners = [self.make_provisioner(p) for p in scenario.provisioners]
         self.sensor = SensorProc(self.world, self.bus, "sensor", d.name, self.batch, scenario.timing.sensor_poll_seconds)
+        self.slurm_programs: SlurmProgramsProc | None = None
+        if d.power is not None:  # Slurm-native mode: slurmctld's power saving and its programs
+            self.slurm_programs = SlurmProgramsProc(self.world, self.bus, d.name)
+            self.batch.power = SlurmPowerSaving(self.batch, d.power, d.name, self.slurm_programs.send,
+                                                lambda _name: d.cores_per_node)
         self.operator = OperatorProc(self.world, self.bus)
         self.checker = Checker(self)
         self.closers: list[Any] = []
@@ -187,7 +194,9 @@ class Simulation:
                                  **({"default_partition": d.default_partition} if d.default_partition else {}),
                                  **({"allow_spot": True} if d.allow_spot else {}),
                                  **({"budget_per_hour": d.budget_per_hour} if d.budget_per_hour else {}),
-                                 **({"mode": d.mode} if d.mode != "act" else {})}},
+                                 **({"mode": d.mode} if d.mode != "act" else {}),
+                                 **({"native": "slurm", "native_resume_seconds": d.power.resume_timeout}
+                                    if d.power is not None else {})}},
             "sites": {x.name: {"driver": "epu-sim", "quota": x.quota, "image": "sim-image",
                                **({"budget_per_hour": x.budget_per_hour} if x.budget_per_hour else {}),
                                **({"discover": list(x.discover)} if x.discover else {}),

@@ -29,6 +29,9 @@ class Launch:
     gang: str = ""
     """``KEY:SIZE`` when this launch is one of SIZE new instances that multi-node jobs need all
     together (launches of one decision with the same key are one group)."""
+    name: str = ""
+    """The node name the instance must have ("" = from the domain's names or pattern): native
+    mode launches exactly the node Slurm resumed (``slurm_native``)."""
 
     @property
     def instance_type(self) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 from epu.common.clock import Clock
 from epu.common.config import EpuConfig
-from epu.common.messages import Envelope, SensorSnapshot
+from epu.common.messages import Envelope, SensorSnapshot, SlurmPower
 from epu.common.runtime import RuntimeSettings, Service
 from epu.services.decision import fleet_metrics
 from epu.services.decision.engine import Engine
@@ -41,7 +41,7 @@ from epu.services.decision.statusfeed import StatusFeed
 from epu.services.decision.store import Store
 from prometheus_client import Counter, Gauge, Histogram
 
-INPUT_TYPES = {"sensor.snapshot", "instance.state", "instance.report", "node.result"}
+INPUT_TYPES = {"sensor.snapshot", "instance.state", "instance.report", "node.result", "slurm.power"}
 LEADERSHIP = ("active", "standby", "fenced")
 ACTION_KINDS = ("launch", "terminate", "add", "offline", "online", "remove")
 """The ``kind`` of an action an iteration sends (``ActionRecord.kind``)."""
@@ -97,6 +97,8 @@ def build_service(config: EpuConfig, *, clock: Clock | None = None) -> Service:
         if isinstance(msg, SensorSnapshot):
             return  # a binding from before the latest-value queues: the snapshot queue has the newest
         engine.handle_input(msg, env)
+        if isinstance(msg, SlurmPower) and msg.action == "resume":
+            service.wake("iteration", 0.0)  # Slurm waits for these nodes: launch now, not at the next tick
 
     settings.extra_health["active_domains"] = lambda: [d for d in engine.domains if engine.leadership(d) == "active"]
     settings.extra_health["domains"] = lambda: {d: engine.leadership(d) for d in engine.domains}

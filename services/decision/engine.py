@@ -37,7 +37,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from epu.common.clock import Clock, RealClock
@@ -53,15 +53,16 @@ from epu.common.messages import (
     PolicyChange,
     PolicyOutcome,
     SensorSnapshot,
+    SlurmPower,
     UnsatisfiableShape,
     ViewSummary,
 )
-from epu.services.decision import budget, node_results
+from epu.services.decision import budget, node_results, slurm_native
 from epu.services.decision.actions import Decision
 from epu.services.decision.catalogues import Catalogues
 from epu.services.decision.census import CensusKeeper
 from epu.services.decision.control import PolicyChanges
-from epu.services.decision.gate import Authority, Gate, shadow_plan, shadow_signature
+from epu.services.decision.gate import Authority, Gate, give_back, shadow_plan, shadow_signature
 from epu.services.decision.health import PipelineHealth
 from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
@@ -113,6 +114,8 @@ class _Prepared:
     always: bool
     """Publish a decision record even without actions (the notes are an event)."""
     write: PlanWrite | None
+    give_back: list[Message] = field(default_factory=list)
+    """Native mode: nodes Slurm resumed that this iteration could not serve, handed back."""
 
 
 class Engine:
@@ -149,6 +152,9 @@ class Engine:
         self.census = CensusKeeper()
         """Each domain's census (joined, idle, lost), taken again only when its inputs changed."""
         self.params = PolicyParams()
+        self.native = slurm_native.Requests()
+        """Slurm's power-saving calls per domain (native mode, ``slurm_native``)."""
+        self._native_wanted: dict[str, list[slurm_native.Wanted]] = {}
         self._was_active: set[str] = set()
         self._launched: Counter[tuple[str, str]] = Counter()
         """(site, type) → launches planned in this iteration, not committed yet (``_live_per_type``)."""
@@ -227,6 +233,8 @@ class Engine:
             self._read_then_write(self.on_node_result, msg)
         elif isinstance(msg, InstanceReport):
             self._read_then_write(self.on_instance_report, msg)
+        elif isinstance(msg, SlurmPower):
+            self.on_slurm_power(msg)
         else:
             self._sync()
 
@@ -329,6 +337,17 @@ class Engine:
 
     def on_instance_event(self, evt: InstanceEvent, repair: bool = False) -> None:
         self.events.on_instance_event(evt, repair)
+
+    def on_slurm_power(self, msg: SlurmPower) -> bool:
+        """One call of Slurm's power saving (``slurm_native``): remembered for the domain's next
+        iteration (the service wakes it at once). A domain not in native mode ignores it (logged):
+        its slots are EPU's to fill."""
+        current = self.store.current_config(msg.domain) if msg.domain in self.domains else None
+        if current is None or not getattr(current[1], "native", ""):
+            log.warning("slurm.power for a domain not in native mode: ignored", extra={
+                "domain": msg.domain, "action": msg.action, "nodes": len(msg.nodes)})
+            return False
+        return self.native.on_power(msg, self.clock.now())
 
     def on_node_result(self, res: NodeCommandResult) -> None:
         """A command's answer (``node_results``)."""
@@ -490,6 +509,7 @@ class Engine:
                                     backoff_initial=self.settings.backoff_initial_seconds,
                                     backoff_max=self.settings.backoff_max_seconds)
         out = plan(view, decision, placement, self.store.in_flight(domain), backing_off=self.retries.waiting(now))
+        returned = self._give_backs(domain, out, now) if getattr(cfg, "native", "") and snap.available else []
         notes_extra += self.spend.note(domain, out.budget)
         shadow_changed = False
         if cfg.mode == "observe":
@@ -517,7 +537,22 @@ class Engine:
         saw = summarize(view, self.catalogues.unsatisfiable.get(domain, [])) \
             if out.actions or shadow_changed or notes_extra else None
         return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or shadow_changed),
-                         write)
+                         write, returned)
+
+    def _give_backs(self, domain: str, out: Plan, now: float) -> list[Message]:
+        """Native mode: the nodes Slurm wants that this plan does not launch go back to Slurm now."""
+        want = self._native_wanted.pop(domain, [])
+        if not want:
+            return []
+        launched = {p.message.node_name for p in out.actions if p.kind == "launch"}  # type: ignore[attr-defined]
+        req = self.native.of(domain)
+        msgs: list[Message] = []
+        for node, reason in slurm_native.give_backs(want, launched, out.notes):
+            req.resumes.pop(node, None)
+            req.given_back[node] = now
+            msgs.append(give_back(domain, node, reason))
+            out.notes.append(f"gave {node} back to Slurm: {reason}")
+        return msgs
 
     def catalogue(self, domain: str, cfg: Any, live: dict[str, int], now: float) -> Catalogue:
         """The domain's offers now (``Catalogues.catalogue``), counting this iteration's launches."""
@@ -592,13 +627,21 @@ class Engine:
             return Decision(notes=["domain paused by an operator"])
         if not view.available:
             return Decision(add_started(view), None, ["sensor unavailable: no policy run, no scale-down"])
+        params = self.params.get(cfg.policy, cfg.params)
+        if getattr(cfg, "native", ""):
+            nd = slurm_native.decide(view, cfg, self.native.of(view.domain), getattr(params, "stall_seconds", 600.0),
+                                     getattr(params, "gang_deadline", None))
+            self._native_wanted[view.domain] = nd.wanted
+            return nd.decision
         policy = get_policy(cfg.policy)
-        return policy.decide(view, self.params.get(cfg.policy, cfg.params), view.now)
+        return policy.decide(view, params, view.now)
 
     def _send(self, p: _Prepared) -> DecisionRecord | None:
         """Send a stored plan's actions (one confirmed batch when the service can), then publish
         its decision record if it sent anything or its notes are an event (``always``)."""
         out, sent = p.plan, []
+        if p.give_back:  # not intents: a lost one is found again in the next snapshot (still powering up)
+            self.gate.send(p.domain, p.give_back, Authority.POLICY)
         try:
             sent = self.gate.send(p.domain, [a.message for a in out.actions], instances=out.instances).ids
         except Exception as exc:
@@ -607,7 +650,7 @@ class Engine:
             raise
         finally:
             self.store.mark_sent(sent, p.now)
-        if not out.actions and not p.always:
+        if not out.actions and not p.always and not p.give_back:
             return None
         record = decision_record(p.domain, out, p.now, p.iteration, out.notes, p.saw, p.policy, p.version)
         self.publish(record)

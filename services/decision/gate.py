@@ -23,6 +23,9 @@ not superseded          launch,      a command a later decision took back: a lau
                         commands     ``offline`` of one taken back into service — closed, not sent
 engine never forces     terminate    a ``forced`` proof: only an operator forces (``epu instances
                                      terminate --force`` goes to the provisioners, not through here)
+give back native only   give_back    a give-back (native mode: a resumed node EPU cannot serve, powered
+                                     down so Slurm requeues its job) outside native mode, or of a node
+                                     a live instance of ours holds
 reason allows proof     terminate    a proof ``common.retire.PROOFS`` does not allow for the reason
 proof holds             terminate    a proof the engine's record does not show: ``removed`` without
                                      the sensor's confirmed removal; ``unstarted`` for an instance
@@ -93,6 +96,12 @@ def node_command(domain: str, op: str, node: str, inst: Instance, reason: str, *
                        reason=reason, requeue=requeue and op == "remove")
 
 
+def give_back(domain: str, node: str, reason: str, *, make_id: Callable[[], str] = new_id) -> NodeCommand:
+    """Native mode: hand a node Slurm resumed back to Slurm (powered down with ``reason``, its job
+    requeued) — a resume EPU cannot serve. No instance is behind it."""
+    return NodeCommand(command_id=make_id(), domain=domain, action="give_back", node=node, reason=reason)
+
+
 def proof_of(inst: Instance) -> Proof | None:
     """What the engine's record proves about ending ``inst`` now: its node removed (confirmed by
     the sensor), or an instance the batch system cannot know (judged again by the provisioner on a
@@ -135,7 +144,10 @@ class Outgoing:
     mode: str
     """The domain's mode now (``active``, ``observe``)."""
     instance: Instance | None
-    """The engine's record of the command's instance now (None: unknown, or a launch not stored)."""
+    """The engine's record of the command's instance now (None: unknown, or a launch not stored);
+    for a ``give_back``, a live instance holding the node's name (None: none)."""
+    native: bool = False
+    """The domain is in native mode now."""
 
     @property
     def kind(self) -> str:
@@ -175,6 +187,19 @@ def _superseded(o: Outgoing) -> str | None:
     return None
 
 
+def _give_back_native(o: Outgoing) -> str | None:
+    """A give-back powers a node down in Slurm and requeues its job: only in native mode, and
+    never for a node one of our live instances holds (that node may run the job now)."""
+    m = o.message
+    if not isinstance(m, NodeCommand) or m.action != "give_back":
+        return None
+    if not o.native:
+        return "give back outside native mode"
+    if o.instance is not None:
+        return f"give back of {m.node}: live instance {o.instance.instance_id} holds that name"
+    return None
+
+
 def _reason_allows_proof(o: Outgoing) -> str | None:
     m = o.message
     if not isinstance(m, TerminateRequest):
@@ -210,6 +235,7 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("observe", _observe),
     Rule("not superseded", _superseded),
+    Rule("give back native only", _give_back_native),
     Rule("engine never forces", _never_forced),
     Rule("reason allows proof", _reason_allows_proof),
     Rule("proof holds", _proof_holds),
@@ -275,6 +301,17 @@ class Gate:
         current = self.store.current_config(domain)
         return current[1].mode if current is not None else "active"
 
+    def native(self, domain: str) -> bool:
+        current = self.store.current_config(domain)
+        return bool(getattr(current[1], "native", "")) if current is not None else False
+
+    def _holder(self, domain: str, node: str) -> Instance | None:
+        """A live instance of ``domain`` whose node name is ``node`` (a give-back's guard)."""
+        for inst in self.store.instances(domain):
+            if inst.state not in TERMINAL_INSTANCE_STATES and inst.node_name.split(".", 1)[0] == node.split(".", 1)[0]:
+                return inst
+        return None
+
     def send(self, domain: str, messages: Iterable[Message], authority: Authority | None = None,
              instances: dict[str, Instance] | None = None) -> Sent:
         """Publish each of ``messages`` that passes the rules (one confirmed batch when the service
@@ -285,13 +322,17 @@ class Gate:
         mode = self.mode(domain)
         out = Sent()
         ready: list[tuple[Message, Authority, str]] = []
+        native: bool | None = None
         for msg in messages:
             iid = instance_of(msg)
             inst = (instances or {}).get(iid) if iid else None
             if inst is None and iid is not None and not isinstance(msg, LaunchRequest):
                 inst = self.store.instance(iid)
+            if isinstance(msg, NodeCommand) and msg.action == "give_back":
+                native = self.native(domain) if native is None else native
+                inst = self._holder(domain, msg.node)
             auth = authority or authority_of(inst)
-            o = Outgoing(domain, msg, auth, mode, inst)
+            o = Outgoing(domain, msg, auth, mode, inst, native=bool(native))
             held = verdict(o)
             if held is not None:
                 rule, why = held
@@ -349,5 +390,5 @@ def shadow_signature(planned: Iterable[Any]) -> tuple[tuple[str, str, str, str],
 
 
 __all__ = ["COMMAND_TYPES", "RULES", "Authority", "Gate", "Outgoing", "Rule", "Sent", "action_id", "authority_of",
-           "instance_of", "launch_request", "node_command", "proof_of", "retire_of", "shadow_plan",
+           "give_back", "instance_of", "launch_request", "node_command", "proof_of", "retire_of", "shadow_plan",
            "shadow_signature", "terminate_request", "verdict"]

@@ -316,7 +316,9 @@ def plan(view: DomainView, decision: Decision, placement: PlacementInput,
                 | {i.node_name for i in view.cleanup} | {short_name(n) for n in view.nodes} | set(view.nodes)) \
             if placement.node_names or placement.type_nodes else set()
         names: list[str | None] = [None] * len(launches)
-        if placement.node_names and launches:
+        if any(a.name for a in launches):  # native mode: the names Slurm chose, no pool
+            names = [a.name or None for a in launches]
+        elif placement.node_names and launches:
             free = [n for n in placement.node_names if n not in used]
             if len(launches) > len(free):
                 out.notes.append(f"node_names: {len(launches) - len(free)} launch(es) wait for a free name")
@@ -374,7 +376,9 @@ def _plan_typed(view: DomainView, launches: list[Launch], placement: PlacementIn
         if not pool and not pattern:
             pool = placement.node_names
         names: list[str | None] = [None] * len(group)
-        if pool:
+        if any(a.name for a in group):  # native mode: the names Slurm chose, no pool
+            names = [a.name or None for a in group]
+        elif pool:
             free = [n for n in pool if n not in used]
             if len(group) > len(free):
                 out.notes.append(f"names for {kind}: {len(group) - len(free)} launch(es) wait for a free name")

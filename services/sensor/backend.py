@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from epu.common.messages import JobShape, NodeInfo, QueuedJob, group_jobs, is_valid_hostname
 
-ACTIONS = ("add", "offline", "online", "remove")
+ACTIONS = ("add", "offline", "online", "remove", "give_back")
 
 
 class BackendUnavailable(RuntimeError):

@@ -557,6 +557,8 @@ class SimulatedBatch:
                 self._add(node, cores or 1, instance_id)
                 self._schedule()
                 return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
+            if action == "give_back":
+                return CommandOutcome(False, error="give_back: this simulated batch system has no power saving")
             if existing is None:
                 if action == "remove":
                     return CommandOutcome(True, output=f"node {node} does not exist (already removed)")
@@ -600,6 +602,20 @@ class SimulatedBatch:
                     job.end_time = math.inf  # its heap entry goes stale: it never ends by itself
             self._dirty = True  # the head job's reservation moves
             return sorted(node.jobs)
+
+    def restart_job(self, job_id: str) -> bool:
+        """A frozen job's clock starts now (Slurm: a job allocated to nodes being powered up is
+        CONFIGURING until they registered, then it runs its whole duration). False: not running."""
+        with self._lock:
+            self._advance()
+            job = self._running.get(job_id)
+            if job is None:
+                return False
+            job.start_time = self._now
+            job.end_time = self._now + job.duration
+            heapq.heappush(self._ends, (job.end_time, next(self._seq), job.job_id))
+            self._dirty = True
+            return True
 
     def evict_jobs(self, name: str, why: str) -> list[str]:
         """The batch system vacates the node's running jobs (an HTCondor drain whose retirement

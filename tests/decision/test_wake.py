@@ -82,3 +82,39 @@ def test_wake_brings_a_task_forward_at_most_once_per_gap() -> None:
     finally:
         service.stop()
         thread.join(10)
+
+
+@pytest.mark.rabbitmq
+def test_a_slurm_resume_is_launched_without_waiting_for_the_tick(broker, tmp_path) -> None:
+    """Native mode: slurmctld waits for the nodes it resumed; the call wakes the iteration at once
+    and the launch carries the node's own name."""
+    from epu.common.messages import SlurmPower
+
+    cfg = parse_config({
+        "broker": {"url": broker.url, "prefix": broker.topology.prefix},
+        "decision": {"store_url": f"sqlite:///{tmp_path / 'decision.db'}", "iteration_seconds": 60.0,
+                     "active_window_seconds": 30.0},
+        "domains": {"d": {"max_nodes": 20, "sites": ["s1"], "native": "slurm"}},
+        "sites": {"s1": {"driver": "epu-sim", "quota": 50}},
+    }, environ={})
+    service = build_service(cfg)
+    thread = run_in_thread(service)
+    pub = Publisher(broker, source="slurm-resume")
+    launched: list = []
+
+    def names() -> set[str]:
+        launched.extend(read_queue(broker, PROVISIONER_QUEUE))
+        return {m.node_name for m in launched}
+
+    try:
+        assert service.wait_ready(15)
+        pub.publish(snapshot(at=time.time()))
+        wait_for(lambda: service.engine.latest_snapshot("d") is not None, 10, message="the engine holds a snapshot")
+        started = time.monotonic()
+        pub.publish(SlurmPower(batch_id="b1", domain="d", action="resume", nodes=["cloud01", "cloud02"]))
+        wait_for(lambda: names() == {"cloud01", "cloud02"}, 20, interval=0.02, message="the two resumed nodes launched")
+        assert time.monotonic() - started < 30, "answered before the minute's tick"
+    finally:
+        pub.close()
+        service.stop()
+        thread.join(10)

@@ -21,6 +21,7 @@ import argparse
 import base64
 import hashlib
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -70,6 +71,14 @@ def _claim(marker: Path, name: str) -> bool:
     return True
 
 
+def fresh_boot(daemon: list[str]) -> list[str]:
+    """``daemon`` run by ``unshare`` in a new time namespace whose CLOCK_BOOTTIME starts near 0 (the
+    uptime slurmd reports, so its boot time is now); the daemon gets SIGTERM if unshare dies."""
+    uptime = int(float(Path("/proc/uptime").read_text().split()[0]))
+    return [shutil.which("unshare") or "/usr/bin/unshare", "--time", "--boottime", str(-uptime), "--fork",
+            "--kill-child=SIGTERM", *daemon]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="epu-e2e-worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-once", metavar="FILE",
                    help="fault injection: the first worker to create FILE boots but never starts its daemons "
                         "(a VM that never joins), until it is terminated")
+    p.add_argument("--fresh-boot", action="store_true",
+                   help="start the daemon in a time namespace of its own whose boot time is now, as on a VM that "
+                        "just booted: slurmctld accepts a powering-up node's registration only from a node that "
+                        "booted after the resume request (node_mgr.c, waiting_for_node_boot)")
     p.add_argument("daemon", nargs=argparse.REMAINDER, help="-- then the batch daemon's argv")
     args = p.parse_args(argv)
     daemon = args.daemon[1:] if args.daemon[:1] == ["--"] else args.daemon
@@ -109,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     if stopping:
         return 0
+    if args.fresh_boot:
+        # slurmctld counts in whole seconds: a boot a second after the resume call reads as after it
+        time.sleep(1.0)
+        daemon = fresh_boot(daemon)
     agent = subprocess.Popen(agent_argv(args), stdin=subprocess.DEVNULL)
     slurmd = subprocess.Popen(daemon, stdin=subprocess.DEVNULL)
     try:

@@ -101,7 +101,7 @@ class SlurmBackend:
     def __init__(self, runner: Any = None, *, bin_dir: str | None = None, add_mode: str = "cloud",
                  include_powered_down: bool = False, clock: Clock | None = None,
                  settle_seconds: float = 10.0, read_format: str = "text", json_fallback_max: int = 2000,
-                 max_shapes: int = 2000) -> None:
+                 max_shapes: int = 2000, native: bool = False) -> None:
         if read_format not in ("text", "json"):
             raise ValueError(f"slurm read_format must be 'text' or 'json', not {read_format!r}")
         self.read_format = read_format
@@ -115,6 +115,10 @@ class SlurmBackend:
         self.add_mode = add_mode
         self.include_powered_down = include_powered_down
         self.clock = clock or RealClock()
+        self.native = native
+        """Native mode (``[sensor.options] native = true``): Slurm's power saving schedules onto
+        the CLOUD slots, so a removed slot is left powered down and *schedulable* (no DRAIN), and
+        ``give_back`` powers down a node Slurm is powering up (its job requeued)."""
 
     @classmethod
     def from_options(cls, opts: dict[str, Any], *, timeout: float = 60.0, clock: Clock | None = None) -> SlurmBackend:
@@ -126,7 +130,7 @@ class SlurmBackend:
                    include_powered_down=bool(opts.get("include_powered_down", False)), clock=clock,
                    read_format=str(opts.get("read_format", "text")),
                    json_fallback_max=int(opts.get("json_fallback_max", 2000)),
-                   max_shapes=int(opts.get("max_shapes", 2000)))
+                   max_shapes=int(opts.get("max_shapes", 2000)), native=bool(opts.get("native", False)))
 
     # ------------------------------------------------------------------ helpers
     def _exe(self, name: str) -> str:
@@ -255,6 +259,8 @@ class SlurmBackend:
                 return CommandOutcome(False, error=f"node {node} is not known to Slurm",
                                       output=f"scontrol show node {node}: not found")
             tokens = set(slurm_state_tokens(fields.get("State", "")))
+            if action == "give_back":
+                return self._give_back(node, fields, tokens, reason)
             if action == "offline":
                 if tokens & {"DRAIN", "DRAINED", "DRAINING"}:
                     return CommandOutcome(True, output=f"node {node} already drained ({fields.get('State')})")
@@ -266,6 +272,20 @@ class SlurmBackend:
             return self._remove(node, fields, tokens, reason, force)
         except BackendUnavailable as exc:
             return CommandOutcome(False, error=str(exc), transient=True)
+
+    def _give_back(self, node: str, fields: dict[str, str], tokens: set[str], reason: str) -> CommandOutcome:
+        """Native mode: a node Slurm resumed that EPU cannot serve goes back now, powered down with
+        the reason, so slurmctld requeues its job rather than wait for ResumeTimeout. Only a node
+        still powering up (or asked to): one that is up may run the job by now."""
+        if not self.native:
+            return CommandOutcome(False, error=f"give back {node}: the sensor is not in native mode "
+                                  "([sensor.options] native = true)")
+        if tokens & {"POWERED_DOWN", "POWERING_DOWN"} and "POWERING_UP" not in tokens:
+            return CommandOutcome(True, output=f"node {node} already powered down ({fields.get('State')})")
+        if "POWERING_UP" not in tokens and "POWER_UP" not in tokens:
+            return CommandOutcome(False, output=f"State={fields.get('State')}", error=(
+                f"give back {node}: the node is not powering up ({fields.get('State')}): not powered down"))
+        return self._update(node, "State=POWER_DOWN_FORCE", f"Reason={_clean_reason(reason, 'epu: given back')}")
 
     def _scontrol(self, *args: str) -> CommandResult:
         return self._run("scontrol", *args)
@@ -346,7 +366,9 @@ class SlurmBackend:
                                               f"Reason={_clean_reason(reason, 'epu: removed (forced)')}"))
             results.append(self._scontrol("delete", f"NodeName={node}"))
             return self._outcome(results, f"remove {node}")
-        if tokens & {"POWERED_DOWN", "POWERING_DOWN"} and tokens & {"DRAIN", "DRAINED"}:
+        powered_down = bool(tokens & {"POWERED_DOWN", "POWERING_DOWN"})
+        if powered_down and ((tokens & {"DRAIN", "DRAINED"} and not self.native)
+                             or (self.native and not tokens & {"DRAIN", "DRAINED"} and not fields.get("Comment"))):
             return CommandOutcome(True, output=f"node {node} already powered down ({fields.get('State')})")
         why = f"Reason={_clean_reason(reason, 'epu: removed')}"
         results = []
@@ -361,6 +383,13 @@ class SlurmBackend:
             if not results[-1].ok:
                 return self._outcome(results, f"remove {node}")
             self._wait_powering_down(node)
+        if self.native:
+            # native mode: Slurm's power saving owns the slot; it must stay schedulable
+            if tokens & {"DRAIN", "DRAINED", "DRAINING"}:
+                results.append(self._scontrol("update", f"NodeName={node}", "State=UNDRAIN"))
+            results += self._forget_identity(node, fields)
+            return self._outcome(results, f"remove {node}") if results else CommandOutcome(
+                True, output=f"node {node} powering down ({fields.get('State')})")
         # Slurm clears DRAIN when a cloud node starts powering down: set it again so the slot
         # stays out of scheduling (Slurm must not power it up for a pending job on its own).
         results.append(self._scontrol("update", f"NodeName={node}", "State=DRAIN", why))

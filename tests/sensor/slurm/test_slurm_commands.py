@@ -90,3 +90,48 @@ def test_add_of_an_existing_node_with_another_cpu_count_is_an_error_naming_both(
 ])
 def test_slurm_messages_are_classified_from_its_error_table(text: str, command: str, kind: str) -> None:
     assert classify(text, command) == kind
+
+
+# ---------------------------------------------------------------- native mode (issue 35)
+
+
+def native(table: dict) -> tuple[SlurmBackend, ReplayRunner]:
+    runner = ReplayRunner(table)
+    return SlurmBackend(runner, settle_seconds=0, native=True), runner
+
+
+GIVE_BACK = ("scontrol", "update", "NodeName=el1", "State=POWER_DOWN_FORCE", "Reason=epu: cannot serve: max_nodes")
+
+
+def test_give_back_powers_down_a_node_powering_up() -> None:
+    b, runner = native({SHOW: show_node("ALLOCATED+CLOUD+POWERING_UP", alloc=2), GIVE_BACK: (0, "", "")})
+    out = b.execute("give_back", "el1", reason="epu: cannot serve: max_nodes")
+    assert out.ok and runner.calls[-1] == GIVE_BACK
+
+
+def test_give_back_of_a_node_that_is_up_is_refused() -> None:
+    b, runner = native({SHOW: show_node("ALLOCATED+CLOUD", alloc=2)})
+    out = b.execute("give_back", "el1", reason="x")
+    assert not out.ok and "not powering up" in (out.error or "")
+    assert runner.calls == [SHOW], "a node that is up may run the job: never powered down"
+
+
+def test_give_back_outside_native_mode_is_refused() -> None:
+    b, runner = backend({SHOW: show_node("ALLOCATED+CLOUD+POWERING_UP", alloc=2)})
+    out = b.execute("give_back", "el1", reason="x")
+    assert not out.ok and "native" in (out.error or "") and runner.calls == [SHOW]
+
+
+def test_native_remove_leaves_the_slot_schedulable() -> None:
+    """Native mode: Slurm's power saving owns the slot: powered down, never re-drained."""
+    b, runner = native({SHOW: show_node("IDLE+CLOUD"), SQUEUE: (0, "", ""),
+                        ("scontrol", "update", "NodeName=el1", "State=POWER_DOWN"): (0, "", "")})
+    out = b.execute("remove", "el1")
+    assert out.ok
+    assert not any("State=DRAIN" in c for call in runner.calls for c in call)
+
+
+def test_native_remove_is_refused_while_a_job_is_on_the_node() -> None:
+    b, runner = native({SHOW: show_node("IDLE+CLOUD+POWERING_DOWN"), SQUEUE: (0, "4242\n", "")})
+    out = b.execute("remove", "el1")
+    assert not out.ok and "4242" in (out.error or "")

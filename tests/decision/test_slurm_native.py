@@ -1,0 +1,164 @@
+"""Native mode (services/decision/slurm_native.py): Slurm's power saving picks the nodes, the
+engine launches exactly those, under their names, as the types their features name, gives back
+what it cannot serve, replaces a stalled node under the same name, and ends a suspended node only
+with its removal confirmed."""
+
+from __future__ import annotations
+
+from epu.common.messages import NodeInfo, SlurmPower
+from epu.services.decision.slurm_native import Requests
+
+from tests.decision.helpers import config, event, make_engine, snapshot
+from tests.decision.test_engine import result
+
+SITES = {
+    "ec2": {"driver": "epu-sim", "quota": 20, "types": {
+        "c4": {"size": "sim.c4", "cores": 4, "memory_mb": 8000, "price_per_hour": 0.2},
+        "g1": {"size": "sim.g1", "cores": 8, "memory_mb": 16000, "gpus": 1, "price_per_hour": 1.0}}},
+    "os": {"driver": "epu-sim", "quota": 20, "types": {
+        "c4": {"size": "m1.large", "cores": 4, "memory_mb": 8000, "price_per_hour": 0.3},
+        "g1": {"size": "g.large", "cores": 8, "memory_mb": 16000, "gpus": 1, "price_per_hour": 1.2}}},
+}
+
+
+def native_engine(max_nodes: int = 10, **domain):
+    cfg = config({"d": {"max_nodes": max_nodes, "sites": ["ec2", "os"], "native": "slurm",
+                        "type_nodes": {"g1": {"names": ["gpu-[1-4]"]}}, **domain}}, SITES)
+    return make_engine(cfg=cfg)
+
+
+def power(action: str, *names: str, batch: str = "b1") -> SlurmPower:
+    return SlurmPower(batch_id=batch, domain="d", action=action, nodes=list(names))  # type: ignore[arg-type]
+
+
+def slot(name: str, native: str, *, features: list[str] = (), state: str = "down", jobs: list[str] = (),
+         instance_id: str | None = None) -> NodeInfo:
+    return NodeInfo(name=name, state=state, cores=4, native_state=native, features=list(features), jobs=list(jobs),
+                    instance_id=instance_id, cores_used=4 if jobs else 0)
+
+
+def test_a_resume_launches_exactly_that_node_as_its_type() -> None:
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[slot("cpu-1", "IDLE+CLOUD+POWERING_UP", features=["c4"])]))
+    e.handle_input(power("resume", "cpu-1", "gpu-2"))
+    e.iterate()
+    launches = sorted(bus.of("instance.launch"), key=lambda m: m.node_name)
+    assert [(la.node_name, la.instance_type) for la in launches] == [("cpu-1", "c4"), ("gpu-2", "g1")]
+    assert launches[0].site == "ec2", "rank order: the first site offering the type"
+    assert bus.of("node.command") == [], "nothing given back"
+    # the next iteration launches nothing more: the names are held
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("cpu-1", "IDLE+CLOUD+POWERING_UP", features=["c4"])]))
+    e.iterate()
+    assert bus.of("instance.launch") == []
+
+
+def test_a_call_delivered_twice_is_one_batch() -> None:
+    req = Requests()
+    assert req.on_power(power("resume", "n1"), 1.0)
+    assert not req.on_power(power("resume", "n1"), 2.0)
+    assert req.duplicates == 1 and req.of("d").resumes == {"n1": 1.0}
+
+
+def test_a_lost_resume_call_is_found_in_the_snapshot() -> None:
+    e, bus, _clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[slot("cpu-3", "ALLOCATED+CLOUD+POWERING_UP", features=["c4"], jobs=["7"])]))
+    e.iterate()
+    assert [la.node_name for la in bus.of("instance.launch")] == ["cpu-3"]
+
+
+def test_what_cannot_be_served_is_given_back_at_once() -> None:
+    e, bus, _clock = native_engine(max_nodes=1)
+    e.on_snapshot(snapshot(nodes=[slot("cpu-1", "CLOUD+POWERING_UP", features=["c4"]),
+                                  slot("odd-1", "CLOUD+POWERING_UP", features=["weird"])]))
+    e.handle_input(power("resume", "gpu-1", "cpu-1", "odd-1"))
+    e.iterate()
+    launched = [la.node_name for la in bus.of("instance.launch")]
+    assert len(launched) == 1, "max_nodes=1"
+    backs = {c.node: c.reason for c in bus.of("node.command") if c.action == "give_back"}
+    assert set(backs) | set(launched) == {"gpu-1", "cpu-1", "odd-1"} and not set(backs) & set(launched)
+    assert "no instance type for node odd-1" in backs["odd-1"]
+    assert all(r.startswith("epu: cannot serve") for r in backs.values())
+
+
+def test_not_native_ignores_calls_and_the_gate_holds_give_backs() -> None:
+    cfg = config({"d": {"max_nodes": 4, "sites": ["ec2"]}}, SITES)
+    e, bus, _clock = make_engine(cfg=cfg)
+    assert not e.on_slurm_power(power("resume", "cpu-1"))
+    from epu.services.decision.gate import give_back
+    sent = e.gate.send("d", [give_back("d", "cpu-1", "x")])
+    assert sent.ids == [] and sent.held[0][1] == "give back native only"
+    assert bus.of("node.command") == []
+
+
+def test_a_stalled_node_is_replaced_under_the_same_name() -> None:
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
+    e.handle_input(power("resume", "gpu-1"))
+    e.iterate()
+    (first,) = bus.of("instance.launch")
+    e.on_instance_event(event(first, "pending", 1, clock.now()))
+    names = []
+    for _ in range(200):  # 600 s of stall_seconds, 5 s a step
+        bus.clear()
+        clock.advance(5)
+        e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
+        e.iterate()
+        names += [la.node_name for la in bus.of("instance.launch")]
+        if names:
+            break
+    assert names == ["gpu-1"], "a replacement under the name Slurm waits for"
+    (second,) = bus.of("instance.launch")
+    assert (first.site, second.site) == ("ec2", "os"), "the stalled site backs off: failover to the next"
+    assert not [c for c in bus.of("node.command") if c.action == "give_back"]
+    (old,) = [i for i in e.store.instances("d") if i.instance_id == first.launch_id]
+    assert old.retire == "stalled", "the old one goes the safe way (its name was seen in Slurm)"
+
+
+def test_a_suspend_removes_then_terminates_with_the_proof() -> None:
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
+    e.handle_input(power("resume", "gpu-1"))
+    e.iterate()
+    (la,) = bus.of("instance.launch")
+    for seq, st in enumerate(("pending", "started"), 1):
+        e.on_instance_event(event(la, st, seq, clock.now()))
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
+    e.iterate()
+    (add,) = bus.of("node.command")
+    e.on_node_result(result(add))
+    bus.clear()
+    clock.advance(5)
+    up = slot("gpu-1", "IDLE+CLOUD", state="free", instance_id=la.launch_id)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[up]))
+    e.iterate()
+    assert e.store.instances("d")[0].state == "joined"
+    e.handle_input(power("suspend", "gpu-1", batch="b2"))
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[up]))
+    e.iterate()
+    (remove,) = bus.of("node.command")
+    assert remove.action == "remove" and bus.of("instance.terminate") == [], "no terminate before the removal"
+    e.on_node_result(result(remove))
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "IDLE+CLOUD+POWERED_DOWN")]))
+    e.iterate()
+    (term,) = bus.of("instance.terminate")
+    assert term.proof == "removed" and term.retire == "native"
+
+
+def test_a_call_is_spent_once_slurm_no_longer_waits_for_the_node() -> None:
+    """A snapshot read after the call that shows the node not powering up (powered down, so left
+    out of the snapshot) spends the call: no launch for a node nobody waits for (seed 920068)."""
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[]))
+    e.handle_input(power("resume", "gpu-3"))
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[]))  # read after the call: gpu-3 is powered down again
+    e.iterate()
+    assert bus.of("instance.launch") == [] and bus.of("node.command") == []
+    assert e.native.of("d").resumes == {}
