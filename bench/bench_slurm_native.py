@@ -132,12 +132,12 @@ def simulated(jobs: int) -> tuple[float, int, float]:
     calls: list[float] = []
     program = power._program
 
-    def on_program(action: str, names: list[str]) -> None:
+    def on_program(action: str, names: list[str], jobs: object = None) -> None:
         if action == "resume":
             calls.append(sim.world.t)
             if not first:
                 first.append(sim.world.t)
-        program(action, names)
+        program(action, names, jobs)  # type: ignore[arg-type]
 
     power._program = on_program  # type: ignore[method-assign]
     sim.world.at(sim.world.start + 60.0, lambda: sim.batch.inner.submit(cores=4, nodes=1, duration=1200.0, count=jobs),

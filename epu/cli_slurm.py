@@ -148,6 +148,9 @@ def cmd_power(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        if first["loc"] and first["loc"][0] == "nodes":
+            return _fail(args, 2, f"node name {first.get('input')!r} is not a host name (RFC 1123: letters, digits, "
+                                  "'-' and dots): EPU names the node's instance by it")
         return _fail(args, 2, f"refused {where}: {first['msg']} (input {first.get('input')!r})")
     import dataclasses
 

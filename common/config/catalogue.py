@@ -46,7 +46,6 @@ does not state memory keeps today's behaviour of matching on cores only.
 from __future__ import annotations
 
 import fnmatch
-import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -281,47 +280,15 @@ def _price(value: Any) -> float | None:
     return p if p >= 0 and p == p and p != float("inf") else None
 
 
-_BRACKET = re.compile(r"\[([^\[\]]*)\]")
-
-
 def expand_hostlist(expr: str) -> list[str]:
     """Expand a Slurm hostlist expression: ``gpu[1-3,7]`` → gpu1, gpu2, gpu3, gpu7;
-    ``n[01-02]-[a,b]`` → n01-a, n01-b, n02-a, n02-b; zero padding is kept. A plain name is
-    itself. Raises ``ValueError`` on a malformed range (the config error names the key)."""
-    expr = expr.strip()
-    if not expr:
-        raise ValueError("empty node name")
-    parts: list[list[str]] = []
-    pos = 0
-    for m in _BRACKET.finditer(expr):
-        parts.append([expr[pos:m.start()]])
-        parts.append(_expand_ranges(m.group(1), expr))
-        pos = m.end()
-    parts.append([expr[pos:]])
-    names = ["".join(p) for p in itertools.product(*parts)]
-    for n in names:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", n):
-            raise ValueError(f"{expr!r} makes an invalid node name {n!r}")
-    return names
+    ``n[01-02]-[0,1]`` → n01-0, n01-1, n02-0, n02-1; zero padding is kept. A plain name is
+    itself. Raises ``ValueError`` on a malformed range (the config error names the key). The one
+    parser of ``common.hostlist`` (as ``scontrol show hostnames``), so a config's names and
+    Slurm's power-saving calls read alike."""
+    from epu.common.hostlist import expand
 
-
-def _expand_ranges(body: str, expr: str) -> list[str]:
-    out: list[str] = []
-    for item in body.split(","):
-        lo, sep, hi = item.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"{expr!r}: bad range {item!r} (want N or N-M)")
-        if not sep:
-            out.append(lo)
-            continue
-        a, b = int(lo), int(hi)
-        if b < a:
-            raise ValueError(f"{expr!r}: range {item!r} runs backwards")
-        if b - a >= 100_000:
-            raise ValueError(f"{expr!r}: range {item!r} is too long")
-        width = len(lo) if lo.startswith("0") else 0
-        out += [str(i).zfill(width) for i in range(a, b + 1)]
-    return out
+    return expand(expr.strip())
 
 
 def declared_type_names(site: Any) -> set[str] | None:

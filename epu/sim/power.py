@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epu.common.messages import NodeInfo, SlurmPower, new_id
+from epu.common.messages import NodeInfo, SlurmPower, SlurmResumeJob, new_id
 from epu.services.sensor.backend import CommandOutcome, Observation
 
 if TYPE_CHECKING:
@@ -146,11 +146,28 @@ class SlurmPowerSaving:
             self.world.call_after(self.spec.resume_timeout, lambda name=name, epoch=epoch: self._timeout(name, epoch),
                                   f"slurm ResumeTimeout {name}")
         self.stats.resumes += len(names)
-        self._program("resume", names)
+        jobs = self._resume_file(names)
+        self._program("resume", names, jobs)
         if self._rng.random() < self.faults.duplicate_calls:
-            self._program("resume", names)
+            self._program("resume", names, jobs)
 
-    def _program(self, action: str, names: list[str]) -> None:
+    def _resume_file(self, names: list[str]) -> list[SlurmResumeJob]:
+        """What slurmctld writes to SLURM_RESUME_FILE for this call: each job on these nodes with
+        its allocated nodes and those of them this call resumes."""
+        inner = self.batch.inner
+        wanted = set(names)
+        seen: dict[str, SlurmResumeJob] = {}
+        for name in names:
+            node = inner._nodes.get(name)
+            for job_id in sorted(node.jobs) if node is not None else ():
+                job = inner._running.get(job_id)
+                if job is None or job_id in seen or not job_id.isdigit():
+                    continue
+                seen[job_id] = SlurmResumeJob(job_id=int(job_id), nodes_alloc=list(job.placed_on),
+                                              nodes_resume=[n for n in job.placed_on if n in wanted])
+        return list(seen.values())
+
+    def _program(self, action: str, names: list[str], jobs: list[SlurmResumeJob] | None = None) -> None:
         """One call of ResumeProgram/SuspendProgram/ResumeFailProgram: ``epu slurm ACTION``."""
         if not names:
             return
@@ -159,7 +176,7 @@ class SlurmPowerSaving:
             self.world.note(f"slurm {action} call lost: {len(names)} node(s)")
             return
         msg = SlurmPower(batch_id=new_id(), domain=self.domain, action=action, nodes=list(names),  # type: ignore[arg-type]
-                         called_at=self.world.t)
+                         jobs=list(jobs or []), called_at=self.world.t)
         if not self.publish(msg):
             self.stats.lost_calls += 1
 

@@ -547,7 +547,16 @@ class Engine:
         launched = {p.message.node_name for p in out.actions if p.kind == "launch"}  # type: ignore[attr-defined]
         req = self.native.of(domain)
         msgs: list[Message] = []
-        for node, reason in slurm_native.give_backs(want, launched, out.notes):
+        back = slurm_native.give_backs(want, launched, out.notes)
+        whole = slurm_native.all_or_nothing(back, launched, req)
+        if whole:  # a job given back in part is given back whole: its other launches are dropped unsent
+            dropped = [p for p in out.actions if p.kind == "launch" and p.message.node_name in whole]  # type: ignore[attr-defined]
+            out.actions = [p for p in out.actions if p not in dropped]
+            for p in dropped:
+                out.instances.pop(p.instance_id, None)
+            back += [(n, "epu: cannot serve: another node of the same job cannot be served (all or nothing)")
+                     for n in sorted(whole)]
+        for node, reason in back:
             req.resumes.pop(node, None)
             req.given_back[node] = now
             msgs.append(give_back(domain, node, reason))

@@ -56,6 +56,9 @@ class DomainRequests:
     """resume_fail: Slurm gave up on the node (ResumeTimeout)."""
     given_back: dict[str, float] = field(default_factory=dict)
     """Nodes given back to Slurm, and when: not wanted again from a snapshot older than that."""
+    siblings: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Node → the nodes one job of the same resume call waits for (``SLURM_RESUME_FILE``): all or
+    nothing — one of them given back gives back the others not launched yet."""
 
 
 class Requests:
@@ -84,6 +87,7 @@ class Requests:
         for name in msg.nodes:
             if msg.action == "resume":
                 d.resumes[name] = now
+                d.siblings.pop(name, None)
                 d.suspends.pop(name, None)
                 d.failed.pop(name, None)
                 d.given_back.pop(name, None)
@@ -93,6 +97,12 @@ class Requests:
             else:
                 d.failed[name] = now
                 d.resumes.pop(name, None)
+        if msg.action == "resume":
+            for job in msg.jobs:
+                group = frozenset(job.nodes_resume) & frozenset(msg.nodes)
+                if len(group) > 1:
+                    for name in group:
+                        d.siblings[name] = d.siblings.get(name, frozenset()) | group
         return True
 
 
@@ -280,6 +290,16 @@ def decide(view: DomainView, cfg: Any, req: DomainRequests, stall_seconds: float
     return NativeDecision(Decision(out, None, rest.notes, rest.failed_sites), want)
 
 
+def all_or_nothing(back: list[tuple[str, str]], launched: set[str], req: DomainRequests) -> set[str]:
+    """The nodes launched in this plan that a job shares with a node given back
+    (``SLURM_RESUME_FILE``): Slurm requeues that job whole, so their launches are for nobody —
+    dropped before they are stored (ParallelCluster's all-or-nothing launch, job by job)."""
+    out: set[str] = set()
+    for name, _why in back:
+        out |= req.siblings.get(name, frozenset()) & launched
+    return out
+
+
 def give_backs(want: list[Wanted], launched: set[str], notes: list[str]) -> list[tuple[str, str]]:
     """(node, reason) for every wanted node the plan did not launch: EPU cannot serve it now, so
     Slurm gets it back at once (its job requeued) rather than at ResumeTimeout. ``notes``: the
@@ -295,4 +315,5 @@ def give_backs(want: list[Wanted], launched: set[str], notes: list[str]) -> list
     return out
 
 
-__all__ = ["DomainRequests", "NativeDecision", "Requests", "Wanted", "decide", "give_backs", "type_of", "wanted"]
+__all__ = ["DomainRequests", "NativeDecision", "Requests", "Wanted", "all_or_nothing", "decide", "give_backs", "type_of",
+           "wanted"]

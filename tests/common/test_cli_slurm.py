@@ -70,7 +70,7 @@ def test_unreachable_broker_fails_within_the_timeout(tmp_path: Path) -> None:
     assert json.loads(res.stdout)["action"] == "resume-fail" and "not delivered" in res.stderr
 
 
-@pytest.mark.parametrize("hostlist", ["n;reboot", "n[1-2", "$(id)", ""])
+@pytest.mark.parametrize("hostlist", ["n;reboot", "n[1-2", "$(id)", "", "rack_1"])
 def test_bad_hostlist_sends_nothing(tmp_path: Path, hostlist: str) -> None:
     res = _run(tmp_path, "amqp://guest:guest@127.0.0.1:1//", "resume", hostlist)
     assert res.returncode == 2

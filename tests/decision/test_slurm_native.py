@@ -162,3 +162,22 @@ def test_a_call_is_spent_once_slurm_no_longer_waits_for_the_node() -> None:
     e.iterate()
     assert bus.of("instance.launch") == [] and bus.of("node.command") == []
     assert e.native.of("d").resumes == {}
+
+
+def test_a_job_given_back_in_part_is_given_back_whole() -> None:
+    """SLURM_RESUME_FILE: a job's nodes are all served or all given back (one cannot be typed here),
+    so Slurm requeues the job at once instead of holding a node for it until ResumeTimeout."""
+    from epu.common.messages import SlurmResumeJob
+
+    e, bus, _clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[slot("cpu-1", "CLOUD+POWERING_UP", features=["c4"]),
+                                  slot("cpu-2", "CLOUD+POWERING_UP", features=["c4"]),
+                                  slot("odd-1", "CLOUD+POWERING_UP", features=["weird"])]))
+    job = SlurmResumeJob(job_id=7, nodes_alloc=["cpu-1", "odd-1"], nodes_resume=["cpu-1", "odd-1"])
+    e.handle_input(SlurmPower(batch_id="b9", domain="d", action="resume", nodes=["cpu-1", "odd-1", "cpu-2"],
+                              jobs=[job]))
+    e.iterate()
+    assert [la.node_name for la in bus.of("instance.launch")] == ["cpu-2"], "the other job's node is served"
+    backs = {c.node: c.reason for c in bus.of("node.command") if c.action == "give_back"}
+    assert set(backs) == {"cpu-1", "odd-1"} and "all or nothing" in backs["cpu-1"]
+    assert [i.node_name for i in e.store.instances("d")] == ["cpu-2"], "the dropped launch was never stored"
