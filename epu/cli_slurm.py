@@ -24,13 +24,16 @@ ACTIONS = {"resume": "resume", "suspend": "suspend", "resume-fail": "resume_fail
 
 DESCRIPTION = """\
 Hand the nodes slurmctld's power saving names to the EPU decision engine of this cluster's
-domain, as one batch. Configure slurm.conf so (native mode, docs/policies.md "Native mode"):
+domain, as one batch (native mode, docs/slurm-native.md). Slurm runs ResumeProgram,
+SuspendProgram and ResumeFailProgram as one absolute path without arguments (22.05), so
+`epu slurm conf --programs-dir DIR` writes three small programs that run these commands and the
+slurm.conf lines naming them:
 
-  ResumeProgram=/usr/bin/epu slurm resume
-  SuspendProgram=/usr/bin/epu slurm suspend
-  ResumeFailProgram=/usr/bin/epu slurm resume-fail
+  ResumeProgram=DIR/epu-slurm-resume      -> epu slurm resume -c CONFIG HOSTLIST
+  SuspendProgram=DIR/epu-slurm-suspend    -> epu slurm suspend -c CONFIG HOSTLIST
+  ResumeFailProgram=DIR/epu-slurm-resume-fail -> epu slurm resume-fail -c CONFIG HOSTLIST
 
-(wrap each in a two-line script if your Slurm wants one path without arguments). HOSTLIST is
+HOSTLIST is
 Slurm's: n[01-04,07],gpu-a100-2 — expanded exactly as `scontrol show hostnames` does; a
 malformed list or any name that is not a host name (shell metacharacters, spaces, slashes) is
 refused whole and nothing is sent. No shell is used.

@@ -181,3 +181,21 @@ def test_a_job_given_back_in_part_is_given_back_whole() -> None:
     backs = {c.node: c.reason for c in bus.of("node.command") if c.action == "give_back"}
     assert set(backs) == {"cpu-1", "odd-1"} and "all or nothing" in backs["cpu-1"]
     assert [i.node_name for i in e.store.instances("d")] == ["cpu-2"], "the dropped launch was never stored"
+
+
+def test_a_call_before_any_snapshot_shows_its_node_waits_for_one_rather_than_give_it_back() -> None:
+    """A sensor without include_powered_down shows a node only once Slurm powers it up: a call
+    that reaches the engine first has no features to type it by. The native e2e saw the node
+    given back (its job requeued three times); the engine now waits for a snapshot taken after
+    the call."""
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[]))
+    clock.advance(1)
+    e.handle_input(power("resume", "cpu-9"))
+    e.iterate()
+    assert bus.of("node.command") == [] and bus.of("instance.launch") == []
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("cpu-9", "IDLE+CLOUD+POWERING_UP", features=["c4"])]))
+    e.iterate()
+    assert [(la.node_name, la.instance_type) for la in bus.of("instance.launch")] == [("cpu-9", "c4")]
+    assert bus.of("node.command") == []

@@ -127,7 +127,8 @@ class SlurmBackend:
             env["SLURM_CONF"] = str(opts["conf"])
         return cls(CommandRunner(timeout=timeout, env=env), bin_dir=opts.get("bin_dir"),
                    add_mode=str(opts.get("add_mode", "cloud")),
-                   include_powered_down=bool(opts.get("include_powered_down", False)), clock=clock,
+                   include_powered_down=bool(opts.get("include_powered_down", opts.get("native", False))),
+                   clock=clock,
                    read_format=str(opts.get("read_format", "text")),
                    json_fallback_max=int(opts.get("json_fallback_max", 2000)),
                    max_shapes=int(opts.get("max_shapes", 2000)), native=bool(opts.get("native", False)))

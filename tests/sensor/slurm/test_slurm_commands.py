@@ -135,3 +135,11 @@ def test_native_remove_is_refused_while_a_job_is_on_the_node() -> None:
     b, runner = native({SHOW: show_node("IDLE+CLOUD+POWERING_DOWN"), SQUEUE: (0, "4242\n", "")})
     out = b.execute("remove", "el1")
     assert not out.ok and "4242" in (out.error or "")
+
+
+def test_native_mode_shows_powered_down_nodes_unless_told_otherwise() -> None:
+    """The engine types a resumed node by its features in a snapshot: in native mode every CLOUD
+    node is in each snapshot by default (an explicit include_powered_down = false still wins)."""
+    assert SlurmBackend.from_options({"native": True}).include_powered_down
+    assert not SlurmBackend.from_options({"native": True, "include_powered_down": False}).include_powered_down
+    assert not SlurmBackend.from_options({}).include_powered_down
