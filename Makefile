@@ -73,7 +73,9 @@ lint: $(STAMP)
 
 # Every benchmark with --json into bench/results/<name>.json, then docs/performance.md's tables
 # rewritten from them (bench/report.py). Arguments sized so the whole run stays under 10 minutes
-# on the 2-core project machine; `make bench BENCHES="sensor packing"` runs a subset.
+# on the 2-core project machine; `make bench BENCHES="sensor packing"` runs a subset. A bench that
+# fails stops it with exit 1: bench_sensor.py fails when the 10,000-node snapshot passes 1 MiB
+# (its goal; EPU_BENCH_SNAPSHOT_MAX_MIB=0.01 to see the guard fire).
 BENCHES ?= sensor packing decision decision_scale reaction slurm_native reconcile provisioner provisioner_scale messaging sim simulate ctxbroker
 BENCH_ARGS_sensor = --repeats 3
 BENCH_ARGS_packing = --repeat 5 --optimality 2000

@@ -29,6 +29,11 @@ min/median/max over ``--repeats`` runs, wall and CPU time, measured in the same 
 
 ``snapshot`` measures the published message for that site: bytes, and encode / decode +
 validate times. The machine is shared (2 cores, other work running): read CPU beside wall.
+
+Guard: the snapshot's size is a production figure with a hard goal (≤ 1 MiB, docs/performance.md).
+When it is over ``--max-snapshot-mib`` (default 1; or ``EPU_BENCH_SNAPSHOT_MAX_MIB``) the bench
+says so on stderr and exits 1 after printing its figures, so ``make bench`` fails. The codec's
+time is not guarded (it moves with the shared machine's load): read it in the table.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import random
 import re
@@ -327,6 +333,18 @@ def snapshot_entry(snap: Any, repeats: int) -> dict[str, Any]:
             "encode_cpu": enc_cpu, "decode_validate_cpu": dec_cpu, "encode_decode_validate_cpu": both_cpu}
 
 
+#: The snapshot's goal (docs/performance.md, "Sensor"): the bench fails above it.
+SNAPSHOT_MAX_MIB = 1.0
+
+
+def snapshot_over(entry: dict[str, Any] | None, max_mib: float) -> str | None:
+    """The failure message when the measured snapshot is over ``max_mib``, else None."""
+    if entry is None or entry["bytes"] <= max_mib * 2 ** 20:
+        return None
+    return (f"bench_sensor: FAIL: the snapshot is {entry['bytes']:,} bytes ({entry['mib']} MiB), over the "
+            f"{max_mib} MiB limit (--max-snapshot-mib / EPU_BENCH_SNAPSHOT_MAX_MIB)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=10_000)
@@ -335,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", nargs="*", choices=["torque", "slurm", "slurm_json", "htcondor", "htcondor_af"])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--max-snapshot-mib", type=float,
+                    default=float(os.environ.get("EPU_BENCH_SNAPSHOT_MAX_MIB", SNAPSHOT_MAX_MIB)),
+                    help="exit 1 when the snapshot is bigger (default 1, the goal; env EPU_BENCH_SNAPSHOT_MAX_MIB)")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"machine": machine(), "nodes": args.nodes, "jobs": args.jobs, "repeats": args.repeats}
 
@@ -394,9 +415,12 @@ def main(argv: list[str] | None = None) -> int:
         if len(snaps) == 2:  # the two paths read the same site alike
             assert snaps[0].shapes == snaps[1].shapes and snaps[0].nodes == snaps[1].nodes
         del jobs, slots, snaps
+    over = snapshot_over(out.get("snapshot"), args.max_snapshot_mib)
+    if over:
+        print(over, file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
-        return 0
+        return 1 if over else 0
     m = out["machine"]
     print(f"# sensor read, end to end: {args.nodes:,} nodes, {args.jobs:,} pending jobs — {platform.machine()}, "
           f"Python {m['python']}, {m['cpus']} cores shared, load average {m['load_average']}")
@@ -414,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['nodes']:,} nodes; encode {s['encode_seconds']['median'] * 1e3:.1f} ms, decode+validate "
               f"{s['decode_validate_seconds']['median'] * 1e3:.1f} ms, both "
               f"{s['encode_decode_validate_seconds']['median'] * 1e3:.1f} ms (median)")
-    return 0
+    return 1 if over else 0
 
 
 if __name__ == "__main__":

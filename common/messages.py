@@ -23,7 +23,7 @@ from epu.common.retire import JUDGED_UNSTARTED, REQUESTED_PROOFS, Proof, RetireR
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 1
+SCHEMA_MINOR = 2
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 
 #: Domain and context names appear in routing keys and queue names, so no dots or spaces.
@@ -287,7 +287,12 @@ class SensorSnapshot(Message):
     out, and a low-cardinality field (node ``state``, ``native_state``, ``features``,
     ``partitions``; shape ``features``, ``partition``, ``reason``, ``reason_class``) may be
     written as ``{"t": [distinct values], "i": [index per record]}`` (see the example; code:
-    common/columns.py). Receivers also accept the plain form (a list of maps). A snapshot
+    common/columns.py). Receivers also accept the plain form (a list of maps). Since schema 1.2
+    a non-empty ``owners`` is sent grouped by owner instead, under the key ``owner_groups``:
+    ``[[owner, [job id, ...]], ...]``, one entry per distinct [account, user, partition] (a job
+    id at most once), so it grows with running jobs by their ids only; the ``owners`` key is then
+    left out. Receivers accept either form; a 1.1 receiver ignores ``owner_groups`` (an unknown
+    key) and reads the snapshot as one without owners. A snapshot
     over the sensor's ``max_snapshot_bytes`` is sent without per-node job ids, or, if still too
     big, as ``available=false`` with the reason."""
 
@@ -322,7 +327,7 @@ class SensorSnapshot(Message):
     owners: dict[str, list[str]] = Field(default_factory=dict)
     """Running job id → [account, user, partition] ("" where the batch system does not say), for
     cost accounting (``epu cost``). Empty from a backend that does not report owners: their
-    node time is then attributed to account "" ."""
+    node time is then attributed to account "" . Sent as ``owner_groups`` (schema 1.2, see above)."""
 
     def routing_key(self) -> str:
         return f"sensor.snapshot.{self.domain}"
@@ -337,10 +342,13 @@ class SensorSnapshot(Message):
     _SHAPE_INTERN: ClassVar[frozenset[str]] = frozenset({"features", "partition", "reason", "reason_class"})
 
     def to_wire(self) -> dict[str, Any]:
-        from epu.common.columns import encode_columns, gc_paused
+        from epu.common.columns import encode_columns, encode_owners, gc_paused
 
         body = {name: getattr(self, name) for name in type(self).model_fields if name not in ("nodes", "shapes", "jobs")}
         with gc_paused():
+            if self.owners:  # grouped under a key of its own: a 1.1 receiver reads the rest
+                del body["owners"]
+                body["owner_groups"] = encode_owners(self.owners)
             body["jobs"] = [j.model_dump(mode="python") for j in self.jobs]
             body["nodes"] = encode_columns(self.nodes, NodeInfo, self._NODE_INTERN)
             body["shapes"] = encode_columns(self.shapes, JobShape, self._SHAPE_INTERN)
@@ -348,14 +356,20 @@ class SensorSnapshot(Message):
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> SensorSnapshot:
-        from epu.common.columns import decode_columns
+        from epu.common.columns import decode_columns, decode_owners
 
+        update: dict[str, Any] = {}
+        if "owner_groups" in body:  # ``owners`` grouped (schema 1.2)
+            if body.get("owners"):
+                raise ValueError("owners: given both as a map and as owner_groups")
+            update["owners"] = decode_owners(body["owner_groups"])
+            body = {k: v for k, v in body.items() if k not in ("owners", "owner_groups")}
         nodes, shapes = body.get("nodes"), body.get("shapes")
         if not isinstance(nodes, dict) and not isinstance(shapes, dict):
-            return cls.model_validate(body)  # verbose form
+            snap = cls.model_validate(body)  # verbose form
+            return snap.model_copy(update=update) if update else snap
         rest = {k: v for k, v in body.items() if k not in ("nodes", "shapes")}
         snap = cls.model_validate(rest)
-        update: dict[str, Any] = {}
         if nodes is not None:
             update["nodes"] = decode_columns(nodes, NodeInfo, "nodes") if isinstance(nodes, dict) \
                 else cls.model_validate({**rest, "nodes": nodes}).nodes

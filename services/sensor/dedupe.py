@@ -25,15 +25,35 @@ class CommandLog(Protocol):
     def put(self, result: NodeCommandResult) -> None: ...
 
 
+_FIELDS = tuple(NodeCommandResult.model_fields)
+
+
 class MemoryCommandLog:
+    """The log in memory: ``get`` gives a result equal to the one ``put`` stored (its fields and
+    which of them were set), as a new object.
+
+    Why not the objects themselves: the simulator's sensor stores every command's result for the
+    whole run (``epu simulate``'s NASA month: 196,365 of them), and a model object costs ~1.2 KB,
+    half of it its set of set fields; kept as a tuple of its field values and one shared frozenset
+    per combination of set fields, a result costs ~0.2 KB, and the rare duplicate pays for
+    rebuilding its answer. ``tests/sensor/test_dedupe.py`` checks the answer against the stored
+    object."""
+
     def __init__(self) -> None:
-        self._results: dict[str, NodeCommandResult] = {}
+        self._results: dict[str, tuple[tuple[object, ...], frozenset[str]]] = {}
+        self._sets: dict[frozenset[str], frozenset[str]] = {}
 
     def get(self, command_id: str) -> NodeCommandResult | None:
-        return self._results.get(command_id)
+        kept = self._results.get(command_id)
+        if kept is None:
+            return None
+        values, fields_set = kept
+        return NodeCommandResult.model_construct(set(fields_set), **dict(zip(_FIELDS, values, strict=True)))
 
     def put(self, result: NodeCommandResult) -> None:
-        self._results[result.command_id] = result
+        fields_set = frozenset(result.model_fields_set)
+        fields_set = self._sets.setdefault(fields_set, fields_set)
+        self._results[result.command_id] = (tuple(result.__dict__[f] for f in _FIELDS), fields_set)
 
 
 class SqliteCommandLog:

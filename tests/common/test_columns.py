@@ -80,3 +80,55 @@ def test_node_maps_validated_column_wise_equal_model_validation() -> None:
         validate_nodes([{"name": "x", "state": "free", "cores": -1}])
     with pytest.raises(ValueError, match="name"):
         validate_nodes([{"name": "x", "state": "free"}, {"state": "free"}])
+
+
+# ------------------------------------------------------------------ owners, grouped (schema 1.2)
+def owners(n: int) -> dict[str, list[str]]:
+    return {str(900 + i): [f"acct{i % 3}", f"user{i % 5}", "cpu" if i % 2 else ""] for i in range(n)}
+
+
+def test_owners_grouped_round_trip_equals_the_plain_map() -> None:
+    """``encode_owners``/``decode_owners`` against the plain definition: the same map back, one
+    group per distinct owner, each job once; validation as strict as ``dict[str, list[str]]``."""
+    from epu.common.columns import decode_owners, encode_owners
+
+    plain = owners(40)
+    groups = encode_owners(plain)
+    assert len(groups) == len({tuple(o) for o in plain.values()})
+    assert sorted(j for _, ids in groups for j in ids) == sorted(plain)
+    assert decode_owners(groups) == plain
+    assert encode_owners({}) == [] and decode_owners([]) == {}
+    assert SensorSnapshot.model_validate({"domain": "a", "backend": "slurm", "taken_at": 1.0,
+                                          "owners": decode_owners(groups)}).owners == plain
+
+
+def test_snapshot_owners_travel_grouped_and_a_plain_map_is_still_read() -> None:
+    snap = SensorSnapshot(domain="alpha", backend="slurm", taken_at=1.0, nodes=nodes(3), owners=owners(12))
+    body = Envelope.wrap(snap, source="t").body
+    assert "owners" not in body and len(body["owner_groups"]) == len({tuple(o) for o in snap.owners.values()})
+    assert {tuple(o) for o, _ in body["owner_groups"]} == {tuple(o) for o in snap.owners.values()}
+    _, back = decode(encode(Envelope.wrap(snap, source="t")))
+    assert back == snap and back.owners == owners(12)
+    plain = {**body, "owners": owners(12)}  # a 1.1 sender
+    del plain["owner_groups"]
+    assert SensorSnapshot.from_wire(plain) == snap
+    verbose = snap.model_dump(mode="python")  # lists of maps and the plain map, as a 1.0 sender writes them
+    assert SensorSnapshot.from_wire(verbose) == snap
+    empty = Envelope.wrap(snap.model_copy(update={"owners": {}}), source="t").body
+    assert empty["owners"] == {} and "owner_groups" not in empty  # what a 1.1 receiver reads as before
+
+
+@pytest.mark.parametrize(("groups", "reason"), [
+    ([[["a", "u", "p"], ["1"]], [["b", "u", "p"], ["1"]]], "appears more than once"),
+    ([[["a", "u", "p"], [1]]], r"owners\[0.1.0\]"),
+    ([[["a", "u", "p"]]], r"\[owner, \[job id"),
+    ({"1": ["a", "u", "p"]}, "owners"),
+])
+def test_malformed_owner_groups_are_refused(groups, reason: str) -> None:
+    env = Envelope.wrap(SensorSnapshot(domain="alpha", backend="slurm", taken_at=1.0, owners=owners(2)), source="t")
+    body = {**env.body, "owner_groups": groups}
+    with pytest.raises(DecodeError, match=reason):
+        decode(encode(env.model_copy(update={"body": body})))
+    both = {**env.body, "owners": owners(2)}
+    with pytest.raises(DecodeError, match="given both"):
+        decode(encode(env.model_copy(update={"body": both})))

@@ -112,3 +112,19 @@ def test_a_record_no_entry_can_be_made_of_is_left_out_by_the_memo_as_by_the_serv
     assert {d: [e.instance_id for e in es] for d, es in expected.items()} == {"a": ["ok-1", "ok-2"]}
     assert memo(records, 0.0) == expected and memo(records, 0.0) == expected  # made, then handed out again
     assert memo(records, 5.5) == report_events(records, 5.5)
+
+
+def test_the_memo_keeps_no_record_the_store_no_longer_lists(monkeypatch) -> None:
+    """A live instance changing state makes a new record at every transition: the memo keeps
+    about the records listed now, not every superseded one (the NASA month held 127,522)."""
+    from epu.services.provisioner.app import report_events
+
+    monkeypatch.setattr(report_memo, "MIN_PRUNE", 8)
+    memo = ReportEvents()
+    live = [InstanceRecord(f"i{k}", "a", "s", f"w{k}", 4, "started", 3, f"c{k}", None, "", None, 1.0, 2.0)
+            for k in range(4)]
+    for seq in range(4, 2000):
+        live[seq % 4] = replace(live[seq % 4], seq=seq, updated_at=float(seq))
+        assert memo(list(live), 0.0) == report_events(live, 0.0)
+        assert len(memo._made) <= 2 * max(8, len(live)) + 1
+    assert memo.made == 4 + 1995  # the first listing's four, then one per new record object: none made twice
