@@ -6,6 +6,7 @@ period every worker would be "lost" and terminated, running jobs and all. So bef
 engine takes anything out on the word of a snapshot, it asks two questions:
 
 * did more than ``share`` of the domain's joined nodes (and more than ``ok_count``) disappear?
+  (joined: in service. A draining node leaving is what its drain asks for, ``census.counts_missing``)
   (cluster-autoscaler's max-total-unready-percentage and ok-total-unready-count);
 * does the node list contradict ``running_jobs`` — jobs running on nodes that are not listed?
 
@@ -16,6 +17,7 @@ questions well (or an operator releases it). Launches go on: demand is still rea
 from __future__ import annotations
 
 from epu.common.messages import SensorSnapshot
+from epu.services.decision.census import counts_missing
 from epu.services.decision.view import Instance, NodeIndex
 
 
@@ -24,9 +26,7 @@ def check(instances: list[Instance], index: NodeIndex, snapshot: SensorSnapshot,
     """Why this snapshot is implausible, or "" when it is fine."""
     if not snapshot.available:
         return ""
-    known = [i for i in instances
-             if i.state in ("joined", "draining") and i.joined_at is not None and not i.removed
-             and not i.terminate_sent]
+    known = [i for i in instances if counts_missing(i)]
     missing = sum(1 for i in known if index.find(i) is None)
     return missing_verdict(len(known), missing, share=share, ok_count=ok_count) or \
         jobs_verdict(snapshot, share=share, ok_count=ok_count)

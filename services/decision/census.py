@@ -124,12 +124,15 @@ def joins(inst: Instance, node: NodeInfo) -> bool:
 
 
 def counts_missing(inst: Instance) -> bool:
-    """The missing rule, its one statement (both passes call it, for an instance whose node the
-    snapshot does not show): a joined or draining instance that joined, whose node was not
-    removed and that is not being terminated, is a node the batch system lost — counted by the
-    circuit breaker."""
-    return (inst.state in ("joined", "draining") and inst.joined_at is not None and not inst.removed
-            and not inst.terminate_sent)
+    """The missing rule, its one statement (both passes and ``breaker.check`` call it): a joined
+    instance that joined, whose node was not removed and that is not being terminated, is counted
+    by the circuit breaker — known, and missing when the snapshot does not show its node. A
+    draining one is not: the engine is taking its node out, so its node leaving the batch system
+    is the expected outcome, and its end waits for the sensor's confirmed removal whatever the
+    snapshot says (htcondor-two-views, seed 85007: six HTCondor masters that exited after a
+    peaceful shutdown opened the breaker, which then held the removes that would have confirmed
+    them: eleven VMs left at rest for ever)."""
+    return inst.state == "joined" and inst.joined_at is not None and not inst.removed and not inst.terminate_sent
 
 
 def joined_timers(inst: Instance, node: NodeInfo | None, now: float) -> Instance:
@@ -201,9 +204,9 @@ def refresh_census(instances: list[Instance], nodes: dict[str, NodeInfo] | NodeI
             else:
                 joined.append(new)
                 active.append(new)
-            if new.joined_at is not None and not new.removed:
+            if counts_missing(new):
                 known += 1
-                if node is None and counts_missing(new):
+                if node is None:
                     missing += 1
         elif state in PENDING_STATES:
             if new.retire:

@@ -50,7 +50,8 @@ def expected(insts: list[Instance], index: NodeIndex, now: float) -> Census:
     """The definitions, one after the other: the oracle's refresh, partition, the breaker's counts."""
     out = [refreshed_one(i, index, now) for i in insts]
     out = [b if a == b else a for a, b in zip(out, insts, strict=True)]  # unchanged: the same object
-    known = [i for i in out if i.state in ("joined", "draining") and i.joined_at is not None and not i.removed
+    # in service: a draining node leaving the batch system is what its drain asks for
+    known = [i for i in out if i.state == "joined" and i.joined_at is not None and not i.removed
              and not i.terminate_sent]
     return Census(out, partition(out), [a for a, b in zip(out, insts, strict=True) if a is not b],
                   [a for a, b in zip(out, insts, strict=True) if a.state == "joined" and b.state != "joined"],
@@ -438,3 +439,28 @@ def test_the_jobs_question_answered_once_per_node_list_is_the_breakers_answer(se
         engine.health.breaker_check(refresh_census([], latest.nodes, clock.now(), snap.available), latest)
         assert latest.jobs_verdict in (None, breaker.jobs_verdict(snap, share=share, ok_count=ok))
     assert taken > 3
+
+
+def test_draining_nodes_that_left_do_not_open_the_breaker_but_joined_ones_do() -> None:
+    """htcondor-two-views, seed 85007: six draining HTCondor workers whose masters exited after a
+    peaceful shutdown left the collector before their removes were answered; counted as lost,
+    they opened the breaker, which then held the removes that would have confirmed them (eleven
+    VMs at rest for ever). A draining node leaving is what its drain asks for."""
+    from epu.services.decision import breaker
+
+    from tests.decision.helpers import inst, snapshot
+
+    def node(iid: str) -> NodeInfo:
+        return NodeInfo(name=f"n-{iid}", state="free", cores=1)
+
+    joined = [inst(f"j{k}", "joined", joined_at=0.0) for k in range(4)]
+    draining = [inst(f"d{k}", "draining", joined_at=0.0, drain_at=1.0) for k in range(6)]
+    listed = [node(i.instance_id) for i in joined]
+    shown, snap = NodeIndex(listed), snapshot(nodes=listed)
+    assert breaker.check([*joined, *draining], shown, snap, share=0.5, ok_count=2) == ""
+    census = refresh_census([*joined, *draining], shown, 10.0, True)
+    assert (census.known, census.missing) == (4, 0)
+    # the same six absent while the engine holds them in service: a collector that lost them
+    lost = [inst(f"d{k}", "joined", joined_at=0.0) for k in range(6)]
+    assert breaker.check([*joined, *lost], shown, snap, share=0.5, ok_count=2) == \
+        "6 of 10 joined nodes missing from the snapshot at once"

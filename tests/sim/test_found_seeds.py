@@ -34,6 +34,10 @@ FOUND = [
     # drained in Slurm, held joined, never scaled down (invariant 5); fixed in planner.plan
     # (opposite node commands never travel together)
     ("observe-switches", 83017),
+    # draining HTCondor workers whose masters exited before their removes were answered opened the
+    # circuit breaker, which then held those removes: 11 VMs at rest (invariant 5); fixed in
+    # census.counts_missing (the breaker counts joined nodes only)
+    ("htcondor-two-views", 85007),
     # native mode (issue 35): a resume call outlived the node it asked for — the node's machine was
     # preempted, EPU requeued and powered it down, and the old call, still remembered, launched it
     # again; that VM was destroyed as stalled while a new job waited on the node (invariant 1).
