@@ -6,7 +6,6 @@ this machine; ``test_same_as_scontrol`` asks the real scontrol again where Slurm
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import pytest
 from epu.common.hostlist import MAX_NAMES, HostlistError, compress, expand
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tests.support.slurm import find_exe
 
 EXPANDED = {
     "n[1-3],m[01-02]": ["n1", "n2", "n3", "m01", "m02"],
@@ -88,9 +89,7 @@ def test_compress_then_expand_is_identity(names: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def scontrol(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    exe = shutil.which("scontrol")
-    if exe is None:
-        pytest.skip("scontrol not installed (scripts/ensure-slurm.sh installs it)")
+    exe = find_exe("scontrol")  # missing: a failure naming scripts/ensure-slurm.sh (make test runs it)
     conf = Path(tmp_path_factory.mktemp("slurm")) / "slurm.conf"
     conf.write_text("ClusterName=hl\nSlurmctldHost=localhost\nNodeName=x CPUs=1\nPartitionName=p Nodes=x\n")
     return exe, str(conf)
