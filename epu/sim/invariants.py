@@ -372,14 +372,19 @@ class Checker:
         for p in self.sim.provisioners:
             if not p.spec.managed or not (p.connected and p.aware) or p.store is None:  # type: ignore[attr-defined]
                 self._up_for.pop(p.name, None)
+                self._holding.pop(p.name, None)
                 continue
             up = now - self._up_for.setdefault(p.name, now)
-            if up <= gap:
-                continue
             if not p.store.list(active_only=True):
                 self._holding.pop(p.name, None)
                 continue
-            last = max(self._last_report.get(p.name, -float("inf")), self._holding.setdefault(p.name, now))
+            # held since this check first saw live records in this life of the process: a mark from
+            # before a crash would blame the new life for the old one's silence
+            # (``epu sim --seed 88018 --scenario new-store``)
+            holding = self._holding.setdefault(p.name, now)
+            if up <= gap:
+                continue
+            last = max(self._last_report.get(p.name, -float("inf")), holding)
             if now - last > gap:
                 self.fail(12, f"{p.name} holds live records, connected for {up:.0f}s, but has published no "
                               f"report for {min(now - last, up):.0f}s (its safety net stopped)")
