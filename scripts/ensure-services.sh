@@ -4,17 +4,28 @@
 # with the exact command to run. Idempotent: quick when everything is already up.
 set -euo pipefail
 
+# Two `make test` runs started together must not both restart or start the broker: one at a time
+# (root only: only root starts anything; EPU_SERVICES_LOCK only for this script's own test).
+if [ "$(id -u)" -eq 0 ]; then
+  exec 8>"${EPU_SERVICES_LOCK:-/var/lock/epu-services.lock}"
+  flock -w 600 8 || { echo "epu: another run has held the services lock for 600s" >&2; exit 1; }
+fi
+
 need_root() {
   echo "epu: $1 is not installed. Install it with:" >&2
   echo "    sudo apt-get update && sudo apt-get install -y $2" >&2
   exit 1
 }
 
+# shellcheck source=scripts/apt-lock.sh
+. "$(dirname "$0")/apt-lock.sh"
+
 apt_install() {
   if [ "$(id -u)" -ne 0 ]; then need_root "$1" "$2"; fi
+  apt_lock
   echo "epu: installing $2 with apt-get" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $2 >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${APT_GET[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive "${APT_GET[@]}" install -y -qq $2 >/dev/null
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

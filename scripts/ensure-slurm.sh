@@ -32,15 +32,22 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}" >&2
   exit 1
 fi
+# shellcheck source=scripts/apt-lock.sh
+. "$(dirname "$0")/apt-lock.sh"
+apt_lock
+# another run may have installed them while this one waited for the lock
+still_missing=()
+for exe in "${missing[@]}"; do have "$exe" || still_missing+=("$exe"); done
+[ ${#still_missing[@]} -eq 0 ] && exit 0
 echo "epu: installing ${packages[*]} with apt-get (missing: ${missing[*]})" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
+"${APT_GET[@]}" update -qq
 # policy-rc.d 101: the packages must not start system daemons; the tests start their own.
 policy=/usr/sbin/policy-rc.d
 created_policy=0
 if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; created_policy=1; fi
 trap '[ "$created_policy" -eq 1 ] && rm -f "$policy"' EXIT
-apt-get install -y -qq "${packages[@]}" >/dev/null
+"${APT_GET[@]}" install -y -qq "${packages[@]}" >/dev/null
 for exe in "${missing[@]}"; do
   have "$exe" || { echo "epu: $exe still missing after installing ${package[$exe]}" >&2; exit 1; }
 done

@@ -54,7 +54,7 @@ def stubs(tmp_path: Path, port: int) -> dict[str, str]:
         (bin_dir / name).chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_DIR": str(tmp_path),
             "EPU_RABBIT_PORT": str(port), "EPU_RABBIT_SERVER": str(bin_dir / "rabbitmq-server"),
-            "EPU_RABBIT_USER": "root"}
+            "EPU_RABBIT_USER": "root", "EPU_SERVICES_LOCK": str(tmp_path / "services.lock")}
 
 
 def shell_limits() -> None:  # what a login shell gives: 1,024 open files
