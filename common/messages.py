@@ -81,7 +81,7 @@ TERMINAL_INSTANCE_STATES = frozenset({InstanceState.TERMINATED, InstanceState.FA
 #: strict enum field would take only a member, never the string a peer sends).
 InstanceStateField = Annotated[InstanceState, Field(strict=False)]
 
-NodeAction = Literal["add", "offline", "online", "remove", "give_back"]
+NodeAction = Literal["add", "offline", "online", "remove", "give_back", "release"]
 ErrorKind = Literal["transient", "capacity", "permanent", "preempted"]
 """``preempted``: the cloud took a spot/preemptible node back (an instance event's ``terminated``)."""
 PREEMPTED_REASON = "preempted by the cloud"
@@ -413,7 +413,9 @@ class NodeCommand(Message):
     """add to the batch system, offline (drain), online (resume) or remove; give_back (native
     mode only): a node Slurm resumed that EPU cannot serve, powered down at once with ``reason``
     so Slurm requeues its job (Slurm: ``State=POWER_DOWN_FORCE``; refused for a node that is not
-    powering up)."""
+    powering up); release (native mode only): a slot a ``remove`` held out of scheduling while its
+    instance ended, handed back to Slurm's power saving now that the instance is gone (Slurm:
+    ``State=UNDRAIN`` of EPU's drain, the instance's identity cleared from the Comment)."""
     node: Hostname
     """Host name (RFC 1123); anything else is refused before a command line."""
     instance_id: Id | None = None

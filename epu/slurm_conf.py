@@ -309,7 +309,7 @@ def native_warnings(config: Any, domain_name: str, power: PowerSaving) -> list[s
     opts = getattr(getattr(config, "sensor", None), "options", None) or {}
     if getattr(config.sensor, "domain", None) == domain_name:
         if not opts.get("native"):
-            out.append("sensor.options.native: set it to true (a removed node stays schedulable; give-backs work)")
+            out.append("sensor.options.native: set it to true (removed nodes are held until released; give-backs work)")
         if not opts.get("include_powered_down") and not all(
                 t in domain.type_nodes and domain.type_nodes[t].names for t in {s.type for s in node_sets(config,
                                                                                                           domain_name)}):

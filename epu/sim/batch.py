@@ -331,8 +331,8 @@ class SimBatchSystem:
             return self._execute_condor(action, node, reason, force)
         if self.power is not None and self.power.is_slot(node):
             return self.power.execute(action, node, instance_id, reason)
-        if action == "give_back":
-            return CommandOutcome(False, error="give_back: no power saving in this batch system")
+        if action in ("give_back", "release"):
+            return CommandOutcome(False, error=f"{action}: no power saving in this batch system")
         if action == "add":
             # the node exists at once; it is up when its daemon (on a running VM) registers
             if not self.inner.add_node(node, cores or 1, instance_id=instance_id, up=False):

@@ -15,8 +15,10 @@ native-mode engine is tested against Slurm's own rules, not against what EPU exp
 * a node idle for ``suspend_time`` is POWERING_DOWN (unusable) for ``suspend_timeout``, then
   powered down, and SuspendProgram is called for it;
 * the engine's ``give_back`` is ``State=POWER_DOWN_FORCE``: the job requeued, the node powered
-  down; ``remove`` of a slot powers it down (never deletes it), refused while its own machine
-  runs a job; ``add`` writes the instance's identity;
+  down; ``remove`` of a slot powers it down (never deletes it) and holds it (drained, the
+  instance's identity kept) until ``release``, refused while its own machine runs a job; ``add``
+  writes the instance's identity; a machine that still runs answers a power-up of its slot
+  whatever EPU believes of it (the judge sees a release that came too early);
 * faults (``PowerFaults``): program calls lost (the broker unreachable from the head node, the
   program killed) or made twice, and slurmctld restarts (down for a while, its pending calls made
   again after: Slurm's state is saved, a call in flight is not).
@@ -90,6 +92,8 @@ class SlurmPowerSaving:
         self.epoch: dict[str, int] = {}
         """Node → how many resumes it has had (a timeout of an older one is stale)."""
         self.idle_since: dict[str, float] = {}
+        self.held: dict[str, str | None] = {}
+        """Slot → the instance it is held for since a ``remove`` (drained until ``release``)."""
         self.to_resume: list[str] = []
         self._credit = 0.0
         self._rng = self.world.rng("slurm-power")
@@ -231,11 +235,13 @@ class SlurmPowerSaving:
         if self.state.get(name) not in (DOWN_PENDING, FAILED):
             return
         self.state[name] = DOWN
-        self.batch.serving.pop(name, None)  # for Slurm the machine is gone; a new resume waits for a new one
+        held = name in self.held
+        if not held:  # for Slurm the machine is gone; a new resume waits for a new one
+            self.batch.serving.pop(name, None)  # (a held slot's may run still: it answers a power-up)
         node = self.batch.inner._nodes.get(name)
         if node is not None:
-            node.instance_id = None
-            node.offline = False
+            node.instance_id = self.held.get(name) if held else None
+            node.offline = held
         self.batch.inner.set_node_up(name, True)
 
     def restart(self, down_seconds: float) -> None:
@@ -283,6 +289,10 @@ class SlurmPowerSaving:
         st = self.state[node]
         n = self.batch.inner._nodes.get(node)
         if action == "add":
+            holder = self.held.get(node)
+            if node in self.held and holder and holder != instance_id:
+                return CommandOutcome(False, transient=True,
+                                      error=f"node {node} is held for instance {holder} until it ends")
             if n is not None and instance_id:
                 n.instance_id = instance_id
             return CommandOutcome(True, output=f"node {node} NodeAddr set ({st})")
@@ -304,10 +314,28 @@ class SlurmPowerSaving:
         if action == "remove":
             if n is not None and n.jobs:  # as the real sensor: squeue -w lists CONFIGURING jobs too
                 return CommandOutcome(False, error=f"node {node} still has jobs {sorted(n.jobs)[:5]}")
-            if st in (UP, UP_PENDING) and (n is None or not n.jobs):
+            if st not in (UP, UP_PENDING) and node in self.held:
+                return CommandOutcome(True, output=f"node {node} already powered down and held ({st})")
+            done = []
+            if st in (UP, UP_PENDING):
                 self._power_down(node)
-                return CommandOutcome(True, changed=True, output=f"node {node} POWER_DOWN")
-            return CommandOutcome(True, output=f"node {node} not ours to power down ({st})")
+                done.append("POWER_DOWN")
+            self.held[node] = instance_id
+            if n is not None:
+                if instance_id:
+                    n.instance_id = instance_id
+                self.batch.inner.execute("offline", node, reason="epu: held until its instance ends")
+            done.append("DRAIN (held until its instance ends)")
+            return CommandOutcome(True, changed=True, output=f"node {node} {', '.join(done)} ({st})")
+        if action == "release":
+            if node not in self.held:
+                return CommandOutcome(True, output=f"node {node} not held ({st})")
+            del self.held[node]
+            if n is not None:
+                n.instance_id = None
+                self.batch.inner.execute("online", node)
+            self.world.note(f"slurm: {node} released")
+            return CommandOutcome(True, changed=True, output=f"node {node} UNDRAIN ({st})")
         if n is None:
             return CommandOutcome(False, error=f"unknown node {node}")
         return self.batch.inner.execute(action, node, reason=reason)
@@ -323,16 +351,18 @@ class SlurmPowerSaving:
                 nodes.append(info)
                 continue
             busy = "ALLOCATED" if info.jobs else "IDLE"
+            drain = "+DRAIN" if info.name in self.held else ""
             if st == DOWN:
-                if not info.jobs:
+                if not info.jobs and not drain:
                     continue
-                nodes.append(info.model_copy(update={"native_state": f"{busy}+CLOUD+POWERED_DOWN"}))
+                nodes.append(info.model_copy(update={"native_state": f"{busy}+CLOUD{drain}+POWERED_DOWN"}))
             elif st == UP_PENDING:
                 nodes.append(info.model_copy(update={"state": "down", "native_state": f"{busy}+CLOUD+POWERING_UP"}))
             elif st == DOWN_PENDING:
-                nodes.append(info.model_copy(update={"state": "offline", "native_state": "IDLE+CLOUD+POWERING_DOWN"}))
+                nodes.append(info.model_copy(update={"state": "offline",
+                                                     "native_state": f"IDLE+CLOUD{drain}+POWERING_DOWN"}))
             elif st == FAILED:
-                nodes.append(info.model_copy(update={"state": "down", "native_state": "DOWN+CLOUD+POWERED_DOWN"}))
+                nodes.append(info.model_copy(update={"state": "down", "native_state": f"DOWN+CLOUD{drain}+POWERED_DOWN"}))
             else:
                 nodes.append(info.model_copy(update={"native_state": f"{busy}+CLOUD"}))
         return Observation(jobs=obs.jobs, nodes=nodes, running_jobs=obs.running_jobs, shapes=obs.shapes,

@@ -62,7 +62,7 @@ from epu.services.decision.actions import Decision
 from epu.services.decision.catalogues import Catalogues
 from epu.services.decision.census import CensusKeeper
 from epu.services.decision.control import PolicyChanges
-from epu.services.decision.gate import Authority, Gate, give_back, shadow_plan, shadow_signature
+from epu.services.decision.gate import Authority, Gate, give_back, release, shadow_plan, shadow_signature
 from epu.services.decision.health import PipelineHealth
 from epu.services.decision.instance_events import InstanceEvents
 from epu.services.decision.lease import Fenced, StaleWrite
@@ -114,8 +114,9 @@ class _Prepared:
     always: bool
     """Publish a decision record even without actions (the notes are an event)."""
     write: PlanWrite | None
-    give_back: list[Message] = field(default_factory=list)
-    """Native mode: nodes Slurm resumed that this iteration could not serve, handed back."""
+    to_slurm: list[Message] = field(default_factory=list)
+    """Native mode: nodes Slurm resumed that this iteration could not serve, handed back, and
+    slots held since their removal whose instances have ended, released."""
 
 
 class Engine:
@@ -155,6 +156,7 @@ class Engine:
         self.native = slurm_native.Requests()
         """Slurm's power-saving calls per domain (native mode, ``slurm_native``)."""
         self._native_wanted: dict[str, list[slurm_native.Wanted]] = {}
+        self._native_held: dict[str, list[tuple[str, str]]] = {}
         self._was_active: set[str] = set()
         self._launched: Counter[tuple[str, str]] = Counter()
         """(site, type) → launches planned in this iteration, not committed yet (``_live_per_type``)."""
@@ -509,7 +511,7 @@ class Engine:
                                     backoff_initial=self.settings.backoff_initial_seconds,
                                     backoff_max=self.settings.backoff_max_seconds)
         out = plan(view, decision, placement, self.store.in_flight(domain), backing_off=self.retries.waiting(now))
-        returned = self._give_backs(domain, out, now) if getattr(cfg, "native", "") and snap.available else []
+        returned = self._to_slurm(domain, out, now) if getattr(cfg, "native", "") and snap.available else []
         notes_extra += self.spend.note(domain, out.budget)
         shadow_changed = False
         if cfg.mode == "observe":
@@ -539,14 +541,18 @@ class Engine:
         return _Prepared(domain, out, now, iteration, saw, cfg.policy, version, bool(notes_extra or shadow_changed),
                          write, returned)
 
-    def _give_backs(self, domain: str, out: Plan, now: float) -> list[Message]:
-        """Native mode: the nodes Slurm wants that this plan does not launch go back to Slurm now."""
+    def _to_slurm(self, domain: str, out: Plan, now: float) -> list[Message]:
+        """Native mode: the nodes Slurm wants that this plan does not launch go back to Slurm now,
+        and the slots held since their removal whose instances have ended are released."""
+        msgs: list[Message] = []
+        for node, iid in self._native_held.pop(domain, []):
+            msgs.append(release(domain, node, iid))
+            out.notes.append(f"released {node} to Slurm's power saving: instance {iid} has ended")
         want = self._native_wanted.pop(domain, [])
         if not want:
-            return []
+            return msgs
         launched = {p.message.node_name for p in out.actions if p.kind == "launch"}  # type: ignore[attr-defined]
         req = self.native.of(domain)
-        msgs: list[Message] = []
         back = slurm_native.give_backs(want, launched, out.notes)
         whole = slurm_native.all_or_nothing(back, launched, req)
         if whole:  # a job given back in part is given back whole: its other launches are dropped unsent
@@ -641,6 +647,7 @@ class Engine:
             nd = slurm_native.decide(view, cfg, self.native.of(view.domain), getattr(params, "stall_seconds", 600.0),
                                      getattr(params, "gang_deadline", None))
             self._native_wanted[view.domain] = nd.wanted
+            self._native_held[view.domain] = nd.releases
             return nd.decision
         policy = get_policy(cfg.policy)
         return policy.decide(view, params, view.now)
@@ -649,8 +656,9 @@ class Engine:
         """Send a stored plan's actions (one confirmed batch when the service can), then publish
         its decision record if it sent anything or its notes are an event (``always``)."""
         out, sent = p.plan, []
-        if p.give_back:  # not intents: a lost one is found again in the next snapshot (still powering up)
-            self.gate.send(p.domain, p.give_back, Authority.POLICY)
+        if p.to_slurm:  # not intents: a lost one is found again in the next snapshot (still powering
+            # up, still held)
+            self.gate.send(p.domain, p.to_slurm, Authority.POLICY)
         try:
             sent = self.gate.send(p.domain, [a.message for a in out.actions], instances=out.instances).ids
         except Exception as exc:
@@ -659,7 +667,7 @@ class Engine:
             raise
         finally:
             self.store.mark_sent(sent, p.now)
-        if not out.actions and not p.always and not p.give_back:
+        if not out.actions and not p.always and not p.to_slurm:
             return None
         record = decision_record(p.domain, out, p.now, p.iteration, out.notes, p.saw, p.policy, p.version)
         self.publish(record)

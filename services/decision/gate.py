@@ -26,6 +26,9 @@ engine never forces     terminate    a ``forced`` proof: only an operator forces
 give back native only   give_back    a give-back (native mode: a resumed node EPU cannot serve, powered
                                      down so Slurm requeues its job) outside native mode, or of a node
                                      a live instance of ours holds
+release when ended      release      a release (native mode: a slot held since its removal handed back
+                                     to Slurm's power saving) outside native mode, or while the
+                                     instance whose identity the slot carries still lives
 reason allows proof     terminate    a proof ``common.retire.PROOFS`` does not allow for the reason
 proof holds             terminate    a proof the engine's record does not show: ``removed`` without
                                      the sensor's confirmed removal; ``unstarted`` for an instance
@@ -96,6 +99,13 @@ def node_command(domain: str, op: str, node: str, inst: Instance, reason: str, *
                        reason=reason, requeue=requeue and op == "remove")
 
 
+def release(domain: str, node: str, instance_id: str, *, make_id: Callable[[], str] = new_id) -> NodeCommand:
+    """Native mode: hand back to Slurm's power saving a slot held since its removal, once
+    ``instance_id`` (the identity it still carries) has ended."""
+    return NodeCommand(command_id=make_id(), domain=domain, action="release", node=node, instance_id=instance_id,
+                       reason=f"epu: instance {instance_id} has ended")
+
+
 def give_back(domain: str, node: str, reason: str, *, make_id: Callable[[], str] = new_id) -> NodeCommand:
     """Native mode: hand a node Slurm resumed back to Slurm (powered down with ``reason``, its job
     requeued) — a resume EPU cannot serve. No instance is behind it."""
@@ -145,7 +155,8 @@ class Outgoing:
     """The domain's mode now (``active``, ``observe``)."""
     instance: Instance | None
     """The engine's record of the command's instance now (None: unknown, or a launch not stored);
-    for a ``give_back``, a live instance holding the node's name (None: none)."""
+    for a ``give_back``, a live instance holding the node's name (None: none); for a ``release``,
+    the instance whose identity the slot carries."""
     native: bool = False
     """The domain is in native mode now."""
 
@@ -200,6 +211,19 @@ def _give_back_native(o: Outgoing) -> str | None:
     return None
 
 
+def _release_when_ended(o: Outgoing) -> str | None:
+    """A release makes a slot schedulable again: only in native mode, and only once the instance
+    it was held for has ended (its machine could otherwise answer Slurm's power-up)."""
+    m = o.message
+    if not isinstance(m, NodeCommand) or m.action != "release":
+        return None
+    if not o.native:
+        return "release outside native mode"
+    if o.instance is not None and o.instance.state not in TERMINAL_INSTANCE_STATES:
+        return f"release of {m.node}: its instance {o.instance.instance_id} still lives ({o.instance.state})"
+    return None
+
+
 def _reason_allows_proof(o: Outgoing) -> str | None:
     m = o.message
     if not isinstance(m, TerminateRequest):
@@ -236,6 +260,7 @@ RULES: tuple[Rule, ...] = (
     Rule("observe", _observe),
     Rule("not superseded", _superseded),
     Rule("give back native only", _give_back_native),
+    Rule("release when ended", _release_when_ended),
     Rule("engine never forces", _never_forced),
     Rule("reason allows proof", _reason_allows_proof),
     Rule("proof holds", _proof_holds),
@@ -328,9 +353,10 @@ class Gate:
             inst = (instances or {}).get(iid) if iid else None
             if inst is None and iid is not None and not isinstance(msg, LaunchRequest):
                 inst = self.store.instance(iid)
-            if isinstance(msg, NodeCommand) and msg.action == "give_back":
+            if isinstance(msg, NodeCommand) and msg.action in ("give_back", "release"):
                 native = self.native(domain) if native is None else native
-                inst = self._holder(domain, msg.node)
+                if msg.action == "give_back":
+                    inst = self._holder(domain, msg.node)
             auth = authority or authority_of(inst)
             o = Outgoing(domain, msg, auth, mode, inst, native=bool(native))
             held = verdict(o)
@@ -390,5 +416,5 @@ def shadow_signature(planned: Iterable[Any]) -> tuple[tuple[str, str, str, str],
 
 
 __all__ = ["COMMAND_TYPES", "RULES", "Authority", "Gate", "Outgoing", "Rule", "Sent", "action_id", "authority_of",
-           "give_back", "instance_of", "launch_request", "node_command", "proof_of", "retire_of", "shadow_plan",
-           "shadow_signature", "terminate_request", "verdict"]
+           "give_back", "instance_of", "launch_request", "node_command", "proof_of", "release", "retire_of",
+           "shadow_plan", "shadow_signature", "terminate_request", "verdict"]

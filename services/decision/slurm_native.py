@@ -20,6 +20,11 @@ resume-fail``) replace the policy's launches and scale-down; everything else sta
   name it is launched again, before ResumeTimeout;
 * **a suspend ends an instance only with its removal proved**: a ``remove`` (the sensor checks
   Slurm's own job list) then a terminate with proof ``removed`` — the gate's rules, unchanged;
+* **a removed slot is held until its instance has ended**: the sensor's ``remove`` drains it
+  (Slurm must not power it up for a job while the machine still runs: the machine's slurmd would
+  answer, and the destroy kill the job — ``epu sim --seed 950014 --scenario native-spot-loss``);
+  once no live instance has the identity the slot still carries, ``release`` hands it back to
+  Slurm's power saving (``releases``: found in every snapshot, so a lost release is sent again);
 * **a lost call is found in the snapshot**: a node Slurm shows POWERING_UP that no live instance
   holds is wanted like a resume (a resume call lost, an engine restarted), so calls are a fast
   path, never the only path; a node Slurm shows powered down whose instance lives was suspended.
@@ -42,6 +47,7 @@ from epu.services.decision.view import DomainView, Instance, short_name
 
 POWERING_UP = frozenset({"POWERING_UP", "POWER_UP"})
 POWERED_DOWN = frozenset({"POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"})
+DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 SEEN_BATCHES = 10_000
 """How many batch ids are remembered to drop a call delivered twice."""
 
@@ -128,6 +134,8 @@ class NativeDecision:
     wanted: list[Wanted]
     """Every node wanted this iteration (served or not): the engine gives back what the plan
     did not launch (``give_backs``)."""
+    releases: list[tuple[str, str]] = field(default_factory=list)
+    """(node, instance id) of the held slots to release (``releases``)."""
 
 
 def _tokens(native_state: str) -> set[str]:
@@ -239,6 +247,23 @@ def wanted(view: DomainView, cfg: Any, req: DomainRequests) -> list[Wanted]:
     return out
 
 
+def releases(view: DomainView) -> list[tuple[str, str]]:
+    """(node, instance id) of every slot held since a ``remove`` (powered down, drained, still
+    carrying an instance's identity) whose instance no longer lives: its machine is gone, so the
+    slot may be Slurm's again. An instance on its way out (terminating) still lives: its machine
+    may answer a power-up until the destroy is done."""
+    if not view.available:
+        return []
+    alive = {i.instance_id for i in view.instances if i.state not in TERMINAL_INSTANCE_STATES}
+    out = []
+    for node in view.nodes.values():
+        tokens = _tokens(node.native_state)
+        if (node.instance_id and node.instance_id not in alive and tokens & DRAINED and tokens & POWERED_DOWN
+                and not node.jobs):
+            out.append((short_name(node.name), node.instance_id))
+    return out
+
+
 def decide(view: DomainView, cfg: Any, req: DomainRequests, stall_seconds: float,
            gang_deadline: float | None = None) -> NativeDecision:
     """Native mode's decision for one domain (see the module docstring): the life cycle every
@@ -294,7 +319,7 @@ def decide(view: DomainView, cfg: Any, req: DomainRequests, stall_seconds: float
     out += [a for a in rest.actions if isinstance(a, Launch) or a.instance_id not in claimed]
     for site, why in failed_sites.items():
         rest.failed_sites.setdefault(site, why)
-    return NativeDecision(Decision(out, None, rest.notes, rest.failed_sites), want)
+    return NativeDecision(Decision(out, None, rest.notes, rest.failed_sites), want, releases(view))
 
 
 def all_or_nothing(back: list[tuple[str, str]], launched: set[str], req: DomainRequests) -> set[str]:
@@ -322,5 +347,5 @@ def give_backs(want: list[Wanted], launched: set[str], notes: list[str]) -> list
     return out
 
 
-__all__ = ["DomainRequests", "NativeDecision", "Requests", "Wanted", "all_or_nothing", "decide", "give_backs", "type_of",
-           "wanted"]
+__all__ = ["DomainRequests", "NativeDecision", "Requests", "Wanted", "all_or_nothing", "decide", "give_backs",
+           "releases", "type_of", "wanted"]

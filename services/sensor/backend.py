@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from epu.common.messages import JobShape, NodeInfo, QueuedJob, group_jobs, is_valid_hostname
 
-ACTIONS = ("add", "offline", "online", "remove", "give_back")
+ACTIONS = ("add", "offline", "online", "remove", "give_back", "release")
 
 
 class BackendUnavailable(RuntimeError):

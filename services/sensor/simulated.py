@@ -557,8 +557,8 @@ class SimulatedBatch:
                 self._add(node, cores or 1, instance_id)
                 self._schedule()
                 return CommandOutcome(True, changed=True, output=f"node {node} added with {cores or 1} cores")
-            if action == "give_back":
-                return CommandOutcome(False, error="give_back: this simulated batch system has no power saving")
+            if action in ("give_back", "release"):
+                return CommandOutcome(False, error=f"{action}: this simulated batch system has no power saving")
             if existing is None:
                 if action == "remove":
                     return CommandOutcome(True, output=f"node {node} does not exist (already removed)")

@@ -199,3 +199,88 @@ def test_a_call_before_any_snapshot_shows_its_node_waits_for_one_rather_than_giv
     e.iterate()
     assert [(la.node_name, la.instance_type) for la in bus.of("instance.launch")] == [("cpu-9", "c4")]
     assert bus.of("node.command") == []
+
+
+def _joined_then_removed(e, bus, clock):
+    """gpu-1 resumed, launched, added, joined, suspended by Slurm and removed (held by the sensor)."""
+    e.on_snapshot(snapshot(nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
+    e.handle_input(power("resume", "gpu-1"))
+    e.iterate()
+    (la,) = bus.of("instance.launch")
+    for seq, st in enumerate(("pending", "started"), 1):
+        e.on_instance_event(event(la, st, seq, clock.now()))
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
+    e.iterate()
+    (add,) = [c for c in bus.of("node.command") if c.action == "add"]
+    e.on_node_result(result(add))
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "IDLE+CLOUD", state="free", instance_id=la.launch_id)]))
+    e.iterate()
+    e.handle_input(power("suspend", "gpu-1", batch="b2"))
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "IDLE+CLOUD", state="free",
+                                                       instance_id=la.launch_id)]))
+    bus.clear()
+    e.iterate()
+    (remove,) = bus.of("node.command")
+    e.on_node_result(result(remove))
+    return la
+
+
+def test_a_held_slot_is_released_only_once_its_instance_has_ended() -> None:
+    """The sensor holds a removed slot (drained, the identity kept): Slurm must not power it up
+    while the machine may still answer (seed 950014). The engine releases it once the instance
+    ended — not while it is terminating — and again from a later snapshot if a release is lost."""
+    e, bus, clock = native_engine()
+    la = _joined_then_removed(e, bus, clock)
+    held = slot("gpu-1", "IDLE+CLOUD+DRAIN+POWERED_DOWN", state="offline", instance_id=la.launch_id)
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[held]))
+    e.iterate()
+    (term,) = bus.of("instance.terminate")
+    assert [c for c in bus.of("node.command") if c.action == "release"] == []
+    e.on_instance_event(event(la, "terminating", 3, clock.now()))
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[held]))
+    e.iterate()
+    assert [c for c in bus.of("node.command") if c.action == "release"] == [], "terminating: the VM may run"
+    e.on_instance_event(event(la, "terminated", 4, clock.now()))
+    for _ in range(2):  # lost once: the next snapshot still shows it held, so it is sent again
+        bus.clear()
+        clock.advance(5)
+        e.on_snapshot(snapshot(at=clock.now(), nodes=[held]))
+        e.iterate()
+        (rel,) = bus.of("node.command")
+        assert (rel.action, rel.node, rel.instance_id) == ("release", "gpu-1", la.launch_id)
+    bus.clear()
+    clock.advance(5)
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[]))  # released: powered down, idle, left out
+    e.iterate()
+    assert bus.of("node.command") == []
+
+
+def test_an_administrators_drain_is_never_released() -> None:
+    """A drained slot with no instance identity is not EPU's hold: nothing is sent for it."""
+    e, bus, clock = native_engine()
+    e.on_snapshot(snapshot(nodes=[slot("cpu-2", "IDLE+CLOUD+DRAIN+POWERED_DOWN", state="offline")]))
+    e.iterate()
+    assert bus.of("node.command") == []
+
+
+def test_the_gate_holds_a_release_outside_native_mode_or_of_a_live_instance() -> None:
+    from epu.services.decision.gate import Authority, Outgoing, release, verdict
+
+    from tests.decision.helpers import inst
+
+    msg = release("d", "gpu-1", "k")
+    live = inst("k", "terminating", joined_at=1.0)
+    ended = inst("k", "terminated", joined_at=1.0)
+    assert verdict(Outgoing("d", msg, Authority.POLICY, "active", ended, native=False)) == (
+        "release when ended", "release outside native mode")
+    rule, why = verdict(Outgoing("d", msg, Authority.POLICY, "active", live, native=True))
+    assert rule == "release when ended" and "still lives (terminating)" in why
+    assert verdict(Outgoing("d", msg, Authority.POLICY, "active", ended, native=True)) is None
+    assert verdict(Outgoing("d", msg, Authority.POLICY, "active", None, native=True)) is None

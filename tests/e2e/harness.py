@@ -293,16 +293,21 @@ class E2E:
         """What an operator watches with: ``epu status DOMAIN --watch --json`` (one JSON line per
         change) into status.jsonl and ``epu tap --json`` (every event) into tap.jsonl, both in
         the results folder. Returns once both are bound to the events exchange."""
-        out.mkdir(parents=True, exist_ok=True)
-        self.start("tap", [*EPU, "tap", "--json", "-c", str(self.config)], stdout=out / "tap.jsonl")
+        self.start_tap(out)
         self.start("status", [*EPU, "status", domain, "--watch", "--json", "-c", str(self.config)],
                    stdout=out / "status.jsonl")
-        tap_log = self.workdir / "logs" / "tap.log"
-        wait_for(lambda: tap_log.exists() and "# tapping" in tap_log.read_text(), 30, interval=0.1,
-                 message="epu tap bound")
         # status says nothing until the board changes; a snapshot changes it (the sensor's poll)
         wait_for(lambda: (out / "status.jsonl").stat().st_size > 0, 30, interval=0.1,
                  message="epu status showing the domain")
+
+    def start_tap(self, out: Path) -> None:
+        """``epu tap --json`` (every event) into ``out``/tap.jsonl; returns once it is bound to the
+        events exchange (an event before that would be missing from the file)."""
+        out.mkdir(parents=True, exist_ok=True)
+        self.start("tap", [*EPU, "tap", "--json", "-c", str(self.config)], stdout=out / "tap.jsonl")
+        tap_log = self.workdir / "logs" / "tap.log"
+        wait_for(lambda: tap_log.exists() and "# tapping" in tap_log.read_text(), 30, interval=0.1,
+                 message="epu tap bound")
 
     def stop_watchers(self) -> None:
         for name in ("status", "tap"):

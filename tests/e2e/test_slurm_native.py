@@ -32,7 +32,7 @@ import pytest
 from epu.common.broker import Broker
 from epu.common.testing import wait_for
 
-from tests.e2e.harness import EPU, ROOT, SnapshotWatch, slurmd_census
+from tests.e2e.harness import ROOT, SnapshotWatch, slurmd_census
 from tests.e2e.native import NativeE2E, NodeWatch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.rabbitmq, pytest.mark.timeout(420)]
@@ -54,10 +54,7 @@ def test_native_two_shapes_fail_over_and_suspend_to_zero(broker: Broker, tmp_pat
         nodes = NodeWatch(run.cluster).start()
         try:
             run.start_services()
-            run.start("tap", [*EPU, "tap", "--json", "-c", str(run.config)], stdout=out / "tap.jsonl")
-            tap_log = run.workdir / "logs" / "tap.log"
-            wait_for(lambda: tap_log.exists() and "# tapping" in tap_log.read_text(), 30, interval=0.1,
-                     message="epu tap bound")
+            run.start_tap(out)
             seen = watch.count()
             wait_for(lambda: watch.count() > seen + 1, 30, interval=0.1, message="the sensor reporting")
             assert set(run.cluster.node_states()) == set(run.node_names)
@@ -80,9 +77,10 @@ def test_native_two_shapes_fail_over_and_suspend_to_zero(broker: Broker, tmp_pat
             done = time.time()
             records = {name: job_fields(run, i) for name, i in jobs.items()}
             wait_for(lambda: not slurmd_census(run.cluster.conf_path)
-                     and all("POWERED_DOWN" in s and "POWERING_DOWN" not in s
+                     and all("POWERED_DOWN" in s and "POWERING_DOWN" not in s and "DRAIN" not in s
                              for s in run.cluster.node_states().values()),
-                     120, interval=0.5, message="Slurm suspended every node and EPU ended its instance")
+                     120, interval=0.5, message="Slurm suspended every node, EPU ended its instance and "
+                                                "released the slot it held meanwhile")
             zero = time.time()
             run.stop("tap", signal.SIGINT)
         finally:
@@ -118,6 +116,9 @@ def test_native_two_shapes_fail_over_and_suspend_to_zero(broker: Broker, tmp_pat
     given_back = [e["body"] for e in events if e["routing_key"].startswith("node.result")
                   and e["body"].get("action") == "give_back"]
     assert not given_back, f"every node was servable (west has room): nothing given back: {given_back}"
+    released = {e["body"]["node"] for e in events if e["routing_key"].startswith("node.result")
+                and e["body"].get("action") == "release" and e["body"].get("ok")}
+    assert set(on.values()) <= released, f"each node a job ran on was held after its removal, then released: {released}"
     served = [life for life in lives.values() if life["site"] == "west"]
     tried = [life for life in lives.values() if life["site"] == "east"]
     assert tried and all(life["states"][-1] == "failed" for life in tried), f"east was tried and failed: {tried}"

@@ -39,7 +39,7 @@ import pytest
 from epu.common.broker import Broker
 from epu.common.testing import wait_for
 
-from tests.e2e.harness import E2E, EPU, ROOT, SnapshotWatch, slurmd_census
+from tests.e2e.harness import E2E, ROOT, SnapshotWatch, slurmd_census
 from tests.support.slurm import SlurmNodeSpec, SlurmPartitionSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
@@ -84,10 +84,7 @@ def test_each_partition_gets_its_type_and_blocked_jobs_hold_no_node(broker: Brok
             out = tmp_path / "results"
             out.mkdir()
             run.start_services()
-            run.start("tap", [*EPU, "tap", "--json", "-c", str(run.config)], stdout=out / "tap.jsonl")
-            tap_log = run.workdir / "logs" / "tap.log"
-            wait_for(lambda: tap_log.exists() and "# tapping" in tap_log.read_text(), 30, interval=0.1,
-                     message="epu tap bound")
+            run.start_tap(out)
             seen = watch.count()
             wait_for(lambda: watch.count() > seen + 2, 30, interval=0.1, message="the sensor reporting")
             snap = watch.snapshots[-1]

@@ -114,3 +114,43 @@ def test_give_back_only_of_a_node_powering_up() -> None:
     w.run_until(w.t + 2)
     refused = batch.execute("give_back", up, reason="x")
     assert not refused.ok and power.state[up] == UP
+
+
+def test_a_removed_slot_is_held_until_released_and_its_live_machine_answers_a_power_up() -> None:
+    """``remove`` holds the slot (drained, the identity kept): Slurm puts no job there while its
+    machine may still run. A release that came too early is seen: the machine, still running,
+    answers the power-up, so the judge finds a destroy that follows it (seed 950014)."""
+    w, batch, power, calls = world(slots=1, suspend_time=300.0, suspend_timeout=60.0)
+    batch.inner.submit(cores=4, nodes=1, duration=50.0)
+    w.run_until(w.t + 10)
+    vm = boot(w, batch, "c1")
+    w.run_until(w.t + 100)
+    assert batch.inner.completed == 1 and power.state["c1"] == UP
+    out = batch.execute("remove", "c1", instance_id="L1")
+    assert out.ok and "DRAIN" in out.output and power.state["c1"] == DOWN_PENDING
+    w.run_until(w.t + 61)
+    assert power.state["c1"] == DOWN
+    (held,) = power.decorate(batch.inner.snapshot()).nodes
+    assert held.native_state == "IDLE+CLOUD+DRAIN+POWERED_DOWN" and held.instance_id == "L1"
+    batch.inner.submit(cores=4, nodes=1, duration=50.0)
+    w.run_until(w.t + 30)
+    assert power.state["c1"] == DOWN and not batch.inner.node("c1").jobs, "no job on a held slot"
+    assert batch.execute("remove", "c1", instance_id="L1").output.startswith("node c1 already powered down and held")
+    released = batch.execute("release", "c1")
+    assert released.ok and released.changed and "UNDRAIN" in released.output
+    w.run_until(w.t + 10)
+    assert power.state["c1"] in (UP_PENDING, UP) and batch.inner.node("c1").jobs, "schedulable again"
+    assert vm.terminated_at is None and batch.serving.get("c1") is vm, "its machine, still running, answers"
+    assert batch.execute("release", "c1").output.startswith("node c1 not held")
+
+
+def test_an_add_waits_while_the_slot_is_held_for_another_instance() -> None:
+    """A replacement under the same name is not added while the slot is held for the machine
+    before it (which may still run): the add fails, transient, until the release."""
+    w, batch, power, _calls = world(slots=1)
+    assert batch.execute("remove", "c1", instance_id="L1").ok
+    refused = batch.execute("add", "c1", instance_id="L2")
+    assert not refused.ok and refused.transient and "held for instance L1" in (refused.error or "")
+    assert batch.execute("add", "c1", instance_id="L1").ok, "its own identity: nothing to wait for"
+    assert batch.execute("release", "c1").ok
+    assert batch.execute("add", "c1", instance_id="L2").ok

@@ -234,8 +234,8 @@ class HTCondorBackend:
                 reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
         check_action(action)
         check_node_name(node)
-        if action == "give_back":
-            return CommandOutcome(False, error="give_back is Slurm's native mode: HTCondor has none")
+        if action in ("give_back", "release"):
+            return CommandOutcome(False, error=f"{action} is Slurm's native mode: HTCondor has none")
         if action == "add":
             return CommandOutcome(True, output=f"HTCondor startds join the pool by themselves; nothing to do for {node}")
         try:

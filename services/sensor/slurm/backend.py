@@ -32,7 +32,10 @@ demand and make EPU launch a node it cannot use (seen on real 22.05).
 * ``remove``: refused while jobs run unless ``force``; a dynamic node is deleted
   (``scontrol delete``), a pool node drained and powered down (``POWER_DOWN``, or
   ``POWER_DOWN_FORCE`` with force) so it becomes a free slot again. Removing a node Slurm does
-  not know succeeds (already gone).
+  not know succeeds (already gone). In native mode the slot is held (``DRAIN``, reason ``epu:
+  held until its instance ends: ...``, the identity kept) until ``release``.
+* ``release`` (native mode): ``State=UNDRAIN`` of EPU's hold (never of an administrator's
+  drain) and the identity taken out of the Comment: the slot is Slurm's power saving's again.
 * ``requeue_jobs`` (before the remove of a node the cloud preempted): ``squeue --all -h -w NODE -t
   RUNNING,COMPLETING,CONFIGURING,SUSPENDED -o %i`` lists the jobs still counted on the node; the
   node is drained first (``State=DRAIN``: Slurm must not start them there again), then each job
@@ -66,6 +69,7 @@ from epu.services.sensor.slurm.errors import classify
 from epu.services.sensor.slurm.parse import (
     LicenseFree,
     comment_with_instance,
+    instance_from_comment,
     node_records,
     normalize_nodes,
     parse_licenses,
@@ -88,6 +92,15 @@ def check_address(address: str) -> str:
         return address
     except ValueError:
         return check_node_name(address)
+
+
+HELD_REASON = "epu: held until its instance ends: "
+"""The drain reason of a slot a native ``remove`` holds (``_release`` lifts only this one)."""
+
+
+def _held(fields: dict[str, str]) -> bool:
+    """The node's drain is a native ``remove``'s hold (not an administrator's)."""
+    return fields.get("Reason", "").startswith(HELD_REASON.strip())
 
 
 def _clean_reason(reason: str, default: str) -> str:
@@ -117,8 +130,12 @@ class SlurmBackend:
         self.clock = clock or RealClock()
         self.native = native
         """Native mode (``[sensor.options] native = true``): Slurm's power saving schedules onto
-        the CLOUD slots, so a removed slot is left powered down and *schedulable* (no DRAIN), and
-        ``give_back`` powers down a node Slurm is powering up (its job requeued)."""
+        the CLOUD slots. A removed slot is powered down and *held* (``DRAIN``, reason ``epu:
+        held ...``, the instance's identity kept) until the engine's ``release`` once its instance
+        has ended: a slot schedulable while its machine still ran was powered up for a job, the
+        machine's slurmd answered, and the destroy that followed killed the job
+        (``epu sim --seed 950014 --scenario native-spot-loss``). ``give_back`` powers down a
+        node Slurm is powering up (its job requeued)."""
 
     @classmethod
     def from_options(cls, opts: dict[str, Any], *, timeout: float = 60.0, clock: Clock | None = None) -> SlurmBackend:
@@ -262,6 +279,8 @@ class SlurmBackend:
             tokens = set(slurm_state_tokens(fields.get("State", "")))
             if action == "give_back":
                 return self._give_back(node, fields, tokens, reason)
+            if action == "release":
+                return self._release(node, fields, tokens)
             if action == "offline":
                 if tokens & {"DRAIN", "DRAINED", "DRAINING"}:
                     return CommandOutcome(True, output=f"node {node} already drained ({fields.get('State')})")
@@ -270,7 +289,7 @@ class SlurmBackend:
                 if not tokens & {"DRAIN", "DRAINED", "DRAINING", "FAIL"}:
                     return CommandOutcome(True, output=f"node {node} already in service ({fields.get('State')})")
                 return self._update(node, "State=RESUME")
-            return self._remove(node, fields, tokens, reason, force)
+            return self._remove(node, fields, tokens, reason, force, instance_id)
         except BackendUnavailable as exc:
             return CommandOutcome(False, error=str(exc), transient=True)
 
@@ -330,6 +349,13 @@ class SlurmBackend:
                 results += self._identity(node, None, instance_id)
             return self._outcome(results, f"scontrol create NodeName={node}")
         tokens = set(slurm_state_tokens(fields.get("State", "")))
+        holder = instance_from_comment(fields.get("Comment", ""))
+        if (self.native and tokens & {"DRAIN", "DRAINED", "DRAINING"} and _held(fields) and holder
+                and holder != instance_id):
+            # another instance's machine may still run under this name: the slot is not this
+            # instance's until that one ended and the engine released it (the add is retried)
+            return CommandOutcome(False, transient=True, output=f"State={fields.get('State')}", error=(
+                f"node {node} is held for instance {holder} until it ends: add {instance_id} after its release"))
         have = fields.get("CPUTot", "")
         if cores and have.isdigit() and int(have) != int(cores):
             return CommandOutcome(False, output=f"NodeName={node} CPUTot={have} State={fields.get('State')}", error=(
@@ -347,7 +373,7 @@ class SlurmBackend:
         return self._outcome(results, f"add {node}")
 
     def _remove(self, node: str, fields: dict[str, str], tokens: set[str], reason: str,
-                force: bool) -> CommandOutcome:
+                force: bool, instance_id: str | None = None) -> CommandOutcome:
         alloc = int(fields.get("CPUAlloc", "0") or 0) if fields.get("CPUAlloc", "0").isdigit() else 0
         busy = alloc > 0 or bool(tokens & BUSY_TOKENS)
         if busy and not force:
@@ -368,10 +394,11 @@ class SlurmBackend:
             results.append(self._scontrol("delete", f"NodeName={node}"))
             return self._outcome(results, f"remove {node}")
         powered_down = bool(tokens & {"POWERED_DOWN", "POWERING_DOWN"})
-        if powered_down and ((tokens & {"DRAIN", "DRAINED"} and not self.native)
-                             or (self.native and not tokens & {"DRAIN", "DRAINED"} and not fields.get("Comment"))):
+        if powered_down and tokens & {"DRAIN", "DRAINED"}:
             return CommandOutcome(True, output=f"node {node} already powered down ({fields.get('State')})")
         why = f"Reason={_clean_reason(reason, 'epu: removed')}"
+        if self.native:
+            why = f"Reason={HELD_REASON}{_clean_reason(reason, 'removed')}"[:220]
         results = []
         if "CLOUD" not in tokens:  # a static node can only be taken out of service
             if tokens & {"DRAIN", "DRAINED", "DRAINING"}:
@@ -385,17 +412,31 @@ class SlurmBackend:
                 return self._outcome(results, f"remove {node}")
             self._wait_powering_down(node)
         if self.native:
-            # native mode: Slurm's power saving owns the slot; it must stay schedulable
-            if tokens & {"DRAIN", "DRAINED", "DRAINING"}:
-                results.append(self._scontrol("update", f"NodeName={node}", "State=UNDRAIN"))
-            results += self._forget_identity(node, fields)
-            return self._outcome(results, f"remove {node}") if results else CommandOutcome(
-                True, output=f"node {node} powering down ({fields.get('State')})")
+            # native mode: held out of scheduling, with the identity the engine's ``release``
+            # names, until the instance has ended (see ``native``)
+            results.append(self._scontrol("update", f"NodeName={node}", "State=DRAIN", why))
+            results += self._identity(node, fields, instance_id)
+            return self._outcome(results, f"remove {node}")
         # Slurm clears DRAIN when a cloud node starts powering down: set it again so the slot
         # stays out of scheduling (Slurm must not power it up for a pending job on its own).
         results.append(self._scontrol("update", f"NodeName={node}", "State=DRAIN", why))
         results += self._forget_identity(node, fields)
         return self._outcome(results, f"remove {node}")
+
+    def _release(self, node: str, fields: dict[str, str], tokens: set[str]) -> CommandOutcome:
+        """Native mode: a slot held since its ``remove`` goes back to Slurm's power saving (its
+        instance has ended: the engine checked). Only EPU's own hold is lifted; a drain an
+        administrator set stays (its identity is cleared all the same: no instance is behind it)."""
+        if not self.native:
+            return CommandOutcome(False, error=f"release {node}: the sensor is not in native mode "
+                                  "([sensor.options] native = true)")
+        results = []
+        if tokens & {"DRAIN", "DRAINED", "DRAINING"} and _held(fields):
+            results.append(self._scontrol("update", f"NodeName={node}", "State=UNDRAIN"))
+        results += self._forget_identity(node, fields)
+        if not results:
+            return CommandOutcome(True, output=f"node {node} not held ({fields.get('State')})")
+        return self._outcome(results, f"release {node}")
 
     def requeue_jobs(self, node: str, reason: str = "") -> CommandOutcome:
         """Put the jobs still counted on ``node`` back in the queue (its machine is gone: the

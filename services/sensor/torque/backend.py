@@ -245,8 +245,8 @@ class TorqueBackend:
                 reason: str = "", force: bool = False, instance_id: str | None = None) -> CommandOutcome:
         check_action(action)
         check_node_name(node)
-        if action == "give_back":
-            return CommandOutcome(False, error="give_back is Slurm's native mode: Torque has none")
+        if action in ("give_back", "release"):
+            return CommandOutcome(False, error=f"{action} is Slurm's native mode: Torque has none")
         try:
             if action == "add":
                 return self._add(node, cores or 1, instance_id)

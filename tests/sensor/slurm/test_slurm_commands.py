@@ -122,13 +122,69 @@ def test_give_back_outside_native_mode_is_refused() -> None:
     assert not out.ok and "native" in (out.error or "") and runner.calls == [SHOW]
 
 
-def test_native_remove_leaves_the_slot_schedulable() -> None:
-    """Native mode: Slurm's power saving owns the slot: powered down, never re-drained."""
+HOLD = ("scontrol", "update", "NodeName=el1", "State=DRAIN",
+        "Reason=epu: held until its instance ends: stalled: not joined")
+
+
+def test_native_remove_holds_the_slot_until_its_instance_ends() -> None:
+    """Native mode: a removed slot is powered down and held (DRAIN, EPU's reason, the identity
+    written): schedulable while its machine still ran, Slurm powered it up for a job, the machine's
+    slurmd answered, and the destroy killed the job (``--seed 950014 --scenario native-spot-loss``)."""
     b, runner = native({SHOW: show_node("IDLE+CLOUD"), SQUEUE: (0, "", ""),
-                        ("scontrol", "update", "NodeName=el1", "State=POWER_DOWN"): (0, "", "")})
-    out = b.execute("remove", "el1")
+                        ("scontrol", "update", "NodeName=el1", "State=POWER_DOWN"): (0, "", ""),
+                        HOLD: (0, "", ""),
+                        ("scontrol", "update", "NodeName=el1", "Comment=epu:instance=i-1"): (0, "", "")})
+    out = b.execute("remove", "el1", reason="stalled: not joined", instance_id="i-1")
     assert out.ok
-    assert not any("State=DRAIN" in c for call in runner.calls for c in call)
+    assert runner.calls[-3:] == [("scontrol", "update", "NodeName=el1", "State=POWER_DOWN"), HOLD,
+                                 ("scontrol", "update", "NodeName=el1", "Comment=epu:instance=i-1")]
+
+
+def test_native_remove_of_a_slot_already_powered_down_holds_it_too() -> None:
+    """The seed's own case: the replacement's slot was powered down already when it was removed."""
+    b, runner = native({SHOW: show_node("IDLE+CLOUD+POWERED_DOWN"), SQUEUE: (0, "", ""), HOLD: (0, "", ""),
+                        ("scontrol", "update", "NodeName=el1", "Comment=epu:instance=i-1"): (0, "", "")})
+    assert b.execute("remove", "el1", reason="stalled: not joined", instance_id="i-1").ok
+    assert HOLD in runner.calls
+    assert not any("POWER_DOWN" in c for call in runner.calls for c in call)
+
+
+def held_node(state: str, reason: str = "epu: held until its instance ends: removed") -> tuple[int, str, str]:
+    code, text, err = show_node(state)
+    text = text.replace("Reason=epu: scale down", f"Reason={reason}")
+    return code, text.replace("   Reason=", "   Comment=epu:instance=i-1\n   Reason=", 1), err
+
+
+def test_release_lifts_epus_hold_and_forgets_the_identity() -> None:
+    b, runner = native({SHOW: held_node("IDLE+CLOUD+DRAIN+POWERED_DOWN"),
+                        ("scontrol", "update", "NodeName=el1", "State=UNDRAIN"): (0, "", ""),
+                        ("scontrol", "update", "NodeName=el1", "Comment="): (0, "", "")})
+    out = b.execute("release", "el1", instance_id="i-1")
+    assert out.ok and out.changed
+    assert runner.calls[1:] == [("scontrol", "update", "NodeName=el1", "State=UNDRAIN"),
+                                ("scontrol", "update", "NodeName=el1", "Comment=")]
+
+
+def test_release_never_lifts_an_administrators_drain() -> None:
+    b, runner = native({SHOW: held_node("IDLE+CLOUD+DRAIN+POWERED_DOWN", reason="bad dimm, ticket 12"),
+                        ("scontrol", "update", "NodeName=el1", "Comment="): (0, "", "")})
+    assert b.execute("release", "el1").ok
+    assert not any("UNDRAIN" in c for call in runner.calls for c in call)
+
+
+def test_native_add_waits_while_the_slot_is_held_for_another_instance() -> None:
+    """A replacement under the same name is not added (undrained, powered up) while the slot is
+    held for the machine before it: transient, so the engine adds it again after the release."""
+    b, runner = native({SHOW: held_node("IDLE+CLOUD+DRAIN+POWERED_DOWN")})
+    out = b.execute("add", "el1", cores=2, address="10.0.0.9", instance_id="i-2")
+    assert not out.ok and out.transient and "held for instance i-1" in (out.error or "")
+    assert runner.calls == [SHOW]
+
+
+def test_release_outside_native_mode_is_refused() -> None:
+    b, runner = backend({SHOW: held_node("IDLE+CLOUD+DRAIN+POWERED_DOWN")})
+    out = b.execute("release", "el1")
+    assert not out.ok and "native" in (out.error or "") and runner.calls == [SHOW]
 
 
 def test_native_remove_is_refused_while_a_job_is_on_the_node() -> None:
