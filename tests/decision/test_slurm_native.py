@@ -116,8 +116,8 @@ def test_a_stalled_node_is_replaced_under_the_same_name() -> None:
     assert old.retire == "stalled", "the old one goes the safe way (its name was seen in Slurm)"
 
 
-def test_a_suspend_removes_then_terminates_with_the_proof() -> None:
-    e, bus, clock = native_engine()
+def _joined(e, bus, clock):
+    """gpu-1 resumed by Slurm, launched, started, added and joined: (its launch, its node)."""
     e.on_snapshot(snapshot(nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
     e.handle_input(power("resume", "gpu-1"))
     e.iterate()
@@ -135,6 +135,12 @@ def test_a_suspend_removes_then_terminates_with_the_proof() -> None:
     up = slot("gpu-1", "IDLE+CLOUD", state="free", instance_id=la.launch_id)
     e.on_snapshot(snapshot(at=clock.now(), nodes=[up]))
     e.iterate()
+    return la, up
+
+
+def test_a_suspend_removes_then_terminates_with_the_proof() -> None:
+    e, bus, clock = native_engine()
+    la, up = _joined(e, bus, clock)
     assert e.store.instances("d")[0].state == "joined"
     e.handle_input(power("suspend", "gpu-1", batch="b2"))
     clock.advance(5)
@@ -202,25 +208,11 @@ def test_a_call_before_any_snapshot_shows_its_node_waits_for_one_rather_than_giv
 
 
 def _joined_then_removed(e, bus, clock):
-    """gpu-1 resumed, launched, added, joined, suspended by Slurm and removed (held by the sensor)."""
-    e.on_snapshot(snapshot(nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
-    e.handle_input(power("resume", "gpu-1"))
-    e.iterate()
-    (la,) = bus.of("instance.launch")
-    for seq, st in enumerate(("pending", "started"), 1):
-        e.on_instance_event(event(la, st, seq, clock.now()))
-    clock.advance(5)
-    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "CLOUD+POWERING_UP")]))
-    e.iterate()
-    (add,) = [c for c in bus.of("node.command") if c.action == "add"]
-    e.on_node_result(result(add))
-    clock.advance(5)
-    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "IDLE+CLOUD", state="free", instance_id=la.launch_id)]))
-    e.iterate()
+    """gpu-1 joined, suspended by Slurm and removed (held by the sensor): its launch."""
+    la, up = _joined(e, bus, clock)
     e.handle_input(power("suspend", "gpu-1", batch="b2"))
     clock.advance(5)
-    e.on_snapshot(snapshot(at=clock.now(), nodes=[slot("gpu-1", "IDLE+CLOUD", state="free",
-                                                       instance_id=la.launch_id)]))
+    e.on_snapshot(snapshot(at=clock.now(), nodes=[up]))
     bus.clear()
     e.iterate()
     (remove,) = bus.of("node.command")
