@@ -281,7 +281,18 @@ class Proc:
             if not up and self.aware:
                 self.aware = False
                 self.on_connection_lost()
-            elif up and self.link_up and not self.aware:
+                if self.bus.broker_up:
+                    # the broker came back before this runtime noticed it had gone (its "up"
+                    # noticed first, a no-op then): the connection is lost all the same, and the
+                    # runtime reconnects as after any loss — it never stays down with the broker
+                    # up (``epu sim --seed 960026 --scenario native-lost-resume``: a provisioner
+                    # left unaware for ever stopped polling, 7 records terminating for ever)
+                    self.world.after(notice_after, reconnect, f"{self.name} reconnects after a late notice")
+            elif up:
+                reconnect()
+
+        def reconnect() -> None:
+            if self.alive and self.gen == gen and self.link_up and not self.aware and self.bus.broker_up:
                 self.aware = True
                 self.registered = True
 
