@@ -330,6 +330,9 @@ class SlurmPowerSaving:
         if action == "release":
             if node not in self.held:
                 return CommandOutcome(True, output=f"node {node} not held ({st})")
+            if instance_id and self.held[node] and self.held[node] != instance_id:
+                return CommandOutcome(True, output=f"node {node} is held for instance {self.held[node]}, "
+                                      f"not {instance_id}: left held")
             del self.held[node]
             if n is not None:
                 n.instance_id = None

@@ -154,3 +154,15 @@ def test_an_add_waits_while_the_slot_is_held_for_another_instance() -> None:
     assert batch.execute("add", "c1", instance_id="L1").ok, "its own identity: nothing to wait for"
     assert batch.execute("release", "c1").ok
     assert batch.execute("add", "c1", instance_id="L2").ok
+
+
+def test_a_late_release_never_lifts_the_hold_of_a_later_instance() -> None:
+    """A release re-sent from a stale snapshot may arrive after the slot was held again for the
+    next instance of the name: it names the old instance and is a no-op."""
+    _w, batch, power, _calls = world(slots=1)
+    assert batch.execute("remove", "c1", instance_id="L1").ok
+    assert batch.execute("release", "c1", instance_id="L1").ok
+    assert batch.execute("remove", "c1", instance_id="L2").ok
+    late = batch.execute("release", "c1", instance_id="L1")
+    assert late.ok and not late.changed and "held for instance L2" in late.output
+    assert power.held == {"c1": "L2"} and batch.inner.node("c1").offline

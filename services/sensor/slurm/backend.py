@@ -280,7 +280,7 @@ class SlurmBackend:
             if action == "give_back":
                 return self._give_back(node, fields, tokens, reason)
             if action == "release":
-                return self._release(node, fields, tokens)
+                return self._release(node, fields, tokens, instance_id)
             if action == "offline":
                 if tokens & {"DRAIN", "DRAINED", "DRAINING"}:
                     return CommandOutcome(True, output=f"node {node} already drained ({fields.get('State')})")
@@ -423,13 +423,20 @@ class SlurmBackend:
         results += self._forget_identity(node, fields)
         return self._outcome(results, f"remove {node}")
 
-    def _release(self, node: str, fields: dict[str, str], tokens: set[str]) -> CommandOutcome:
+    def _release(self, node: str, fields: dict[str, str], tokens: set[str],
+                 instance_id: str | None) -> CommandOutcome:
         """Native mode: a slot held since its ``remove`` goes back to Slurm's power saving (its
         instance has ended: the engine checked). Only EPU's own hold is lifted; a drain an
-        administrator set stays (its identity is cleared all the same: no instance is behind it)."""
+        administrator set stays (its identity is cleared all the same: no instance is behind it).
+        Only the hold of the instance the command names: a release that arrives late (re-sent from
+        a stale snapshot) must not lift the hold of a later instance of the same name."""
         if not self.native:
             return CommandOutcome(False, error=f"release {node}: the sensor is not in native mode "
                                   "([sensor.options] native = true)")
+        holder = instance_from_comment(fields.get("Comment", ""))
+        if instance_id and holder and holder != instance_id:
+            return CommandOutcome(True, output=f"node {node} is held for instance {holder}, not {instance_id}: "
+                                  "left held")
         results = []
         if tokens & {"DRAIN", "DRAINED", "DRAINING"} and _held(fields):
             results.append(self._scontrol("update", f"NodeName={node}", "State=UNDRAIN"))

@@ -181,6 +181,15 @@ def test_native_add_waits_while_the_slot_is_held_for_another_instance() -> None:
     assert runner.calls == [SHOW]
 
 
+def test_a_late_release_never_lifts_the_hold_of_a_later_instance() -> None:
+    """A release re-sent from a stale snapshot names the instance the slot was held for then; the
+    slot now held for i-1 stays held when the release names i-0."""
+    b, runner = native({SHOW: held_node("IDLE+CLOUD+DRAIN+POWERED_DOWN")})
+    out = b.execute("release", "el1", instance_id="i-0")
+    assert out.ok and not out.changed and "held for instance i-1" in out.output
+    assert runner.calls == [SHOW]
+
+
 def test_release_outside_native_mode_is_refused() -> None:
     b, runner = backend({SHOW: held_node("IDLE+CLOUD+DRAIN+POWERED_DOWN")})
     out = b.execute("release", "el1")
